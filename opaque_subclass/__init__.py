@@ -1,0 +1,69 @@
+"""Opaque (non-tensor) attributes for PyTorch tensor subclasses.
+
+``import opaque_subclass`` enables support on the running torch. The public API:
+
+* registry - :func:`register_opaque`, :func:`is_opaque`, :func:`opaque_kind`;
+* schema - :class:`PlainTensorMeta`, :class:`OpaqueMeta`, :class:`SymIntMeta`,
+  :class:`SubclassCreationMeta`, :func:`iter_slots`;
+* flatten - :func:`flatten_subclass`, :func:`unflatten_subclass`,
+  :func:`create_subclass_meta`;
+* run time - :func:`unwrap_tensor_subclasses`, :func:`wrap_tensor_subclasses`,
+  :func:`wrap_tensor_subclasses_maybe_joint`, :func:`process_runtime_tangent`;
+* guards - :func:`opaque_alias_pattern`, :class:`OpaqueAliasPattern`;
+* mode - :func:`support`.
+
+See ``docs/`` for a guide.
+"""
+
+from .aliasing import OpaqueAliasPattern, opaque_alias_pattern
+from .errors import OpaqueSubclassError
+from .flatten import (
+    create_subclass_meta,
+    flatten_subclass,
+    is_wrapper_subclass,
+    unflatten_subclass,
+)
+from .registry import OpaqueKind, is_opaque, opaque_kind, register_opaque
+from .runtime import (
+    process_runtime_tangent,
+    unwrap_tensor_subclasses,
+    wrap_tensor_subclasses,
+    wrap_tensor_subclasses_maybe_joint,
+)
+from .schema import (
+    OpaqueMeta,
+    PlainTensorMeta,
+    SubclassCreationMeta,
+    SymIntMeta,
+    iter_slots,
+)
+from .support import SUPPORTED_TORCH, Support, support
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SUPPORTED_TORCH",
+    "OpaqueAliasPattern",
+    "OpaqueKind",
+    "OpaqueMeta",
+    "OpaqueSubclassError",
+    "PlainTensorMeta",
+    "SubclassCreationMeta",
+    "Support",
+    "SymIntMeta",
+    "__version__",
+    "create_subclass_meta",
+    "flatten_subclass",
+    "is_opaque",
+    "is_wrapper_subclass",
+    "iter_slots",
+    "opaque_alias_pattern",
+    "opaque_kind",
+    "process_runtime_tangent",
+    "register_opaque",
+    "support",
+    "unflatten_subclass",
+    "unwrap_tensor_subclasses",
+    "wrap_tensor_subclasses",
+    "wrap_tensor_subclasses_maybe_joint",
+]

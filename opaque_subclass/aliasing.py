@@ -1,0 +1,101 @@
+"""Which flat slots hold the same opaque object.
+
+A graph compiled while two inputs shared one opaque may rely on that sharing
+(for example, it may read the object once). It is only valid for later calls
+with the same sharing, so guards compare an :class:`OpaqueAliasPattern` of the
+call's flat arguments with the one seen at compile time. The pattern compares
+identity, never equality, and holds no reference to the objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .registry import opaque_kind
+
+__all__ = ["OpaqueAliasPattern", "opaque_alias_pattern"]
+
+_FAKE: type | None
+try:
+    from torch._library.fake_class_registry import FakeScriptObject as _FAKE
+except ImportError:  # pragma: no cover - every supported torch has it
+    _FAKE = None
+
+_NOT_OPAQUE = (torch.Tensor, int, float, bool, str, type(None), torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+@dataclass(frozen=True, slots=True)
+class OpaqueAliasPattern:
+    """Identity pattern of the opaques in a flat argument list.
+
+    Attributes
+    ----------
+    slots
+        Flat indices holding a reference opaque, ascending.
+    owners
+        For each entry of ``slots``, the first flat index holding the same
+        object. ``slots[i] == owners[i]`` for the first occurrence.
+
+    Two patterns are equal exactly when the same slots hold opaques and the
+    same slots share objects; patterns are hashable.
+    """
+
+    slots: tuple[int, ...]
+    owners: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        by_owner: dict[int, list[int]] = {}
+        for s, o in zip(self.slots, self.owners):
+            by_owner.setdefault(o, []).append(s)
+        object.__setattr__(self, "groups", tuple(tuple(g) for g in by_owner.values()))
+
+    @property
+    def shared(self) -> tuple[tuple[int, ...], ...]:
+        """Groups of two or more slots holding one object."""
+        return tuple(g for g in self.groups if len(g) > 1)
+
+    @property
+    def has_sharing(self) -> bool:
+        return len(self.groups) != len(self.slots)
+
+    def dedup(self, flat: Sequence[Any]) -> tuple[list[Any], dict[int, int]]:
+        """One entry per distinct opaque (the first occurrence) and a map from every
+        opaque slot to its index in that list; the inputs a graph needs when it
+        takes each shared opaque once."""
+        unique: list[Any] = []
+        where: dict[int, int] = {}
+        position: dict[int, int] = {}
+        for s, o in zip(self.slots, self.owners):
+            if o not in position:
+                position[o] = len(unique)
+                unique.append(flat[o])
+            where[s] = position[o]
+        return unique, where
+
+
+def _identity(obj: object) -> int:
+    if _FAKE is not None and type(obj) is _FAKE:
+        return id(object.__getattribute__(obj, "real_obj"))
+    return id(obj)
+
+
+def opaque_alias_pattern(flat_args: Sequence[Any]) -> OpaqueAliasPattern:
+    """The :class:`OpaqueAliasPattern` of ``flat_args`` (leaves of unwrapped arguments).
+
+    Inside a tracing context, torch's fake wrappers of opaques are seen through:
+    two wrappers of one object share.
+    """
+    first: dict[int, int] = {}
+    slots: list[int] = []
+    owners: list[int] = []
+    for i, a in enumerate(flat_args):
+        if isinstance(a, _NOT_OPAQUE) or opaque_kind(a) != "reference":
+            continue
+        slots.append(i)
+        owners.append(first.setdefault(_identity(a), i))
+    return OpaqueAliasPattern(tuple(slots), tuple(owners))

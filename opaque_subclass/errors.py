@@ -1,0 +1,56 @@
+"""Error types and the shared wording of the project's user-facing messages.
+
+Every message built here names four things: the subclass, the attribute path
+(for example ``x._inner._mesh``), the type that was found, and a fix that runs
+as written. The fixes are produced by :func:`import_fix`, so a test can execute
+them verbatim.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "OpaqueSubclassError",
+    "describe_type",
+    "import_fix",
+    "qualified_name",
+]
+
+
+class OpaqueSubclassError(RuntimeError):
+    """A rule of opaque-attribute subclasses was broken while tracing or running.
+
+    Raised for problems discovered in a traced or compiled program (for example a
+    flat argument list whose length does not match the subclass metadata it is
+    being wrapped with). Wrong kinds of objects raise :class:`TypeError` and bad
+    values raise :class:`ValueError` instead.
+    """
+
+
+def qualified_name(cls: type) -> str:
+    """``module.QualName`` of a class, the way it is spelled in an import."""
+    module = getattr(cls, "__module__", None) or "<unknown>"
+    return f"{module}.{cls.__qualname__}"
+
+
+def describe_type(obj: object) -> str:
+    """Short, data-free description of an object's type for error messages."""
+    cls = type(obj)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return qualified_name(cls)
+
+
+def import_fix(cls: type, call: str) -> str:
+    """A runnable snippet that imports ``cls`` and then executes ``call``.
+
+    ``call`` refers to the class by its ``__qualname__`` and may use the name
+    ``opaque_subclass``. Classes that cannot be imported by name (defined in a
+    function or in ``__main__``) get a snippet that assumes the class is in
+    scope, which is said explicitly.
+    """
+    module = cls.__module__
+    qualname = cls.__qualname__
+    top = qualname.split(".", 1)[0]
+    if "<locals>" in qualname or module in ("__main__", "builtins"):
+        return f"import opaque_subclass; {call}  # with {qualname} in scope"
+    return f"import opaque_subclass; from {module} import {top}; {call}"

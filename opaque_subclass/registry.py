@@ -1,0 +1,236 @@
+"""Registering classes as opaque types, on every supported torch.
+
+Note [Reference and value opaques]
+----------------------------------
+torch knows two kinds of opaque objects (``torch._library.opaque_object``):
+
+* a **reference** opaque is a stateful object whose *identity* matters (a
+  ``DeviceMesh``, a process group handle, an RNG state). torch.compile never
+  looks inside it: it becomes a graph input, and the compiled graph is reused
+  for any other object of the same type. Only reference opaques may be listed
+  among the attributes returned by ``__tensor_flatten__``: they take one slot of
+  the flat argument list, exactly like an inner tensor.
+* a **value** opaque is a constant (a quantization config, an enum). torch.compile
+  guards on its equality and bakes it into the graph, so it belongs in the
+  *context* (second return value) of ``__tensor_flatten__``.
+
+torch only accepts reference types whose metaclass is ``OpaqueBaseMeta``: during
+tracing an opaque is replaced by a ``FakeScriptObject`` and that metaclass makes
+``isinstance(fake, cls)`` true. Classes we do not own (``DeviceMesh`` on torch
+2.11) cannot change their metaclass, so :func:`register_opaque` enters them in
+torch's registry directly. Everything works for them except ``isinstance(obj,
+TheClass)`` *inside* a compiled region, which sees the fake wrapper; use
+:func:`opaque_subclass.is_opaque` or compare ``type(...)`` outside the region.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import threading
+from typing import Any, Literal, get_args
+
+import torch
+
+from .errors import import_fix, qualified_name
+
+__all__ = [
+    "OpaqueKind",
+    "is_opaque",
+    "opaque_kind",
+    "opaque_type_of",
+    "register_opaque",
+]
+
+log = logging.getLogger(__name__)
+
+OpaqueKind = Literal["reference", "value"]
+_KINDS: tuple[str, ...] = get_args(OpaqueKind)
+
+# type -> kind, for classes registered (by us or by torch) and their subclasses.
+# Positive answers only: torch has no way to unregister, so they never go stale.
+_KIND_BY_TYPE: dict[type, OpaqueKind] = {}
+_LOCK = threading.Lock()
+
+
+def _torch_registry() -> Any:
+    from torch._library import opaque_object
+
+    return opaque_object
+
+
+def _fake_script_object_type() -> type | None:
+    try:
+        from torch._library.fake_class_registry import FakeScriptObject
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return None
+    return FakeScriptObject
+
+
+_FAKE_SCRIPT_OBJECT = _fake_script_object_type()
+
+
+def opaque_type_of(obj: object) -> type:
+    """The type of ``obj``, seen through torch's fake wrapper used while tracing."""
+    cls = type(obj)
+    if cls is _FAKE_SCRIPT_OBJECT:
+        real = object.__getattribute__(obj, "real_obj")
+        return type(real)
+    return cls
+
+
+def _torch_kind(cls: type) -> OpaqueKind | None:
+    registry = _torch_registry()
+    table = registry._OPAQUE_TYPES
+    for klass in cls.__mro__:
+        info = table.get(klass)
+        if info is not None and torch._C._is_opaque_type_registered(info.class_name):
+            kind = info.opaque_typ
+            if kind in _KINDS:
+                return kind  # type: ignore[return-value]  # checked just above
+    return None
+
+
+def opaque_kind(obj: object) -> OpaqueKind | None:
+    """``"reference"`` or ``"value"`` for a registered opaque object, else ``None``.
+
+    Accepts an instance (also torch's ``FakeScriptObject`` wrapper seen during
+    tracing) or a class. Subclasses of a registered class count as registered.
+    """
+    cls = obj if isinstance(obj, type) else opaque_type_of(obj)
+    kind = _KIND_BY_TYPE.get(cls)
+    if kind is not None:
+        return kind
+    if issubclass(cls, torch.Tensor):
+        return None
+    kind = _torch_kind(cls)
+    if kind is not None:
+        with _LOCK:
+            _KIND_BY_TYPE[cls] = kind
+    return kind
+
+
+def is_opaque(obj: object) -> bool:
+    """Whether ``obj`` (an instance or a class) is a registered opaque of either kind."""
+    return opaque_kind(obj) is not None
+
+
+def _check_value_type_protocol(cls: type) -> None:
+    if issubclass(cls, enum.Enum):
+        return
+    missing: list[str] = []
+    if cls.__eq__ is object.__eq__:
+        missing.append("__eq__ (compiled graphs are guarded on equality)")
+    if cls.__hash__ is None or cls.__hash__ is object.__hash__:
+        missing.append("__hash__ consistent with __eq__ (used for fake-tensor caching)")
+    if not hasattr(cls, "__fx_repr__"):
+        missing.append(
+            "__fx_repr__ returning (source, {name: type}) that rebuilds the value in generated code"
+        )
+    if missing:
+        raise TypeError(
+            f"cannot register {qualified_name(cls)} as a value-type opaque: it lacks "
+            + "; ".join(missing)
+            + ". A value opaque is a constant that torch.compile compares and bakes in. "
+            "Fix: define the missing methods, or register it as a reference opaque if "
+            "its identity matters: "
+            + import_fix(cls, f'opaque_subclass.register_opaque({cls.__qualname__}, kind="reference")')
+        )
+
+
+def _enter_in_torch_registry(cls: type, kind: OpaqueKind) -> None:
+    """Register ``cls`` in torch's tables without torch's metaclass requirement."""
+    registry = _torch_registry()
+    info_type = registry._OpaqueTypeInfo
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    known: dict[str, Any] = {
+        "class_name": name,
+        "opaque_typ": kind,
+        "guard_fn": None,
+        "members": {},
+        "hoist": False,
+        "reconstruct_fn": None,
+    }
+    field_names = [f.name for f in dataclasses.fields(info_type)]
+    unknown = [n for n in field_names if n not in known]
+    if unknown:
+        raise RuntimeError(
+            f"cannot register {name} as an opaque on torch {torch.__version__}: torch's "
+            f"opaque registry entry has fields {unknown} that opaque-subclass does not know. "
+            "Fix: make the class inherit torch._opaque_base.OpaqueBase, or use a torch "
+            "version listed in opaque_subclass.SUPPORTED_TORCH."
+        )
+    info = info_type(**{n: known[n] for n in field_names})
+    registry._OPAQUE_TYPES[cls] = info
+    registry._OPAQUE_TYPES_BY_NAME[name] = info
+    torch._C._register_opaque_type(name)
+
+
+def register_opaque(cls: type, kind: OpaqueKind = "reference") -> None:
+    """Register ``cls`` as an opaque type on the running torch.
+
+    Parameters
+    ----------
+    cls
+        The class. It may, but need not, inherit ``torch._opaque_base.OpaqueBase``;
+        third-party classes such as ``torch.distributed.DeviceMesh`` on torch 2.11
+        are accepted as they are.
+    kind
+        ``"reference"`` (the default) for objects whose identity matters and that
+        may be listed by ``__tensor_flatten__``; ``"value"`` for constants that
+        belong in the flatten context. See Note [Reference and value opaques].
+
+    Registering a class again with the same kind does nothing, also when torch
+    registered it first. Registering it again with the other kind raises
+    :class:`ValueError`.
+    """
+    if not isinstance(cls, type):
+        raise TypeError(
+            f"register_opaque expects a class, got an instance of {type(cls).__qualname__}. "
+            f"Fix: pass the class itself, e.g. register_opaque(type(obj))."
+        )
+    if kind not in _KINDS:
+        raise ValueError(
+            f"register_opaque({cls.__qualname__}, kind={kind!r}): kind must be "
+            '"reference" or "value".'
+        )
+    if cls.__module__ == "builtins" or issubclass(cls, torch.Tensor):
+        raise TypeError(
+            f"cannot register {qualified_name(cls)} as an opaque type: builtins and tensors "
+            "are handled by torch directly. Fix: wrap the value in a class of your own "
+            "and register that class."
+        )
+    from torch.utils import _pytree as pytree
+
+    if cls in pytree.SUPPORTED_NODES:
+        raise TypeError(
+            f"cannot register {qualified_name(cls)} as an opaque type: it is a pytree node, "
+            "so torch would flatten it instead of passing it as one object. Fix: "
+            "unregister it from pytree or wrap it in a class that is not a pytree node."
+        )
+    with _LOCK:
+        current = _torch_kind(cls) if cls in _torch_registry()._OPAQUE_TYPES else None
+        if current is None:
+            current = _KIND_BY_TYPE.get(cls)
+        if current is not None:
+            if current != kind:
+                raise ValueError(
+                    f"{qualified_name(cls)} is already registered as a {current} opaque; it "
+                    f"cannot also be a {kind} opaque. Fix: keep one registration, "
+                    f'register_opaque({cls.__qualname__}, kind="{current}").'
+                )
+            _KIND_BY_TYPE[cls] = kind
+            return
+        if kind == "value":
+            _check_value_type_protocol(cls)
+        from torch._opaque_base import OpaqueBaseMeta
+
+        if isinstance(cls, OpaqueBaseMeta):
+            _torch_registry().register_opaque_type(cls, typ=kind)
+        else:
+            log.debug("entering %s in torch's opaque registry directly", qualified_name(cls))
+            _enter_in_torch_registry(cls, kind)
+        # A class registered now may have subclasses looked up before; they are
+        # never cached negatively, so only the class itself needs an entry.
+        _KIND_BY_TYPE[cls] = kind

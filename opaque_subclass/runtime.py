@@ -1,0 +1,306 @@
+"""The run-time helpers: unwrap subclass arguments into a flat list, wrap a flat
+list back into subclasses, and process tangents.
+
+These follow AOTAutograd's conventions. A graph sees only the flat list of
+leaves (plain tensors, reference opaques and, optionally, symbolic sizes); the
+user sees subclasses. Opaques keep their slot in every structure:
+
+* *inference* structures are a flat sequence of arguments;
+* *joint* structures are a pair ``(primals, tangents)``, each flattened
+  separately;
+* a compiled forward may return extra *saved activations* after the user
+  outputs; :func:`wrap_tensor_subclasses` passes them through unwrapped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .codegen import compiled_unwrap, compiled_wrap
+from .errors import OpaqueSubclassError, describe_type, qualified_name
+from .flatten import append_leaves, build, flat_width, is_wrapper_subclass
+from .registry import opaque_kind
+from .schema import OpaqueMeta, SlotMeta, SubclassCreationMeta
+
+__all__ = [
+    "process_runtime_tangent",
+    "unwrap_tensor_subclasses",
+    "wrap_tensor_subclasses",
+    "wrap_tensor_subclasses_maybe_joint",
+]
+
+_SCM = SubclassCreationMeta
+
+
+def _unwrap_flat(
+    args: Sequence[Any], metas: Sequence[SlotMeta] | None, append_symints: bool, what: str
+) -> list[Any]:
+    out: list[Any] = []
+    if metas is None:
+        for i, x in enumerate(args):
+            if is_wrapper_subclass(x):
+                append_leaves(x, out, f"{what}[{i}]", symints=append_symints)
+            else:
+                out.append(x)
+        return out
+    if len(metas) != len(args):
+        raise OpaqueSubclassError(
+            f"unwrap: {len(args)} {what} but {len(metas)} metas; pass the metas made for "
+            "exactly these arguments (create_subclass_meta(args))."
+        )
+    key = "unwrap+symints" if append_symints else "unwrap"
+    extend = out.extend
+    append = out.append
+    for x, m in zip(args, metas):
+        if m.__class__ is _SCM:
+            fn = m._compiled.get(key)  # type: ignore[union-attr]  # m is a SubclassCreationMeta
+            if fn is None:
+                fn = compiled_unwrap(m, append_symints)  # type: ignore[arg-type]  # as above
+            extend(fn(x))
+        else:
+            append(x)
+    return out
+
+
+def unwrap_tensor_subclasses(
+    wrapped_args: Any,
+    *,
+    is_joint_structure: bool,
+    subclass_metas: Any = None,
+    append_symints: bool = False,
+) -> Any:
+    """Replace every subclass argument by its leaves (tensors and opaques).
+
+    Parameters
+    ----------
+    wrapped_args
+        A sequence of arguments, or with ``is_joint_structure`` a pair
+        ``(primals, tangents)`` of sequences.
+    is_joint_structure
+        Whether ``wrapped_args`` is a joint ``(primals, tangents)`` pair.
+    subclass_metas
+        Optional metas from :func:`create_subclass_meta` (a pair of lists for a
+        joint structure). With metas, a generated straight-line unwrap per
+        subclass is used and ``__tensor_flatten__`` is not called: the fast
+        path for code that runs on every call. Without, each subclass is
+        inspected and validated.
+    append_symints
+        Append each subclass's symbolic sizes/strides after its leaves (primals
+        only; tangents share the primals' symbols).
+
+    Returns
+    -------
+    A flat list, or for a joint structure a pair of flat lists.
+    """
+    if not is_joint_structure:
+        if not isinstance(wrapped_args, (list, tuple)):
+            raise TypeError(
+                f"unwrap_tensor_subclasses expects a list or tuple of arguments, got "
+                f"{describe_type(wrapped_args)}"
+            )
+        return _unwrap_flat(wrapped_args, subclass_metas, append_symints, "args")
+    primals, tangents = _split_joint(wrapped_args, "unwrap_tensor_subclasses")
+    p_metas, t_metas = (None, None) if subclass_metas is None else _split_joint(subclass_metas, "subclass_metas")
+    return (
+        _unwrap_flat(primals, p_metas, append_symints, "primals"),
+        _unwrap_flat(tangents, t_metas, False, "tangents"),
+    )
+
+
+def _split_joint(pair: Any, what: str) -> tuple[Sequence[Any], Sequence[Any]]:
+    if not (
+        isinstance(pair, (tuple, list))
+        and len(pair) == 2
+        and isinstance(pair[0], (list, tuple))
+        and isinstance(pair[1], (list, tuple))
+    ):
+        raise TypeError(
+            f"{what}: a joint structure is a pair (primals, tangents) of lists or tuples, "
+            f"got {describe_type(pair)}"
+            + (f" of length {len(pair)}" if isinstance(pair, (tuple, list)) else "")
+        )
+    return pair[0], pair[1]
+
+
+def wrap_tensor_subclasses(
+    unwrapped_args: Sequence[Any],
+    *,
+    subclass_metas: Sequence[SlotMeta],
+    num_fw_outs_saved_for_bw: int | None = None,
+    is_runtime: bool = False,
+) -> tuple[Any, ...]:
+    """Rebuild subclasses from a flat list, one value per meta.
+
+    Parameters
+    ----------
+    unwrapped_args
+        The flat list (leaves in the slots the metas name).
+    subclass_metas
+        One meta per value to produce, from :func:`create_subclass_meta`.
+    num_fw_outs_saved_for_bw
+        When given, that many extra values (activations saved for backward)
+        follow the slots the metas describe; they are returned unchanged after
+        the wrapped values.
+    is_runtime
+        ``True`` at run time: a generated straight-line function per subclass
+        rebuilds it, reading symbolic sizes from their slots. ``False`` while
+        tracing: outer sizes come from the metas and autograd metadata is
+        mirrored from the original (fake) subclass.
+    """
+    wrapped: list[Any] = []
+    append = wrapped.append
+    tallied = 0
+    try:
+        for m in subclass_metas:
+            if m.__class__ is _SCM:
+                if is_runtime:
+                    fn = m._compiled.get("wrap")  # type: ignore[union-attr]  # m is a SubclassCreationMeta
+                    if fn is None:
+                        fn = compiled_wrap(m)  # type: ignore[arg-type]  # as above
+                    append(fn(unwrapped_args))
+                else:
+                    append(build(m, unwrapped_args, is_runtime=False))
+                tallied += m.arg_count  # type: ignore[union-attr]  # as above
+            else:
+                append(unwrapped_args[m.unwrapped_idx])  # type: ignore[union-attr]  # Plain/OpaqueMeta
+                tallied += 1
+    except IndexError:
+        _raise_width(subclass_metas, unwrapped_args, num_fw_outs_saved_for_bw)
+        raise
+    if num_fw_outs_saved_for_bw is None:
+        if len(unwrapped_args) != tallied:
+            _raise_width(subclass_metas, unwrapped_args, None)
+        return tuple(wrapped)
+    if len(unwrapped_args) != tallied + num_fw_outs_saved_for_bw:
+        _raise_width(subclass_metas, unwrapped_args, num_fw_outs_saved_for_bw)
+    return (*wrapped, *unwrapped_args[tallied:])
+
+
+def _raise_width(metas: Sequence[SlotMeta], flat: Sequence[Any], saved: int | None) -> None:
+    width = flat_width(metas)
+    extra = f" plus {saved} saved activations" if saved is not None else ""
+    raise OpaqueSubclassError(
+        f"wrap_tensor_subclasses: the metas describe {width} flat slots{extra} "
+        f"({width + (saved or 0)} values) but {len(flat)} values were given. The flat list "
+        "must come from the same subclass structure the metas were made from; re-create "
+        "the metas (create_subclass_meta) if __tensor_flatten__ changed."
+    )
+
+
+def wrap_tensor_subclasses_maybe_joint(
+    unwrapped_args: Any,
+    *,
+    is_joint_structure: bool,
+    inp_metas: Sequence[SlotMeta],
+    tangent_metas: Sequence[SlotMeta] | None = None,
+    is_runtime: bool = False,
+) -> Any:
+    """:func:`wrap_tensor_subclasses` for an inference list or a joint pair.
+
+    For a joint structure ``(primals, tangents)``, primals are wrapped with
+    ``inp_metas`` and tangents with ``tangent_metas``.
+    """
+    if not is_joint_structure:
+        return wrap_tensor_subclasses(unwrapped_args, subclass_metas=inp_metas, is_runtime=is_runtime)
+    if tangent_metas is None:
+        raise ValueError("wrap_tensor_subclasses_maybe_joint: a joint structure needs tangent_metas")
+    primals, tangents = _split_joint(unwrapped_args, "wrap_tensor_subclasses_maybe_joint")
+    return (
+        wrap_tensor_subclasses(primals, subclass_metas=inp_metas, is_runtime=is_runtime),
+        wrap_tensor_subclasses(tangents, subclass_metas=tangent_metas, is_runtime=is_runtime),
+    )
+
+
+def _coerce_layout(x: torch.Tensor, fmt: torch.memory_format | None) -> torch.Tensor:
+    if fmt is not None and not x.is_contiguous(memory_format=fmt):
+        return x.contiguous(memory_format=fmt)
+    return x
+
+
+def process_runtime_tangent(x: Any, meta: SlotMeta, *, name: str = "tangent") -> tuple[Any, list[Any]]:
+    """Bring a run-time tangent to the layout of its forward output; return its leaves.
+
+    Parameters
+    ----------
+    x
+        The tangent (gradient of one forward output) given at run time.
+    meta
+        The meta of that forward output (made with ``with_memory_format=True``
+        for layout coercion).
+    name
+        What to call ``x`` in error messages.
+
+    Returns
+    -------
+    (tangent, leaves)
+        The possibly coerced tangent and its flat leaves. Tensor slots are made
+        contiguous in the forward output's memory format. Opaque slots are never
+        differentiable: they are passed through untouched, keeping their slot so
+        that the flat tangent list lines up with the tangent metas.
+
+    A tangent whose subclass type or flatten context differs from the forward
+    output's is converted with ``__coerce_same_metadata_as_tangent__`` when the
+    subclass defines it, and otherwise rejected with a :class:`TypeError`.
+    """
+    if not isinstance(x, torch.Tensor):
+        return x, [x]
+    if isinstance(meta, OpaqueMeta):
+        raise TypeError(
+            f"tangent {name!r}: the forward output in this slot was a "
+            f"{qualified_name(meta.opaque_type)} opaque, which has no tangent, but a tensor "
+            "was given. Fix: pass None for outputs that are opaques."
+        )
+    if isinstance(meta, _SCM):
+        expected_type: type = meta.subclass_type
+        expected_ctx = meta.meta
+        fmt = meta.memory_format
+    else:
+        expected_type, expected_ctx, fmt = torch.Tensor, None, meta.memory_format
+    is_sub = is_wrapper_subclass(x)
+    runtime_type = type(x) if is_sub else torch.Tensor
+    runtime_ctx = x.__tensor_flatten__()[1] if is_sub else None  # type: ignore[attr-defined]  # a wrapper subclass
+    if runtime_type is not expected_type or runtime_ctx != expected_ctx:
+        coerce = getattr(x, "__coerce_same_metadata_as_tangent__", None)
+        if coerce is None:
+            raise TypeError(
+                f"tangent {name!r} is a {qualified_name(runtime_type)} with flatten context "
+                f"{runtime_ctx!r}, but the forward output was a {qualified_name(expected_type)} "
+                f"with context {expected_ctx!r}. Fix: define "
+                f"{runtime_type.__qualname__}.__coerce_same_metadata_as_tangent__(self, "
+                "expected_metadata, expected_type=None) returning a tangent of the expected "
+                "type and context, or make backward produce one."
+            )
+        coerced = coerce(expected_ctx) if runtime_type is expected_type else coerce(expected_ctx, expected_type)
+        if coerced is None or type(coerced) is not expected_type and not (
+            expected_type is torch.Tensor and not is_wrapper_subclass(coerced)
+        ):
+            raise TypeError(
+                f"tangent {name!r}: {runtime_type.__qualname__}.__coerce_same_metadata_as_tangent__ "
+                f"returned {describe_type(coerced)}, expected a {qualified_name(expected_type)}. "
+                "Fix: return a tensor of the expected type, or None only when coercion is "
+                "impossible."
+            )
+        x = coerced
+    x = _coerce_layout(x, fmt)
+    if not isinstance(meta, _SCM):
+        return x, [x]
+    leaves: list[Any] = []
+    for attr, sub in meta.attrs.items():
+        value = getattr(x, attr)
+        if isinstance(sub, OpaqueMeta):
+            if isinstance(value, torch.Tensor) or opaque_kind(value) != "reference":
+                raise TypeError(
+                    f"tangent {name}.{attr}: expected a reference opaque in this slot, got "
+                    f"{describe_type(value)}. Fix: the tangent subclass must hold the same "
+                    "attributes as the forward output."
+                )
+            leaves.append(value)
+            continue
+        new_value, sub_leaves = process_runtime_tangent(value, sub, name=f"{name}.{attr}")
+        if new_value is not value:
+            setattr(x, attr, new_value)
+        leaves.extend(sub_leaves)
+    return x, leaves
