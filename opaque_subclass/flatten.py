@@ -161,7 +161,7 @@ def describe(
         else:
             raise _bad_attribute(x, name, inner_path, value)
         attrs[name] = sub
-    is_fake = isinstance(x, torch._subclasses.fake_tensor.FakeTensor) or _holds_fake(x)
+    is_fake = _holds_fake(x)
     return SubclassCreationMeta(
         flat_tensor_start_idx=start_idx,
         attrs=attrs,
@@ -177,9 +177,15 @@ def describe(
 
 
 def _holds_fake(x: torch.Tensor) -> bool:
+    """Whether a wrapper subclass's tensor leaves are fake (opaques skipped: torch
+    2.11's own ``is_fake`` walks every listed attribute as a tensor)."""
     from torch._subclasses.fake_tensor import is_fake
 
-    return bool(is_fake(x))
+    for name in x.__tensor_flatten__()[0]:  # type: ignore[attr-defined]  # a wrapper subclass
+        value = getattr(x, name, None)
+        if isinstance(value, _Tensor):
+            return _holds_fake(value) if is_wrapper_subclass(value) else bool(is_fake(value))
+    return False
 
 
 def append_leaves(x: object, out: list[Any], path: str = "x", *, symints: bool = False) -> None:

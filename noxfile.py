@@ -1,0 +1,86 @@
+"""Test matrix for opaque-subclass.
+
+``python -m nox`` runs the ``tests`` session on both torch legs:
+
+* ``tests(torch='2.13.0')`` - native mode (torch >= 2.12 supports opaque
+  attributes itself; nothing is patched);
+* ``tests(torch='2.11.0')`` - backport mode.
+
+Each leg has its own virtualenv. torch is installed first, pinned, and pinned
+again next to the project so pip never swaps it for another build. Each leg runs
+the self-check ``python -m opaque_subclass`` and then ``python -m pytest -q``
+(extra arguments after ``--`` go to pytest: ``python -m nox -- -k flatten``).
+
+``python -m nox -s bench`` runs the runtime benchmark on torch 2.13.0; it is not
+a default session.
+
+Virtualenvs live outside the repository, in ``$OPAQUE_SUBCLASS_NOX_ENVDIR`` or
+``~/.cache/opaque-subclass/nox``, and are reused when they exist (a fresh clone
+does not download torch again). The project itself is reinstalled on every run,
+so a machine without the cache works too, just slower.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+TORCH_VERSIONS = ["2.13.0", "2.11.0"]
+BENCH_TORCH = "2.13.0"
+
+nox.options.sessions = ["tests"]
+nox.options.envdir = os.environ.get(
+    "OPAQUE_SUBCLASS_NOX_ENVDIR",
+    os.path.expanduser("~/.cache/opaque-subclass/nox"),
+)
+nox.options.reuse_existing_virtualenvs = True
+nox.options.default_venv_backend = "virtualenv"
+nox.options.error_on_missing_interpreters = True
+
+# torch wheels are large (2.11 from the registry is a CUDA build, ~4.7 GB with
+# its nvidia-* packages); a dropped connection gets a few more tries.
+_INSTALL_ATTEMPTS = 3
+
+
+def _install_torch(session: nox.Session, version: str) -> None:
+    """Install ``torch==version`` before anything else, retrying on failure.
+
+    A no-op (no network) when a reused virtualenv already has that version.
+    """
+    for attempt in range(1, _INSTALL_ATTEMPTS + 1):
+        try:
+            session.install(f"torch=={version}")
+            return
+        except nox.command.CommandFailed:
+            if attempt == _INSTALL_ATTEMPTS:
+                session.error(
+                    f"pip could not install torch=={version} after {attempt} attempts"
+                )
+            session.warn(f"installing torch=={version} failed (attempt {attempt}); retrying")
+
+
+def _install_project(session: nox.Session, torch_version: str, extra: str = "test") -> None:
+    # The torch pin on the same command line keeps pip's resolver from
+    # replacing the torch installed above.
+    session.install("-e", f".[{extra}]", f"torch=={torch_version}")
+
+
+@nox.session
+@nox.parametrize("torch", TORCH_VERSIONS)
+def tests(session: nox.Session, torch: str) -> None:
+    """Self-check and test suite on one torch version."""
+    _install_torch(session, torch)
+    _install_project(session, torch)
+    session.run("python", "-c", "import torch; print('torch', torch.__version__)")
+    session.run("python", "-m", "opaque_subclass")
+    # Any non-zero exit fails the session, including 5 (no tests collected).
+    session.run("python", "-m", "pytest", "-q", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Runtime benchmark (not run by default)."""
+    _install_torch(session, BENCH_TORCH)
+    _install_project(session, BENCH_TORCH)
+    session.run("python", "benchmarks/bench_runtime.py", *session.posargs)

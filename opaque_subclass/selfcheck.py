@@ -1,0 +1,158 @@
+"""Live checks of the library on the running torch, used by ``python -m opaque_subclass``.
+
+Each check builds real objects, runs the public API and compares results; a
+check returns normally on success and raises on failure.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._opaque_base import OpaqueBase
+from torch.utils._pytree import tree_map_only
+
+from . import (
+    SubclassCreationMeta,
+    create_subclass_meta,
+    flatten_subclass,
+    opaque_alias_pattern,
+    register_opaque,
+    unflatten_subclass,
+    unwrap_tensor_subclasses,
+    wrap_tensor_subclasses,
+)
+
+__all__ = ["CheckResult", "CHECKS", "run_checks"]
+
+
+class _Group(OpaqueBase):
+    """Stands in for a process group / device mesh: compared by identity only."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"_Group({self.name!r})"
+
+
+class _GroupTensor(torch.Tensor):
+    """A wrapper subclass holding one tensor and one opaque group."""
+
+    _data: torch.Tensor
+    _group: _Group
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, group: _Group) -> "_GroupTensor":
+        r = torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device)  # type: ignore[attr-defined]  # private constructor
+        r._data = data
+        r._group = group
+        return r
+
+    def __repr__(self) -> str:
+        return f"_GroupTensor(shape={tuple(self.shape)}, group={self._group.name!r})"
+
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        return ["_data", "_group"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, Any], ctx: None, size: Any, stride: Any) -> "_GroupTensor":
+        return _GroupTensor(inner["_data"], inner["_group"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        group = next(a._group for a in args if isinstance(a, _GroupTensor))
+        out = func(*tree_map_only(_GroupTensor, lambda t: t._data, args), **(kwargs or {}))
+        return tree_map_only(torch.Tensor, lambda t: _GroupTensor(t, group), out)
+
+
+def _setup() -> None:
+    register_opaque(_Group)
+
+
+def check_round_trip() -> str:
+    g = _Group("a")
+    inner = _GroupTensor(torch.arange(4.0), _Group("inner"))
+    x = _GroupTensor(inner, g)
+    leaves, spec = flatten_subclass(x)
+    if len(leaves) != 3 or leaves[2] is not g:
+        raise AssertionError(f"unexpected leaves {leaves!r}")
+    y = unflatten_subclass(leaves, spec)
+    if type(y) is not _GroupTensor or y._group is not g or y._data._group is not inner._group:
+        raise AssertionError("opaques did not come back as the same objects")
+    if not torch.equal(y._data._data, x._data._data):
+        raise AssertionError("tensor leaf changed in the round trip")
+    return "nested subclass, 3 leaves, opaques kept by identity"
+
+
+def check_runtime_wrap_unwrap() -> str:
+    shared = _Group("shared")
+    args = [torch.ones(2), _GroupTensor(torch.zeros(3), shared), _GroupTensor(torch.ones(3), shared), shared]
+    metas = create_subclass_meta(args)
+    flat = unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
+    runtime = [m.runtime_safe() if isinstance(m, SubclassCreationMeta) else m for m in metas]
+    out = wrap_tensor_subclasses(flat, subclass_metas=runtime, is_runtime=True)
+    if len(flat) != 6 or out[1]._group is not shared or out[3] is not shared:
+        raise AssertionError("wrap(unwrap(args)) did not rebuild the arguments")
+    pattern = opaque_alias_pattern(flat)
+    if pattern.shared != ((2, 4, 5),):
+        raise AssertionError(f"alias pattern {pattern} does not show the shared group")
+    other = opaque_alias_pattern(
+        unwrap_tensor_subclasses(
+            [args[0], args[1], _GroupTensor(torch.ones(3), _Group("b")), shared],
+            is_joint_structure=False,
+        )
+    )
+    if other == pattern:
+        raise AssertionError("alias patterns of different sharing compare equal")
+    return "6 flat slots, shared opaque detected, distinct sharing distinguished"
+
+
+def check_error_message() -> str:
+    class NotRegistered:
+        pass
+
+    bad = _GroupTensor(torch.ones(1), _Group("x"))
+    bad._group = NotRegistered()  # type: ignore[assignment]  # deliberately wrong for the check
+    try:
+        flatten_subclass(bad)
+    except TypeError as e:
+        msg = str(e)
+        for needed in ("_GroupTensor", "x._group", "NotRegistered", "register_opaque"):
+            if needed not in msg:
+                raise AssertionError(f"error message lacks {needed!r}: {msg}") from None
+        return "unregistered opaque named with subclass, path, type and fix"
+    raise AssertionError("an unregistered object in __tensor_flatten__ was accepted")
+
+
+CHECKS: dict[str, Callable[[], str]] = {
+    "round trip": check_round_trip,
+    "run-time wrap/unwrap": check_runtime_wrap_unwrap,
+    "error message": check_error_message,
+}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    detail: str
+    seconds: float
+
+
+def run_checks() -> list[CheckResult]:
+    """Run every check in :data:`CHECKS`; never raises."""
+    _setup()
+    results = []
+    for name, fn in CHECKS.items():
+        t0 = time.perf_counter()
+        try:
+            detail, ok = fn(), True
+        except Exception:  # noqa: BLE001 - a failing check is reported, not raised
+            detail, ok = traceback.format_exc(limit=4).strip(), False
+        results.append(CheckResult(name, ok, detail, time.perf_counter() - t0))
+    return results

@@ -1,0 +1,128 @@
+"""A reusable contract test for opaque-attribute subclasses.
+
+Subclass :class:`OpaqueSubclassContract` in a pytest module and provide
+``factory`` (a zero-argument callable returning a fresh instance of your
+subclass); every check below then runs against it::
+
+    from opaque_subclass.testing import OpaqueSubclassContract
+
+    class TestMeshTensor(OpaqueSubclassContract):
+        factory = staticmethod(lambda: MeshTensor(torch.randn(4), MESH))
+
+The class name must start with ``Test`` for pytest to collect it; the base
+class itself is not collected.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+
+from .aliasing import opaque_alias_pattern
+from .flatten import create_subclass_meta, flatten_subclass, is_wrapper_subclass, unflatten_subclass
+from .registry import opaque_kind
+from .runtime import process_runtime_tangent, unwrap_tensor_subclasses, wrap_tensor_subclasses
+from .schema import OpaqueMeta, SubclassCreationMeta, iter_slots
+
+__all__ = ["OpaqueSubclassContract", "assert_same_leaves"]
+
+
+def assert_same_leaves(actual: list[Any], expected: list[Any]) -> None:
+    """Opaques identical (``is``), tensors equal in type, shape, dtype and values."""
+    assert len(actual) == len(expected), f"{len(actual)} leaves != {len(expected)}"
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        if isinstance(e, torch.Tensor):
+            assert isinstance(a, torch.Tensor), f"leaf {i}: {type(a).__qualname__} is not a tensor"
+            assert type(a) is type(e) and a.shape == e.shape and a.dtype == e.dtype, f"leaf {i} differs"
+            assert torch.equal(a, e), f"leaf {i}: values differ"
+        else:
+            assert a is e, f"leaf {i}: {a!r} is not the same object as {e!r}"
+
+
+class OpaqueSubclassContract:
+    """Round-trip and run-time checks every opaque-attribute subclass must pass."""
+
+    factory: ClassVar[Callable[[], torch.Tensor]]
+
+    def make(self) -> torch.Tensor:
+        x = type(self).factory()
+        assert is_wrapper_subclass(x), f"factory returned {type(x).__qualname__}, not a wrapper subclass"
+        return x
+
+    def test_flatten_round_trip(self) -> None:
+        x = self.make()
+        leaves, spec = flatten_subclass(x)
+        assert isinstance(spec, SubclassCreationMeta)
+        assert spec.arg_count == len(leaves) == spec.num_tensors + spec.num_opaques
+        y = unflatten_subclass(leaves, spec)
+        assert type(y) is type(x) and y.shape == x.shape and y.stride() == x.stride()
+        assert_same_leaves(flatten_subclass(y)[0], leaves)
+
+    def test_slots_describe_leaves(self) -> None:
+        x = self.make()
+        leaves, spec = flatten_subclass(x)
+        slots = list(iter_slots(spec, "x"))
+        assert [s.unwrapped_idx for _, s in slots] == list(range(len(leaves)))
+        for path, slot in slots:
+            leaf = leaves[slot.unwrapped_idx]
+            if isinstance(slot, OpaqueMeta):
+                assert opaque_kind(leaf) == "reference", path
+                assert isinstance(leaf, slot.opaque_type), path
+            else:
+                assert isinstance(leaf, torch.Tensor) and not is_wrapper_subclass(leaf), path
+
+    def test_runtime_wrap_unwrap(self) -> None:
+        args = [torch.ones(2), self.make(), self.make()]
+        metas = create_subclass_meta(args)
+        by_spec = unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
+        generic = unwrap_tensor_subclasses(args, is_joint_structure=False)
+        assert_same_leaves(by_spec, generic)
+        runtime = [m.runtime_safe() if isinstance(m, SubclassCreationMeta) else m for m in metas]
+        for is_runtime, use in ((True, runtime), (False, metas)):
+            out = wrap_tensor_subclasses(by_spec, subclass_metas=use, is_runtime=is_runtime)
+            assert len(out) == len(args)
+            for a, o in zip(args, out):
+                assert type(o) is type(a)
+                assert_same_leaves(
+                    unwrap_tensor_subclasses([o], is_joint_structure=False),
+                    unwrap_tensor_subclasses([a], is_joint_structure=False),
+                )
+
+    def test_joint_structure_with_saved_activations(self) -> None:
+        primals, tangents = [self.make()], [self.make()]
+        p_metas, t_metas = create_subclass_meta(primals), create_subclass_meta(tangents)
+        flat_p, flat_t = unwrap_tensor_subclasses(
+            (primals, tangents), is_joint_structure=True, subclass_metas=(p_metas, t_metas)
+        )
+        saved = [torch.zeros(1), torch.zeros(2)]
+        out = wrap_tensor_subclasses([*flat_p, *saved], subclass_metas=p_metas, num_fw_outs_saved_for_bw=2, is_runtime=True)
+        assert out[1] is saved[0] and out[2] is saved[1]
+        assert_same_leaves(unwrap_tensor_subclasses([out[0]], is_joint_structure=False), flat_p)
+        assert len(flat_t) == t_metas[0].arg_count
+
+    def test_meta_pickles(self) -> None:
+        (meta,) = create_subclass_meta([self.make()])
+        assert isinstance(meta, SubclassCreationMeta)
+        safe = meta.runtime_safe()
+        clone = pickle.loads(pickle.dumps(safe))
+        assert clone == safe and clone.arg_count == safe.arg_count
+
+    def test_alias_pattern_tracks_identity(self) -> None:
+        a, b = self.make(), self.make()
+        flat = unwrap_tensor_subclasses([a, b], is_joint_structure=False)
+        pattern = opaque_alias_pattern(flat)
+        (meta,) = create_subclass_meta([a])
+        assert len(pattern.slots) == 2 * meta.num_opaques
+        assert opaque_alias_pattern(list(flat)) == pattern
+
+    def test_tangent_keeps_opaque_slots(self) -> None:
+        x = self.make()
+        (meta,) = create_subclass_meta([x], with_memory_format=True)
+        _, leaves = process_runtime_tangent(self.make(), meta)
+        assert len(leaves) == meta.arg_count
+        for _, slot in iter_slots(meta):
+            if isinstance(slot, OpaqueMeta):
+                assert opaque_kind(leaves[slot.unwrapped_idx]) == "reference"

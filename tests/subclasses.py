@@ -1,0 +1,160 @@
+"""Subclasses and opaque classes shared by the tests.
+
+Every subclass has a data-free ``__repr__`` (see DESIGN.md: printing fake
+tensor data can crash tracing with log capture on).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._opaque_base import OpaqueBase
+from torch.utils._pytree import tree_map_only
+
+import opaque_subclass
+
+
+class Mesh(OpaqueBase):
+    """A reference opaque: identity matters, equality is never used."""
+
+    def __init__(self, name: str = "m") -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Mesh({self.name!r})"
+
+
+class Stream(OpaqueBase):
+    """A second reference opaque type."""
+
+    def __init__(self, idx: int = 0) -> None:
+        self.idx = idx
+
+    def __repr__(self) -> str:
+        return f"Stream({self.idx})"
+
+
+class ForeignHandle:
+    """A reference opaque that does not inherit OpaqueBase (like DeviceMesh on 2.11)."""
+
+    def __init__(self, name: str = "h") -> None:
+        self.name = name
+
+
+class Config(OpaqueBase):
+    """A value opaque: a constant compared by equality."""
+
+    def __init__(self, bits: int) -> None:
+        self.bits = bits
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and other.bits == self.bits
+
+    def __hash__(self) -> int:
+        return hash(self.bits)
+
+    def __fx_repr__(self) -> tuple[str, dict[str, type]]:
+        return f"Config({self.bits})", {"Config": Config}
+
+
+class NotRegistered:
+    """Never registered: must be rejected in an attribute list."""
+
+
+opaque_subclass.register_opaque(Mesh)
+opaque_subclass.register_opaque(Stream)
+opaque_subclass.register_opaque(ForeignHandle)
+opaque_subclass.register_opaque(Config, kind="value")
+
+
+class _Wrapper(torch.Tensor):
+    """Common machinery: inner tensors named by INNER, opaques named by OPAQUES."""
+
+    INNER: tuple[str, ...] = ()
+    OPAQUES: tuple[str, ...] = ()
+
+    @staticmethod
+    def __new__(cls, *values: Any, ctx: Any = None, outer: torch.Tensor | None = None) -> Any:
+        first = values[0]
+        like = outer if outer is not None else first
+        r = torch.Tensor._make_wrapper_subclass(cls, like.shape, strides=like.stride(), dtype=like.dtype, device=like.device)
+        for name, v in zip(cls.INNER + cls.OPAQUES, values):
+            setattr(r, name, v)
+        r._ctx = ctx
+        return r
+
+    def __init__(self, *values: Any, ctx: Any = None, outer: Any = None) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(shape={tuple(self.shape)})"
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return [*self.INNER, *self.OPAQUES], self._ctx
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
+        values = [inner[n] for n in cls.INNER + cls.OPAQUES]
+        return cls(*values, ctx=ctx)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        proto = next(a for a in args if isinstance(a, cls))
+        opaques = [getattr(proto, n) for n in cls.OPAQUES]
+        n_inner = len(cls.INNER)
+
+        def unwrap(t: Any) -> Any:
+            return getattr(t, cls.INNER[0])
+
+        out = func(*tree_map_only(cls, unwrap, args), **tree_map_only(cls, unwrap, kwargs or {}))
+        return tree_map_only(
+            torch.Tensor,
+            lambda t: cls(*([t] * n_inner), *opaques, ctx=proto._ctx),
+            out,
+        )
+
+
+class PlainPair(_Wrapper):
+    """Two tensors, no opaque (like torch's TwoTensor)."""
+
+    INNER = ("a", "b")
+
+
+class MeshTensor(_Wrapper):
+    """One tensor and one opaque: the sharded-tensor shape."""
+
+    INNER = ("_data",)
+    OPAQUES = ("_mesh",)
+
+
+class MultiOpaque(_Wrapper):
+    """Two tensors and two opaques of different types."""
+
+    INNER = ("_a", "_b")
+    OPAQUES = ("_mesh", "_stream")
+
+
+class ForeignTensor(_Wrapper):
+    """Holds an opaque whose class does not inherit OpaqueBase."""
+
+    INNER = ("_data",)
+    OPAQUES = ("_handle",)
+
+
+class Interleaved(_Wrapper):
+    """Opaque listed between tensors, to pin down slot order."""
+
+    INNER = ("_a", "_b")
+    OPAQUES = ("_mesh",)
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return ["_a", "_mesh", "_b"], self._ctx
+
+
+def nested(depth: int, mesh_names: str = "abc", data: torch.Tensor | None = None) -> torch.Tensor:
+    """MeshTensor nested ``depth`` levels, a distinct Mesh at each level."""
+    t: torch.Tensor = data if data is not None else torch.arange(6.0).reshape(2, 3)
+    for level in range(depth):
+        t = MeshTensor(t, Mesh(mesh_names[level % len(mesh_names)] + str(level)), ctx=("lvl", level))
+    return t

@@ -1,0 +1,173 @@
+"""Every bad input gets an error naming the subclass, the attribute path, the type
+found and a fix; fixes that are code are executed as written."""
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import opaque_subclass as osc
+from subclasses import Config, Mesh, MeshTensor, NotRegistered, nested
+
+
+def _broken(value):
+    x = MeshTensor(torch.randn(2), Mesh())
+    x._mesh = value
+    return x
+
+
+def test_unregistered_object_names_subclass_path_type_and_fix():
+    outer = MeshTensor(_broken(NotRegistered()), Mesh())
+    with pytest.raises(TypeError) as info:
+        osc.flatten_subclass(outer)
+    msg = str(info.value)
+    assert "MeshTensor.__tensor_flatten__()" in msg
+    assert "'x._data._mesh'" in msg
+    assert "subclasses.NotRegistered" in msg
+    assert "register_opaque(NotRegistered, kind=\"reference\")" in msg
+    assert "flatten context" in msg
+
+
+def test_unregistered_fix_runs_as_written():
+    # A fresh interpreter: the fix must make the same subclass flatten.
+    code = textwrap.dedent(
+        """
+        import re, sys, torch
+        sys.path.insert(0, "tests")
+        import opaque_subclass as osc
+        from subclasses import Mesh, MeshTensor
+        import subclasses
+
+        class Handle:  # module-level in a helper module would be importable; emulate one
+            pass
+        Handle.__module__ = "subclasses"
+        Handle.__qualname__ = "Handle"
+        subclasses.Handle = Handle
+        x = MeshTensor(torch.randn(2), Mesh())
+        x._mesh = Handle()
+        try:
+            osc.flatten_subclass(x)
+        except TypeError as e:
+            fix = re.search(r"Fix: `([^`]+)`", str(e)).group(1)
+        exec(fix, {})
+        leaves, spec = osc.flatten_subclass(x)
+        assert leaves[1] is x._mesh
+        print("FIXED", fix)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "FIXED import opaque_subclass; from subclasses import Handle; opaque_subclass.register_opaque(Handle" in out.stdout
+
+
+@pytest.mark.parametrize("value, found", [(3, "int"), (None, "NoneType"), ("s", "str")])
+def test_builtin_in_attribute_list(value, found):
+    with pytest.raises(TypeError) as info:
+        osc.flatten_subclass(_broken(value))
+    msg = str(info.value)
+    assert "MeshTensor" in msg and "'x._mesh'" in msg and f"holds {found}" in msg
+    assert "move '_mesh' into the flatten context" in msg
+
+
+def test_value_opaque_in_attribute_list():
+    with pytest.raises(TypeError) as info:
+        osc.flatten_subclass(_broken(Config(4)))
+    msg = str(info.value)
+    assert "MeshTensor" in msg and "'x._mesh'" in msg and "subclasses.Config" in msg
+    assert "value-type opaque" in msg and "belong in the flatten context" in msg
+
+
+def test_value_opaque_rejected_by_every_entry_point():
+    bad = _broken(Config(4))
+    for call in (
+        lambda: osc.create_subclass_meta([bad]),
+        lambda: osc.unwrap_tensor_subclasses([bad], is_joint_structure=False),
+        lambda: osc.unwrap_tensor_subclasses(([bad], []), is_joint_structure=True),
+    ):
+        with pytest.raises(TypeError, match="value-type opaque"):
+            call()
+
+
+def test_missing_attribute():
+    x = MeshTensor(torch.randn(2), Mesh())
+    del x._mesh
+    with pytest.raises(AttributeError, match=r"MeshTensor.__tensor_flatten__\(\) lists attribute '_mesh' \(path 'x._mesh'\)"):
+        osc.flatten_subclass(x)
+
+
+class _BadUnflatten(MeshTensor):
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return inner["_data"]
+
+
+def test_unflatten_returning_wrong_type_generic_and_generated():
+    x = _BadUnflatten(torch.randn(2), Mesh())
+    leaves, spec = osc.flatten_subclass(x)
+    with pytest.raises(TypeError) as info:
+        osc.unflatten_subclass(leaves, spec)
+    msg = str(info.value)
+    assert "_BadUnflatten.__tensor_unflatten__" in msg and "returned torch.Tensor" in msg
+    assert "expected an instance of test_errors._BadUnflatten" in msg
+    with pytest.raises(TypeError, match="_BadUnflatten.__tensor_unflatten__ .rebuilding 'x'. returned torch.Tensor"):
+        osc.wrap_tensor_subclasses(leaves, subclass_metas=[spec], is_runtime=True)
+
+
+def test_nested_unflatten_wrong_type_names_inner_path():
+    x = MeshTensor(_BadUnflatten(torch.randn(2), Mesh()), Mesh())
+    leaves, spec = osc.flatten_subclass(x)
+    with pytest.raises(TypeError, match="rebuilding 'x._data'"):
+        osc.wrap_tensor_subclasses(leaves, subclass_metas=[spec], is_runtime=True)
+
+
+def test_leaf_count_mismatch():
+    leaves, spec = osc.flatten_subclass(nested(2))
+    with pytest.raises(ValueError) as info:
+        osc.unflatten_subclass(leaves[:-1], spec)
+    msg = str(info.value)
+    assert "MeshTensor" in msg and "3 leaves (1 tensors, 2 opaques)" in msg and "2 leaves were given" in msg
+
+
+def test_leaf_kind_mismatch_names_slot():
+    leaves, spec = osc.flatten_subclass(nested(2))
+    with pytest.raises(TypeError, match=r"slot 1 \('x._data._mesh'\) expects a reference opaque of type subclasses.Mesh, got torch.Tensor"):
+        osc.unflatten_subclass([leaves[0], torch.ones(1), leaves[2]], spec)
+    with pytest.raises(TypeError, match=r"slot 0 \('x._data._data'\) expects a tensor, got subclasses.Mesh"):
+        osc.unflatten_subclass([leaves[1], leaves[1], leaves[2]], spec)
+
+
+def test_wrap_flat_length_mismatch():
+    args = [MeshTensor(torch.randn(2), Mesh()), torch.ones(1)]
+    metas = osc.create_subclass_meta(args)
+    flat = osc.unwrap_tensor_subclasses(args, is_joint_structure=False)
+    with pytest.raises(osc.OpaqueSubclassError, match="describe 3 flat slots .3 values. but 4 values"):
+        osc.wrap_tensor_subclasses([*flat, torch.ones(1)], subclass_metas=metas, is_runtime=True)
+    with pytest.raises(osc.OpaqueSubclassError, match="describe 3 flat slots plus 2 saved activations .5 values. but 2"):
+        osc.wrap_tensor_subclasses(flat[:2], subclass_metas=metas, num_fw_outs_saved_for_bw=2, is_runtime=True)
+
+
+def test_unwrap_with_wrong_type_for_meta():
+    metas = osc.create_subclass_meta([MeshTensor(torch.randn(2), Mesh())])
+    with pytest.raises(TypeError, match="expected a test_subclasses|expected a subclasses.MeshTensor"):
+        osc.unwrap_tensor_subclasses([torch.ones(2)], is_joint_structure=False, subclass_metas=metas)
+    with pytest.raises(osc.OpaqueSubclassError, match="1 args but 2 metas|2 args but 1 metas"):
+        osc.unwrap_tensor_subclasses([torch.ones(2), torch.ones(2)], is_joint_structure=False, subclass_metas=metas)
+
+
+def test_bad_flatten_return():
+    class NoPair(MeshTensor):
+        def __tensor_flatten__(self):
+            return ["_data", "_mesh"]
+
+    with pytest.raises(TypeError, match=r"NoPair.__tensor_flatten__\(\) at 'x' returned list; it must return a pair"):
+        osc.flatten_subclass(NoPair(torch.ones(1), Mesh()))
+
+
+def test_joint_structure_shape_errors():
+    with pytest.raises(TypeError, match=r"pair \(primals, tangents\)"):
+        osc.unwrap_tensor_subclasses([torch.ones(1)], is_joint_structure=True)
+    with pytest.raises(ValueError, match="needs tangent_metas"):
+        osc.wrap_tensor_subclasses_maybe_joint(([], []), is_joint_structure=True, inp_metas=[])

@@ -1,0 +1,207 @@
+"""create_subclass_meta, unwrap/wrap (inference, joint, saved activations,
+symbolic sizes), the generated fast path against the generic one."""
+
+import pickle
+
+import pytest
+import torch
+from torch._dynamo.source import LocalSource
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+import opaque_subclass as osc
+from opaque_subclass.codegen import compiled_unwrap, compiled_wrap
+from opaque_subclass.flatten import build
+from subclasses import Mesh, MeshTensor, MultiOpaque, PlainPair, Stream, nested
+
+
+def _rt(metas):
+    return [m.runtime_safe() if isinstance(m, osc.SubclassCreationMeta) else m for m in metas]
+
+
+def test_metas_number_slots_across_arguments():
+    m = Mesh()
+    args = [torch.ones(1), MeshTensor(torch.ones(2), m), 7, m, nested(2)]
+    metas = osc.create_subclass_meta(args)
+    assert metas[0] == osc.PlainTensorMeta(0)
+    assert isinstance(metas[1], osc.SubclassCreationMeta) and metas[1].flat_tensor_start_idx == 1
+    assert metas[2] == osc.PlainTensorMeta(3)
+    assert metas[3] == osc.OpaqueMeta(4, None, Mesh)
+    assert metas[4].flat_tensor_start_idx == 5 and metas[4].arg_count == 3
+    flat = osc.unwrap_tensor_subclasses(args, is_joint_structure=False)
+    assert len(flat) == 8 and flat[2] is m and flat[3] == 7 and flat[4] is m
+    out = osc.wrap_tensor_subclasses(flat, subclass_metas=_rt(metas), is_runtime=True)
+    assert out[2] == 7 and out[3] is m and out[1]._mesh is m and out[4]._data._mesh is args[4]._data._mesh
+
+
+def test_runtime_wrap_carries_new_opaques():
+    metas = _rt(osc.create_subclass_meta([MeshTensor(torch.ones(2), Mesh("compile"))]))
+    for i in range(5):
+        runtime_mesh = Mesh(f"call{i}")
+        (out,) = osc.wrap_tensor_subclasses([torch.full((2,), float(i)), runtime_mesh], subclass_metas=metas, is_runtime=True)
+        assert out._mesh is runtime_mesh and out._data[0].item() == i
+
+
+def test_generated_and_generic_paths_agree():
+    x = MeshTensor(MultiOpaque(torch.randn(2), torch.randn(2), Mesh(), Stream()), Mesh(), ctx=("k", 1))
+    (meta,) = osc.create_subclass_meta([x])
+    leaves = list(compiled_unwrap(meta, False)(x))
+    generic = osc.unwrap_tensor_subclasses([x], is_joint_structure=False)
+    assert all(a is b for a, b in zip(leaves, generic)) and len(leaves) == len(generic) == 5
+    a = compiled_wrap(meta.runtime_safe())(leaves)
+    b = build(meta, leaves, is_runtime=True)
+    leaves_a = osc.unwrap_tensor_subclasses([a], is_joint_structure=False)
+    leaves_b = osc.unwrap_tensor_subclasses([b], is_joint_structure=False)
+    assert len(leaves_a) == 5 and all(p is q for p, q in zip(leaves_a, leaves_b))
+    assert type(a._data) is type(b._data) is MultiOpaque
+    assert a._ctx == b._ctx == ("k", 1)
+
+
+def test_generated_code_is_cached_per_meta():
+    (meta,) = _rt(osc.create_subclass_meta([MeshTensor(torch.ones(2), Mesh())]))
+    assert compiled_wrap(meta) is compiled_wrap(meta)
+    assert compiled_unwrap(meta, False) is compiled_unwrap(meta, False)
+
+
+class _OddNames(torch.Tensor):
+    """Attribute names that are not Python identifiers force the generic path."""
+
+    @staticmethod
+    def __new__(cls, data, mesh):
+        r = torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype)
+        setattr(r, "inner-data", data)
+        setattr(r, "class", mesh)
+        return r
+
+    def __repr__(self):
+        return "_OddNames()"
+
+    def __tensor_flatten__(self):
+        return ["inner-data", "class"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, size, stride):
+        return _OddNames(inner["inner-data"], inner["class"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(func)
+
+
+def test_non_identifier_attribute_names_use_generic_path():
+    m = Mesh()
+    x = _OddNames(torch.ones(3), m)
+    metas = _rt(osc.create_subclass_meta([x]))
+    flat = osc.unwrap_tensor_subclasses([x], is_joint_structure=False, subclass_metas=metas)
+    assert flat[1] is m
+    (y,) = osc.wrap_tensor_subclasses(flat, subclass_metas=metas, is_runtime=True)
+    assert getattr(y, "class") is m
+
+
+def test_joint_structure_round_trip():
+    pm, tm = Mesh("p"), Mesh("t")
+    primals = [MeshTensor(torch.ones(2), pm), torch.zeros(1)]
+    tangents = [MeshTensor(torch.ones(2), tm)]
+    p_metas, t_metas = osc.create_subclass_meta(primals), osc.create_subclass_meta(tangents)
+    flat = osc.unwrap_tensor_subclasses((primals, tangents), is_joint_structure=True)
+    assert isinstance(flat, tuple) and len(flat[0]) == 3 and flat[1][1] is tm
+    by_spec = osc.unwrap_tensor_subclasses((primals, tangents), is_joint_structure=True, subclass_metas=(p_metas, t_metas))
+    assert all(a is b for a, b in zip(flat[0] + flat[1], by_spec[0] + by_spec[1]))
+    wp, wt = osc.wrap_tensor_subclasses_maybe_joint(
+        flat, is_joint_structure=True, inp_metas=_rt(p_metas), tangent_metas=_rt(t_metas), is_runtime=True
+    )
+    assert wp[0]._mesh is pm and wt[0]._mesh is tm and wp[1] is primals[1]
+    inference = osc.wrap_tensor_subclasses_maybe_joint(flat[0], is_joint_structure=False, inp_metas=_rt(p_metas), is_runtime=True)
+    assert inference[0]._mesh is pm
+
+
+def test_saved_activations_pass_through():
+    m = Mesh()
+    outs = [MeshTensor(torch.ones(2), m), torch.ones(3)]
+    metas = _rt(osc.create_subclass_meta(outs))
+    flat = osc.unwrap_tensor_subclasses(outs, is_joint_structure=False)
+    acts = [torch.zeros(4), m]
+    wrapped = osc.wrap_tensor_subclasses(flat + acts, subclass_metas=metas, num_fw_outs_saved_for_bw=2, is_runtime=True)
+    assert len(wrapped) == 4 and wrapped[0]._mesh is m and wrapped[2] is acts[0] and wrapped[3] is m
+    empty = osc.wrap_tensor_subclasses(flat, subclass_metas=metas, num_fw_outs_saved_for_bw=0, is_runtime=True)
+    assert len(empty) == 2
+
+
+def _symbolic(shape_env_mode, real, name):
+    ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (real.dim() - 1))
+    return shape_env_mode.from_tensor(real, source=LocalSource(name), symbolic_context=ctx)
+
+
+def test_symbolic_sizes_take_slots_and_are_read_back_at_run_time():
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    m_in, m_out = Mesh("in"), Mesh("out")
+    real_inner = torch.randn(4, 3)
+    with mode:
+        inner = _symbolic(mode, real_inner, "x")
+        fake = MeshTensor(MeshTensor(inner, m_in), m_out)
+    (meta,) = osc.create_subclass_meta([fake], count_symints=True)
+    assert meta.original_subclass is fake
+    assert meta.size_placeholders == (0,) and meta.stride_placeholders == ()
+    assert meta.arg_count == 5  # tensor, inner mesh, inner size, outer mesh, outer size
+    paths = [p for p, _ in osc.iter_slots(meta, "x")]
+    assert paths == ["x._data._data", "x._data._mesh", "x._data.size()[0]", "x._mesh", "x.size()[0]"]
+    flat = osc.unwrap_tensor_subclasses([fake], is_joint_structure=False, append_symints=True)
+    assert isinstance(flat[0], FakeTensor) and isinstance(flat[2], torch.SymInt) and flat[1] is m_in
+    with mode:
+        (traced,) = osc.wrap_tensor_subclasses(flat, subclass_metas=[meta], is_runtime=False)
+    assert traced._mesh is m_out and traced.shape[0] is fake.shape[0] or str(traced.shape[0]) == str(fake.shape[0])
+
+    safe = meta.runtime_safe()
+    assert safe.outer_size == (None, 3) and safe.original_subclass is None and safe.arg_count == 5
+    assert pickle.loads(pickle.dumps(safe)) == safe
+    m_rt = Mesh("rt")
+    real = MeshTensor(MeshTensor(torch.randn(7, 3), m_rt), m_out)
+    rflat = osc.unwrap_tensor_subclasses([real], is_joint_structure=False, append_symints=True, subclass_metas=[safe])
+    assert rflat[2] == 7 and rflat[4] == 7 and rflat[1] is m_rt
+    (out,) = osc.wrap_tensor_subclasses(rflat, subclass_metas=[safe], is_runtime=True)
+    assert out.shape == (7, 3) and out._data.shape == (7, 3) and out._data._mesh is m_rt
+
+
+def test_trace_time_wrap_mirrors_autograd_meta():
+    mode = FakeTensorMode()
+    real_inner = torch.randn(3)
+    with mode:
+        inner = mode.from_tensor(real_inner)
+        fake = MeshTensor(inner, Mesh())
+        fake.requires_grad_(True)
+    (meta,) = osc.create_subclass_meta([fake])
+    flat = osc.unwrap_tensor_subclasses([fake], is_joint_structure=False)
+    with mode:
+        (rebuilt,) = osc.wrap_tensor_subclasses(flat, subclass_metas=[meta], is_runtime=False)
+    assert rebuilt.requires_grad
+
+
+def test_real_tensors_are_not_kept_in_metas():
+    (meta,) = osc.create_subclass_meta([MeshTensor(torch.ones(2), Mesh())])
+    assert meta.original_subclass is None
+
+
+def test_memory_format_recorded():
+    x = PlainPair(torch.randn(1, 2, 3, 3).contiguous(memory_format=torch.channels_last), torch.randn(1, 2, 3, 3))
+    (meta,) = osc.create_subclass_meta([x], with_memory_format=True)
+    assert meta.attrs["a"].memory_format == torch.channels_last
+    assert meta.attrs["b"].memory_format == torch.contiguous_format
+
+
+def test_meta_equality_and_hash():
+    a = osc.create_subclass_meta([MeshTensor(torch.ones(2), Mesh())])[0]
+    b = osc.create_subclass_meta([MeshTensor(torch.zeros(2), Mesh())])[0]
+    assert a == b and hash(a) == hash(b)
+    c = osc.create_subclass_meta([MeshTensor(torch.zeros(3), Mesh())])[0]
+    assert a != c
+
+
+@pytest.mark.parametrize("k", [1, 8, 64])
+def test_many_arguments(k):
+    meshes = [Mesh(str(i)) for i in range(k)]
+    args = [MeshTensor(torch.full((2,), float(i)), meshes[i]) for i in range(k)]
+    metas = _rt(osc.create_subclass_meta(args))
+    flat = osc.unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
+    assert len(flat) == 2 * k
+    out = osc.wrap_tensor_subclasses(flat, subclass_metas=metas, is_runtime=True)
+    assert all(o._mesh is m and o._data[0].item() == i for i, (o, m) in enumerate(zip(out, meshes)))
