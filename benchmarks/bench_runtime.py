@@ -444,8 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             growth = per_arg[kmax] / per_arg[base_k]
             linearity.append({"impl": impl, "variant": variant, "us_per_arg": per_arg, "growth": growth})
-            cells = "  ".join(f"k={k}: {v:.3f}" for k, v in per_arg.items())
-            print(f"  {impl:<14} {variant:<7} {cells}  growth {growth:.2f}")
+            line = "  ".join(f"k={k}: {v:.3f}" for k, v in per_arg.items())
+            print(f"  {impl:<14} {variant:<7} {line}  growth {growth:.2f}")
 
     elapsed = time.perf_counter() - started
     print(f"\ntotal {elapsed:.1f} s")
@@ -462,6 +462,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"ours not linear: {lin['variant']} us/arg grows {lin['growth']:.2f}x from "
                 f"k={base_k} to k={kmax} (tolerance {opts.linear_tolerance})"
             )
+    if reason is None:
+        # torch has native opaque support, so the comparison is required.
+        for (variant, k), err in torch_errors.items():
+            if err is not None:
+                failures.append(f"torch comparison failed on torch {torch.__version__}: {variant} k={k}: {err}")
     if not any(r["ratio"] is not None for r in rows):
         print("no torch comparison on this torch: --check covers linearity only")
 

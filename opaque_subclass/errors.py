@@ -43,14 +43,15 @@ def describe_type(obj: object) -> str:
 def import_fix(cls: type, call: str) -> str:
     """A runnable snippet, in backticks, that imports ``cls`` and then executes ``call``.
 
-    ``call`` refers to the class by its ``__qualname__`` and may use the name
+    ``call`` is a template: ``{cls}`` is replaced by the name the class has after
+    the import (its ``__qualname__``), and it may use the name
     ``opaque_subclass``. Classes that cannot be imported by name (defined in a
-    function or in ``__main__``) get a snippet that assumes the class is in
-    scope, which is said after the snippet.
+    function or in ``__main__``) get a snippet that uses ``cls.__name__`` and
+    assumes the class is in scope, which is said after the snippet.
     """
     module = cls.__module__
     qualname = cls.__qualname__
-    top = qualname.split(".", 1)[0]
     if "<locals>" in qualname or module in ("__main__", "builtins"):
-        return f"`import opaque_subclass; {call}` (with {qualname} in scope)"
-    return f"`import opaque_subclass; from {module} import {top}; {call}`"
+        return f"`import opaque_subclass; {call.format(cls=cls.__name__)}` (with {cls.__name__} in scope)"
+    top = qualname.split(".", 1)[0]
+    return f"`import opaque_subclass; from {module} import {top}; {call.format(cls=qualname)}`"

@@ -99,7 +99,7 @@ def _bad_attribute(owner: torch.Tensor, name: str, path: str, value: object) -> 
         f"{where}, which is neither a tensor nor a registered reference opaque. Fix: "
         + import_fix(
             value_cls,
-            f'opaque_subclass.register_opaque({value_cls.__qualname__}, kind="reference")',
+            'opaque_subclass.register_opaque({cls}, kind="reference")',
         )
         + f", or move {name!r} into the flatten context if it is a constant."
     )

@@ -135,7 +135,7 @@ def _check_value_type_protocol(cls: type) -> None:
             + ". A value opaque is a constant that torch.compile compares and bakes in. "
             "Fix: define the missing methods, or register it as a reference opaque if "
             "its identity matters: "
-            + import_fix(cls, f'opaque_subclass.register_opaque({cls.__qualname__}, kind="reference")')
+            + import_fix(cls, 'opaque_subclass.register_opaque({cls}, kind="reference")')
         )
 
 
