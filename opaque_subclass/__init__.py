@@ -37,7 +37,7 @@ from .schema import (
     SymIntMeta,
     iter_slots,
 )
-from .support import SUPPORTED_TORCH, Support, support
+from .mode import SUPPORTED_TORCH, Support, support
 
 __version__ = "0.1.0"
 

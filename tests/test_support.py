@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import opaque_subclass as osc
-from opaque_subclass import support as support_mod
+from opaque_subclass import mode as support_mod
 
 
 def test_mode_matches_running_torch():
