@@ -10,7 +10,7 @@
 * run time - :func:`unwrap_tensor_subclasses`, :func:`wrap_tensor_subclasses`,
   :func:`wrap_tensor_subclasses_maybe_joint`, :func:`process_runtime_tangent`;
 * guards - :func:`opaque_alias_pattern`, :class:`OpaqueAliasPattern`;
-* mode - :func:`support`.
+* mode - :func:`support`, :func:`enable`, :func:`disable`.
 
 See ``docs/`` for a guide.
 """
@@ -37,9 +37,13 @@ from .schema import (
     SymIntMeta,
     iter_slots,
 )
-from .mode import SUPPORTED_TORCH, Support, support
+from .mode import SUPPORTED_TORCH, Support
+
+from .activation import disable, enable, support
 
 __version__ = "0.1.0"
+
+enable()
 
 __all__ = [
     "SUPPORTED_TORCH",
@@ -53,6 +57,8 @@ __all__ = [
     "SymIntMeta",
     "__version__",
     "create_subclass_meta",
+    "disable",
+    "enable",
     "flatten_subclass",
     "is_opaque",
     "is_wrapper_subclass",

@@ -4,9 +4,9 @@
     torch >= 2.12 handles opaque attributes in ``__tensor_flatten__`` itself;
     nothing is patched.
 ``backport``
-    torch 2.11: the library supplies what torch lacks (the opaque registry
-    bridge now; the compile-stack patches are tracked separately and listed in
-    ``Support.patched`` once applied).
+    torch 2.11: the library supplies what torch lacks: the opaque registry
+    bridge and the patches of ``opaque_subclass.backport``, listed in
+    ``Support.patched``.
 ``unsupported``
     any other torch: importing works, a warning names the supported versions,
     and torch is left untouched.
@@ -15,13 +15,12 @@
 from __future__ import annotations
 
 import re
-import warnings
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-__all__ = ["SUPPORTED_TORCH", "Mode", "Support", "support"]
+__all__ = ["SUPPORTED_TORCH", "Mode", "Support"]
 
 Mode = Literal["native", "backport", "unsupported"]
 
@@ -68,22 +67,3 @@ def _detect() -> Mode:
     if release >= (2, 12):
         return "native" if _has_native_opaque_attrs() else "unsupported"
     return SUPPORTED_TORCH.get(release, "unsupported")
-
-
-_MODE: Mode = _detect()
-_PATCHED: tuple[str, ...] = ()
-
-if _MODE == "unsupported":
-    warnings.warn(
-        f"opaque_subclass supports torch 2.11 (backport mode) and torch >= 2.12 with native "
-        f"opaque attributes (native mode); found torch {torch.__version__}. torch is left "
-        "untouched and opaque attributes in __tensor_flatten__ will not work under "
-        "torch.compile. Fix: pip install 'torch>=2.11'.",
-        RuntimeWarning,
-        stacklevel=2,
-    )
-
-
-def support() -> Support:
-    """The library's :class:`Support` on the running torch."""
-    return Support(_MODE, torch.__version__, _PATCHED)

@@ -1,0 +1,23 @@
+"""The patch set for torch 2.11: one module per torch area."""
+
+from ..patching import PatchSet
+from . import aot_autograd, dynamo, fake
+
+__all__ = ["PATCH_SET"]
+
+#: torch modules imported before patching, so that every module that imports a
+#: patched function by name already holds it (and gets the replacement).
+PRELOAD = (
+    "torch._subclasses.fake_tensor",
+    "torch._subclasses.meta_utils",
+    "torch._functorch.aot_autograd",
+    "torch._functorch._aot_autograd.runtime_wrappers",
+    "torch._functorch._aot_autograd.graph_capture_wrappers",
+    "torch._functorch._aot_autograd.collect_metadata_analysis",
+    "torch._dynamo.variables.builder",
+    "torch._dynamo.output_graph",
+    "torch._dynamo.guards",
+    "torch.fx.experimental.symbolic_shapes",
+)
+
+PATCH_SET = PatchSet([*fake.PATCHES, *dynamo.PATCHES, *aot_autograd.PATCHES], preload=PRELOAD)

@@ -1,0 +1,139 @@
+"""AOTAutograd with opaque attributes (torch 2.11).
+
+AOTAutograd flattens subclass inputs and outputs into a flat list of graph
+inputs/outputs. Native torch (2.12+, pytorch/pytorch#176457) gives each opaque
+its own slot, traces it as a fake script object (so a graph output that is an
+input's opaque becomes a pass-through of that placeholder, and the *runtime*
+object flows to the output), and marks the slot so that tangent and mutation
+analysis skip it. These patches give torch 2.11 the same:
+
+* ``create_subclass_metadata`` gives an opaque a one-slot meta
+  (:class:`OpaqueSlotMeta`, a ``PlainTensorMeta`` that carries no layout);
+* ``unwrap_tensor_subclasses`` (trace time) replaces each opaque leaf by a fake
+  script object wrapping the very same object;
+* the functionalization helpers walk only tensor attributes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._functorch._aot_autograd.schemas import PlainTensorMeta
+
+from ...registry import opaque_kind
+from ..hiding import hide_in_first_arg
+from ..patching import Patch
+
+__all__ = ["OpaqueSlotMeta", "PATCHES", "fake_opaque"]
+
+
+@dataclasses.dataclass
+class OpaqueSlotMeta(PlainTensorMeta):
+    """torch 2.11 metadata for a flat slot holding a reference opaque.
+
+    A ``PlainTensorMeta`` so that torch 2.11's subclass rebuilding reads the slot
+    as is; never has a memory format (opaques are never coerced or
+    differentiated).
+    """
+
+
+def _is_reference_opaque(value: object) -> bool:
+    return not isinstance(value, torch.Tensor) and opaque_kind(value) == "reference"
+
+
+def fake_opaque(value: Any) -> Any:
+    """The fake script object standing for ``value`` while tracing under a fake
+    mode; ``value`` itself outside one. Wraps the very object (no copy)."""
+    from torch._guards import detect_fake_mode
+    from torch._library.fake_class_registry import FakeScriptObject
+    from torch._library.opaque_object import FakeOpaqueObject, get_opaque_type_name
+
+    if isinstance(value, FakeScriptObject) or detect_fake_mode() is None:
+        return value
+    fake = FakeScriptObject.__new__(FakeScriptObject)
+    object.__setattr__(fake, "wrapped_obj", FakeOpaqueObject())
+    object.__setattr__(fake, "script_class_name", get_opaque_type_name(_registered_base(type(value))))
+    object.__setattr__(fake, "real_obj", value)
+    return fake
+
+
+def _registered_base(cls: type) -> type:
+    from torch._library.opaque_object import _OPAQUE_TYPES
+
+    return next((k for k in cls.__mro__ if k in _OPAQUE_TYPES), cls)
+
+
+def make_create_subclass_metadata(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``subclass_utils.create_subclass_metadata`` (torch 2.11).
+
+    Without it, metadata of a subclass listing an opaque asks the opaque for a
+    memory format and fails (``'Mesh' object has no attribute 'layout'``). With
+    it, an opaque gets a one-slot :class:`OpaqueSlotMeta`. Unnecessary since
+    torch 2.12, whose ``SubclassCreationMeta.attrs`` holds ``OpaqueMeta``.
+    """
+
+    def create_subclass_metadata(a: Any, start_idx: int, count_symints: bool, with_memory_format: bool = False) -> Any:
+        if _is_reference_opaque(a):
+            return OpaqueSlotMeta(start_idx + 1, memory_format=None), start_idx + 1
+        return original(a, start_idx, count_symints, with_memory_format)
+
+    return create_subclass_metadata
+
+
+def make_unwrap_tensor_subclasses(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``subclass_utils.unwrap_tensor_subclasses`` (torch 2.11), the
+    trace-time unwrap.
+
+    Without it, opaque leaves enter the traced graph as plain Python constants:
+    the compile-time object is baked in and every later call returns it. With
+    it, each opaque leaf is traced as a fake script object wrapping the same
+    object, so it becomes a graph input and outputs that come from it return
+    the runtime object. Unnecessary since torch 2.12.
+    """
+
+    def unwrap_tensor_subclasses(wrapped_args: Any, wrapped_args_descs: Any, *, append_symints: bool) -> Any:
+        flat, descs = original(wrapped_args, wrapped_args_descs, append_symints=append_symints)
+        if any(_is_reference_opaque(v) for v in flat):
+            flat = [fake_opaque(v) if _is_reference_opaque(v) else v for v in flat]
+        return flat, descs
+
+    return unwrap_tensor_subclasses
+
+
+def _hide_first(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces a torch 2.11 functionalization helper of one tensor.
+
+    Without it, the helper treats an opaque attribute as an inner tensor and
+    fails (for example "mixed functional/non-functional inner tensors"). With
+    it, the helper walks only the subclass's tensor attributes; opaques have no
+    data and no mutations. Unnecessary since torch 2.12.
+    """
+    return hide_in_first_arg(original)
+
+
+def make_sc_visit(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``graph_capture_wrappers.sc_visit`` (torch 2.11), the reduction
+    over a subclass's inner tensors used for mutation counters.
+
+    Without it, a compiled function that mutates a subclass input holding an
+    opaque under ``torch.no_grad()`` fails reading ``.elem`` of the opaque's
+    fake script object. With it, only tensor attributes are visited.
+    Unnecessary since torch 2.12.
+    """
+    return hide_in_first_arg(original)
+
+
+_FU = "torch._functorch._aot_autograd.functional_utils."
+_SU = "torch._functorch._aot_autograd.subclass_utils."
+
+PATCHES = [
+    Patch(_SU + "create_subclass_metadata", "7b4c0b5f0341af60", make_create_subclass_metadata),
+    Patch(_SU + "unwrap_tensor_subclasses", "11cc3ee45d7806e6", make_unwrap_tensor_subclasses),
+    Patch("torch._functorch._aot_autograd.graph_capture_wrappers.sc_visit", "985398e20c16d699", make_sc_visit),
+    Patch(_FU + "is_fun", "717e7e67d125a4d1", _hide_first),
+    Patch(_FU + "sync_functional_tensor", "a32ff6debc413a1d", _hide_first),
+    Patch(_FU + "are_all_mutations_under_no_grad_or_inference_mode", "4c753f6f262dbd37", _hide_first),
+]

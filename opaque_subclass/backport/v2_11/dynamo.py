@@ -1,0 +1,67 @@
+"""Dynamo and shape guards for subclasses with opaque attributes (torch 2.11).
+
+Dynamo builds a symbolic (shape) context for every tensor attribute of a
+subclass input and later turns those contexts into shape guards. torch 2.11
+does both for every name in ``__tensor_flatten__`` and fails on an opaque
+(``'Mesh' object has no attribute 'is_nested'``). Opaques have no shape: these
+patches skip them, as torch 2.12 does (pytorch/pytorch#176457).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from ..hiding import hide_in_all_args, opaque_attrs
+from ..patching import Patch
+
+__all__ = ["PATCHES"]
+
+
+def make_automatic_dynamic(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._dynamo.variables.builder._automatic_dynamic`` (torch 2.11).
+
+    Without it, compiling a function that takes a subclass listing an opaque
+    attribute fails in Dynamo. With it, the subclass's symbolic context has an
+    inner context for each tensor attribute and none for opaques (the outer
+    context is torch's own). Unnecessary since torch 2.12.
+    """
+    from torch._dynamo.source import AttrSource
+    from torch.fx.experimental.symbolic_shapes import SubclassSymbolicContext
+
+    def _automatic_dynamic(e: Any, tx: Any, source: Any, static_shapes: bool, outer_only: bool = False) -> Any:
+        opaques = {} if outer_only else opaque_attrs(e)
+        if not opaques:
+            return original(e, tx, source, static_shapes, outer_only)
+        outer = original(e, tx, source, static_shapes, outer_only=True)
+        inner = {
+            name: _automatic_dynamic(getattr(e, name), tx, AttrSource(source, name), static_shapes)
+            for name in type(e).__tensor_flatten__(e)[0]
+            if name not in opaques
+        }
+        fields = {f.name: getattr(outer, f.name) for f in dataclasses.fields(outer) if f.init}
+        return SubclassSymbolicContext(**fields, inner_contexts=inner)
+
+    return _automatic_dynamic
+
+
+def make_produce_guards_verbose(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``ShapeEnv.produce_guards_verbose`` (torch 2.11).
+
+    Without it, building shape guards for a subclass input listing an opaque
+    fails (``KeyError`` on the opaque's missing inner context). With it, the
+    walk over each subclass input sees only its tensor attributes. Unnecessary
+    since torch 2.12.
+    """
+    return hide_in_all_args(original)
+
+
+PATCHES = [
+    Patch("torch._dynamo.variables.builder._automatic_dynamic", "6dad81d75732e4d5", make_automatic_dynamic),
+    Patch(
+        "torch.fx.experimental.symbolic_shapes.ShapeEnv.produce_guards_verbose",
+        "6c5798635dc1fbf3",
+        make_produce_guards_verbose,
+    ),
+]

@@ -1,0 +1,98 @@
+"""Fake-tensor conversion of subclasses with opaque attributes (torch 2.11).
+
+torch 2.11's ``MetaTensorDescriber.describe_tensor`` and ``is_fake`` treat every
+attribute named by ``__tensor_flatten__`` as a tensor and fail on an opaque
+(``'Mesh' object has no attribute 'is_leaf'``). torch 2.12 (pytorch/pytorch#176457)
+describes opaques separately and passes them through unchanged into the fake
+subclass. These patches give 2.11 the same result: the fake subclass holds fake
+inner tensors and the very same (real) opaque objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..hiding import hide_in_first_arg, opaque_attrs, tensor_only_flatten
+from ..patching import Patch
+
+__all__ = ["PATCHES"]
+
+
+class _OpaqueRestoringType:
+    """Stands in for ``MetaTensorDesc.type``: the meta converter rebuilds the
+    subclass through ``desc.type.__tensor_unflatten__``; this puts the opaques
+    that were hidden while describing back into the inner dict."""
+
+    __slots__ = ("cls", "opaques")
+
+    def __init__(self, cls: type, opaques: dict[str, Any]) -> None:
+        self.cls = cls
+        self.opaques = opaques
+
+    def __tensor_unflatten__(self, inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
+        return self.cls.__tensor_unflatten__({**inner, **self.opaques}, ctx, size, stride)  # type: ignore[attr-defined]  # a wrapper subclass
+
+    def __repr__(self) -> str:
+        return repr(self.cls)
+
+
+def make_describe_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``MetaTensorDescriber.describe_tensor`` (torch 2.11).
+
+    Without it, describing a subclass that lists an opaque attribute fails.
+    With it, opaques are hidden from the description of the tensor structure
+    and re-inserted, as the same objects, when the fake subclass is built.
+    Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    """
+
+    def describe_tensor(self: Any, t: torch.Tensor, *, recurse: bool = True, trace: bool = False) -> Any:
+        if not opaque_attrs(t):
+            return original(self, t, recurse=recurse, trace=trace)
+        with tensor_only_flatten(t) as opaques:
+            desc = original(self, t, recurse=recurse, trace=trace)
+        return dataclasses.replace(desc, type=_OpaqueRestoringType(type(t), opaques))
+
+    return describe_tensor
+
+
+def make_is_fake(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._subclasses.fake_tensor.is_fake`` (torch 2.11).
+
+    Without it, ``is_fake`` of a subclass holding an opaque raises "got mixed
+    fake and real tensors" (the opaque is not fake). With it, only the tensor
+    attributes decide. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    """
+
+    def is_fake(x: object) -> bool:
+        opaques = opaque_attrs(x)
+        if not opaques:
+            return bool(original(x))
+        names = x.__tensor_flatten__()[0]  # type: ignore[attr-defined]  # a wrapper subclass
+        flags = [is_fake(getattr(x, n)) for n in names if n not in opaques]
+        if any(flags) != all(flags):
+            raise AssertionError("got mixed fake and real tensors!")
+        return all(flags)
+
+    return is_fake
+
+
+def make_maybe_get_fake_mode(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._subclasses.fake_tensor.maybe_get_fake_mode`` (torch 2.11).
+
+    Without it, the fake mode of a subclass holding an opaque is looked up on
+    the opaque too (``None``), and Dynamo fails with "All fake tensor modes must
+    be the same". With it, only tensor attributes are consulted. Unnecessary
+    since torch 2.12 (pytorch/pytorch#176457).
+    """
+    return hide_in_first_arg(original)
+
+
+PATCHES = [
+    Patch("torch._subclasses.meta_utils.MetaTensorDescriber.describe_tensor", "ebbda54b914e44d9", make_describe_tensor),
+    Patch("torch._subclasses.fake_tensor.is_fake", "7a995a7d29311177", make_is_fake),
+    Patch("torch._subclasses.fake_tensor.maybe_get_fake_mode", "3d1d38c36e678d21", make_maybe_get_fake_mode),
+]

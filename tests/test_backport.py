@@ -1,0 +1,292 @@
+"""The backport machinery and each torch 2.11 patch.
+
+Mode-independent tests exercise PatchSet on stand-in functions; the others run
+in backport mode (torch 2.11) and show, for every patch, a scenario that fails
+when just that patch is suspended.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+
+import opaque_subclass
+from opaque_subclass.backport import PatchRefused, PatchSet, fingerprint
+from opaque_subclass.backport.patching import Patch
+
+BACKPORT = opaque_subclass.support().mode == "backport"
+needs_backport = pytest.mark.skipif(not BACKPORT, reason="backport mode only (torch 2.11)")
+
+
+# --------------------------------------------------------------------------- machinery
+
+
+@pytest.fixture
+def dummy_module():
+    name = "torch._opaque_subclass_test_dummy"
+    mod = types.ModuleType(name)
+    exec(
+        textwrap.dedent(
+            """
+            def double(x):
+                return 2 * x
+
+            def triple(x):
+                return 3 * x
+
+            class Box:
+                def size(self):
+                    return 1
+            """
+        ),
+        mod.__dict__,
+    )
+    alias = types.ModuleType(name + "_alias")
+    alias.double = mod.double  # like `from .dummy import double`
+    sys.modules[name] = mod
+    sys.modules[alias.__name__] = alias
+    # getsource needs a file; give the functions source through linecache.
+    import linecache
+
+    source = textwrap.dedent(
+        """
+        def double(x):
+            return 2 * x
+
+        def triple(x):
+            return 3 * x
+
+        class Box:
+            def size(self):
+                return 1
+        """
+    )
+    filename = f"<{name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    for obj in (mod.double, mod.triple, mod.Box.size):
+        obj.__code__ = obj.__code__.replace(co_filename=filename, co_firstlineno=obj.__code__.co_firstlineno)
+    yield mod, alias
+    del sys.modules[name], sys.modules[alias.__name__]
+
+
+def _plus_one(original):
+    """Adds one to the result."""
+    return lambda *a: original(*a) + 1
+
+
+def test_patch_set_replaces_aliases_and_restores_exactly(dummy_module):
+    mod, alias = dummy_module
+    orig_double, orig_size = mod.double, mod.Box.size
+    ps = PatchSet(
+        [
+            Patch(f"{mod.__name__}.double", fingerprint(mod.double), _plus_one),
+            Patch(f"{mod.__name__}.Box.size", fingerprint(mod.Box.size), _plus_one),
+        ]
+    )
+    assert ps.enable() == (f"{mod.__name__}.double", f"{mod.__name__}.Box.size")
+    assert mod.double(2) == 5 and alias.double(2) == 5 and mod.Box().size() == 2
+    assert ps.enable() == ps.targets  # idempotent
+    with ps.suspended(f"{mod.__name__}.double"):
+        assert mod.double(2) == 4 and alias.double(2) == 4
+    assert mod.double(2) == 5
+    ps.disable()
+    ps.disable()  # idempotent
+    assert mod.double is orig_double and alias.double is orig_double
+    assert mod.Box.__dict__["size"] is orig_size
+    assert not ps.enabled and ps.targets == ()
+
+
+def test_one_fingerprint_mismatch_refuses_the_whole_set(dummy_module):
+    mod, alias = dummy_module
+    orig_double, orig_triple = mod.double, mod.triple
+    ps = PatchSet(
+        [
+            Patch(f"{mod.__name__}.double", fingerprint(mod.double), _plus_one),
+            Patch(f"{mod.__name__}.triple", "0000000000000000", _plus_one),
+        ]
+    )
+    with pytest.raises(PatchRefused, match=r"triple: source fingerprint [0-9a-f]{16}, expected 0000000000000000"):
+        ps.enable()
+    assert mod.double is orig_double and alias.double is orig_double and mod.triple is orig_triple
+    assert not ps.enabled
+
+
+def test_unresolvable_target_refuses(dummy_module):
+    mod, _ = dummy_module
+    ps = PatchSet([Patch(f"{mod.__name__}.missing", "0" * 16, _plus_one)])
+    assert any("cannot be resolved" in p for p in ps.check())
+    with pytest.raises(PatchRefused):
+        ps.enable()
+
+
+def test_native_mode_patches_nothing():
+    if opaque_subclass.support().mode != "native":
+        pytest.skip("native mode only")
+    assert opaque_subclass.support().patched == ()
+    assert opaque_subclass.enable().patched == () and opaque_subclass.disable().patched == ()
+
+
+# --------------------------------------------------------------------------- backport mode
+
+if BACKPORT:
+    from opaque_subclass.backport.v2_11 import PATCH_SET
+
+
+@needs_backport
+def test_support_lists_every_patch():
+    info = opaque_subclass.support()
+    assert info.mode == "backport"
+    assert info.patched == tuple(p.target for p in PATCH_SET.patches)
+    assert len(info.patched) >= 10
+
+
+@needs_backport
+def test_every_patch_documents_what_it_replaces():
+    for p in PATCH_SET.patches:
+        doc = " ".join(p.doc.split())
+        short = p.target.rsplit(".", 1)[-1]
+        assert "Replaces" in doc and "torch 2.11" in doc, p.target
+        assert "Without it" in doc and "With it" in doc and "2.12" in doc, p.target
+        assert short in doc or "helper" in doc, p.target
+
+
+@needs_backport
+def test_no_torch_module_keeps_an_unpatched_alias():
+    from opaque_subclass.backport.patching import _resolve
+
+    for record in PATCH_SET._applied:
+        owner, attr, _ = _resolve(record.patch.target)
+        if isinstance(owner, type):
+            assert owner.__dict__[attr] is record.replacement
+            continue
+        for name, module in list(sys.modules.items()):
+            if module is not None and name.startswith("torch"):
+                for key, value in list(getattr(module, "__dict__", {}).items()):
+                    assert value is not record.original, f"{name}.{key} still holds the original {record.patch.target}"
+
+
+@needs_backport
+def test_disable_restores_stock_torch_and_enable_reapplies():
+    from opaque_subclass.backport.patching import _raw, _resolve
+
+    originals = {a.patch.target: a.original for a in PATCH_SET._applied}
+    try:
+        assert opaque_subclass.disable().patched == ()
+        assert opaque_subclass.disable().patched == ()
+        for target, original in originals.items():
+            owner, attr, _ = _resolve(target)
+            assert _raw(owner, attr) is original, target
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="is_nested"):
+            _compile_forward()
+    finally:
+        info = opaque_subclass.enable()
+    assert info.patched == tuple(originals)
+    assert opaque_subclass.enable().patched == info.patched
+    torch._dynamo.reset()
+    _compile_forward()
+
+
+@needs_backport
+def test_unexpected_torch_build_is_refused_whole():
+    code = textwrap.dedent(
+        """
+        import warnings, torch
+        import torch._subclasses.fake_tensor as ft
+        import torch._dynamo.variables.builder as builder
+        original_ad = builder._automatic_dynamic
+        def is_fake(x):  # a "different build" of one patched function
+            return False
+        ft.is_fake = is_fake
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import opaque_subclass
+        info = opaque_subclass.support()
+        assert info.mode == "unsupported" and info.patched == (), info
+        assert builder._automatic_dynamic is original_ad
+        assert ft.is_fake is is_fake
+        msgs = [str(w.message) for w in caught]
+        assert any("is_fake" in m and "differs from the one the backport was written for" in m and "torch==2.11.0" in m for m in msgs), msgs
+        print("REFUSED")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "REFUSED" in out.stdout
+
+
+# Scenarios: each exercises a slice of the compile stack on subclasses with opaques.
+
+
+def _compile_forward():
+    from test_opaque_obj_v2 import Mesh, MeshTensor
+
+    f = torch.compile(lambda x: x + 1, backend="aot_eager", fullgraph=True)
+    for i in range(2):
+        m = Mesh(str(i))
+        assert f(MeshTensor(torch.ones(2), m))._mesh is m
+
+
+def _nested_backward():
+    from test_opaque_obj_v2 import Mesh, MeshTensor
+
+    f = torch.compile(lambda x, y: ((x * y).sum(), y + 1), backend="aot_eager", fullgraph=True)
+    for i in range(2):
+        m = Mesh(str(i))
+        x = MeshTensor(MeshTensor(torch.ones(3), Mesh("in")), m).requires_grad_(True)
+        y = MeshTensor(MeshTensor(torch.ones(3), Mesh("in2")), m)
+        s, y2 = f(x, y)
+        s.backward()
+        assert x.grad._mesh is m and y2._mesh is m
+
+
+def _no_grad_mutation():
+    from test_opaque_obj_v2 import Mesh, MeshTensor
+
+    def fn(x):
+        with torch.no_grad():
+            x.add_(1)
+        return x * 2
+
+    x = MeshTensor(torch.ones(3), Mesh("mut")).requires_grad_(True)
+    out = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+    assert out._mesh is x._mesh and torch.equal(x._data, torch.full((3,), 2.0))
+
+
+NEEDED_BY = {
+    "torch._subclasses.meta_utils.MetaTensorDescriber.describe_tensor": _compile_forward,
+    "torch._subclasses.fake_tensor.is_fake": _compile_forward,
+    "torch._subclasses.fake_tensor.maybe_get_fake_mode": _compile_forward,
+    "torch._dynamo.variables.builder._automatic_dynamic": _compile_forward,
+    "torch.fx.experimental.symbolic_shapes.ShapeEnv.produce_guards_verbose": _compile_forward,
+    "torch._functorch._aot_autograd.subclass_utils.create_subclass_metadata": _nested_backward,
+    "torch._functorch._aot_autograd.subclass_utils.unwrap_tensor_subclasses": _compile_forward,
+    "torch._functorch._aot_autograd.graph_capture_wrappers.sc_visit": _no_grad_mutation,
+    "torch._functorch._aot_autograd.functional_utils.is_fun": _compile_forward,
+    "torch._functorch._aot_autograd.functional_utils.sync_functional_tensor": _nested_backward,
+    "torch._functorch._aot_autograd.functional_utils.are_all_mutations_under_no_grad_or_inference_mode": _no_grad_mutation,
+}
+
+
+@needs_backport
+def test_every_patch_has_a_scenario():
+    assert set(NEEDED_BY) == {p.target for p in PATCH_SET.patches}
+
+
+@needs_backport
+@pytest.mark.parametrize("target", sorted(NEEDED_BY))
+def test_patch_is_needed(target):
+    scenario = NEEDED_BY[target]
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        torch._dynamo.reset()
+        scenario()  # passes with every patch
+        torch._dynamo.reset()
+        with PATCH_SET.suspended(target):
+            with pytest.raises((Exception, AssertionError)):
+                scenario()
+        torch._dynamo.reset()
