@@ -134,6 +134,16 @@ def test_backward_grad_carries_runtime_opaque(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_grad_takes_input_opaque_not_tangent_opaque(backend):
+    f = torch.compile(lambda x: (x * 2).sum(), backend=backend, fullgraph=True)
+    mesh = Mesh("input")
+    x = MeshTensor(torch.ones(3), mesh).requires_grad_(True)
+    f(x).backward(MeshTensor(torch.ones(()), Mesh("tangent")))
+    assert x.grad._mesh is mesh
+    torch.testing.assert_close(x.grad._data, torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_compiled_autograd_backward(backend):
     f = torch.compile(lambda x: (x * 3).sum(), backend=backend, fullgraph=True)
     grads = []
@@ -220,6 +230,52 @@ def test_subclass_created_inside_and_opaque_returned(backend):
     assert cnt.frame_count == 1
 
 
+class NotRegistered:
+    pass
+
+
+class Config(OpaqueBase):
+    """A value-type opaque: belongs in the flatten context, not the attribute list."""
+
+    def __init__(self, bits: int) -> None:
+        self.bits = bits
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and other.bits == self.bits
+
+    def __hash__(self) -> int:
+        return hash(self.bits)
+
+    def __fx_repr__(self) -> tuple[str, dict[str, type]]:
+        return f"Config({self.bits})", {"Config": Config}
+
+
+opaque_subclass.register_opaque(Config, kind="value")
+
+
+@pytest.mark.parametrize(
+    "bad, found, fix",
+    [
+        (NotRegistered(), "test_opaque_obj_v2.NotRegistered", 'opaque_subclass.register_opaque(NotRegistered, kind="reference")'),
+        (3, "holds int", "move '_mesh' into the flatten context"),
+        (Config(4), "a value-type opaque", "return it in the context"),
+    ],
+    ids=["unregistered", "int", "value-opaque"],
+)
+def test_bad_attribute_is_a_clear_error(bad, found, fix):
+    x = MeshTensor(torch.ones(2), Mesh("m"))
+    x._mesh = bad
+    f = torch.compile(lambda x: x + 1, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception) as info:
+        f(x)
+    if opaque_subclass.support().mode != "backport":
+        return  # torch's own message: not ours to word
+    msg = str(info.value)
+    assert "MeshTensor.__tensor_flatten__() lists attribute '_mesh'" in msg
+    assert "L['x']._mesh" in msg and found in msg and fix in msg
+    assert "is_nested" not in msg
+
+
 class GraphTest(ExpectTestCase):
     def test_aot_graphs_show_opaque_placeholders(self):
         from functorch.compile import make_boxed_func
@@ -229,14 +285,34 @@ class GraphTest(ExpectTestCase):
 
         def keep(name):
             def compiler(gm, example_inputs):
-                graphs[name] = gm.print_readable(print_output=False, include_stride=False, include_device=False)
+                graphs[name] = gm.code.strip()
                 return make_boxed_func(gm.forward)
 
             return compiler
 
         backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"))
         f = torch.compile(lambda x: (x * x).sum(), backend=backend, fullgraph=True)
-        x = MeshTensor(torch.ones(3), Mesh("graph")).requires_grad_(True)
+        mesh = Mesh("graph")
+        x = MeshTensor(torch.ones(3), mesh).requires_grad_(True)
         f(x).backward()
-        placeholders = [ln.strip() for ln in graphs["fw"].splitlines() if "def forward" in ln]
-        self.assertTrue(placeholders and "primals_2" in placeholders[0], graphs["fw"])
+        assert x.grad._mesh is mesh
+        # primals_2 is the opaque: a placeholder, returned as the output's opaque
+        # and saved for backward, where the gradient's opaque is read from it.
+        self.assertExpectedInline(
+            graphs["fw"],
+            """\
+def forward(self, primals_1, primals_2):
+    mul = torch.ops.aten.mul.Tensor(primals_1, primals_1)
+    sum_1 = torch.ops.aten.sum.default(mul);  mul = None
+    return (sum_1, primals_2, primals_1, primals_2)""",
+        )
+        self.assertExpectedInline(
+            graphs["bw"],
+            """\
+def forward(self, primals_1, primals_2, tangents_1, tangents_2):
+    expand = torch.ops.aten.expand.default(tangents_1, [3]);  tangents_1 = None
+    mul_1 = torch.ops.aten.mul.Tensor(expand, primals_1)
+    mul_2 = torch.ops.aten.mul.Tensor(expand, primals_1);  expand = primals_1 = None
+    add = torch.ops.aten.add.Tensor(mul_2, mul_1);  mul_2 = mul_1 = None
+    return (add, primals_2)""",
+        )

@@ -167,6 +167,30 @@ def _enter_in_torch_registry(cls: type, kind: OpaqueKind) -> None:
     torch._C._register_opaque_type(name)
 
 
+# torch registers some of its own classes lazily (DeviceMesh and ProcessGroup
+# when torch.distributed.tensor is first imported, on torch >= 2.12) and fails
+# if the class is registered already. Running torch's hook first makes our
+# registration a no-op that keeps torch's own entry (guard_fn, reconstruct_fn).
+_TORCH_REGISTRATION_HOOKS: tuple[tuple[str, str, str], ...] = (
+    ("torch.distributed", "torch.distributed.device_mesh", "_register_distributed_opaque_types"),
+)
+
+
+def _run_torch_registration_hooks(cls: type) -> None:
+    import importlib
+
+    for prefix, module_name, hook_name in _TORCH_REGISTRATION_HOOKS:
+        if not cls.__module__.startswith(prefix):
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        hook = getattr(module, hook_name, None)
+        if callable(hook):
+            hook()
+
+
 def register_opaque(cls: type, kind: OpaqueKind = "reference") -> None:
     """Register ``cls`` as an opaque type on the running torch.
 
@@ -209,6 +233,7 @@ def register_opaque(cls: type, kind: OpaqueKind = "reference") -> None:
             "so torch would flatten it instead of passing it as one object. Fix: "
             "unregister it from pytree or wrap it in a class that is not a pytree node."
         )
+    _run_torch_registration_hooks(cls)
     with _LOCK:
         current = _torch_kind(cls) if cls in _torch_registry()._OPAQUE_TYPES else None
         if current is None:

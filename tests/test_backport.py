@@ -258,7 +258,30 @@ def _no_grad_mutation():
     assert out._mesh is x._mesh and torch.equal(x._data, torch.full((3,), 2.0))
 
 
+def _error_names_argument_path():
+    from test_opaque_obj_v2 import Mesh, MeshTensor
+
+    x = MeshTensor(torch.ones(2), Mesh("m"))
+    x._mesh = 3
+    f = torch.compile(lambda x: x + 1, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception) as info:
+        f(x)
+    assert "L['x']._mesh" in str(info.value) and "holds int" in str(info.value)
+
+
+def _backward_reads_primal_opaque():
+    from test_opaque_obj_v2 import Mesh, MeshTensor
+
+    f = torch.compile(lambda x: (x * 2).sum(), backend="aot_eager", fullgraph=True)
+    x = MeshTensor(torch.ones(3), Mesh("primal")).requires_grad_(True)
+    out = f(x)
+    out.backward(MeshTensor(torch.ones(()), Mesh("tangent")))
+    assert x.grad._mesh is x._mesh
+
+
 NEEDED_BY = {
+    "torch.fx.experimental.proxy_tensor.set_proxy_slot": _backward_reads_primal_opaque,
+    "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor": _error_names_argument_path,
     "torch._subclasses.meta_utils.MetaTensorDescriber.describe_tensor": _compile_forward,
     "torch._subclasses.fake_tensor.is_fake": _compile_forward,
     "torch._subclasses.fake_tensor.maybe_get_fake_mode": _compile_forward,

@@ -69,3 +69,22 @@ def test_device_mesh_runtime_and_sharing(mesh):
     t = torch.ones(2)
     dist.all_reduce(t, group=out[0]._mesh.get_group())
     assert torch.equal(t, torch.ones(2))
+
+
+def test_registering_device_mesh_first_keeps_dtensor_working():
+    # torch >= 2.12 registers DeviceMesh itself when torch.distributed.tensor is
+    # imported and must not find a conflicting registration.
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, opaque_subclass\n"
+        "from torch.distributed.device_mesh import DeviceMesh\n"
+        "opaque_subclass.register_opaque(DeviceMesh)\n"
+        "import torch.distributed.tensor\n"
+        "assert opaque_subclass.opaque_kind(DeviceMesh) == 'reference'\n"
+        "print('OK')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "OK" in out.stdout

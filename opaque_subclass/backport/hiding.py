@@ -34,6 +34,7 @@ __all__ = [
     "opaque_attrs",
     "subclasses_with_opaques",
     "tensor_only_flatten",
+    "validate_attrs",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -41,9 +42,10 @@ _MISSING = object()
 _Tensor = torch.Tensor
 
 
-def opaque_attrs(t: object) -> dict[str, Any]:
+def opaque_attrs(t: object, path: str = "x") -> dict[str, Any]:
     """The opaque attributes ``{name: object}`` of a wrapper subclass (empty for
-    anything else), validated: every non-tensor must be a reference opaque."""
+    anything else), validated: every non-tensor must be a reference opaque.
+    ``path`` names ``t`` in the error for one that is not."""
     if not is_wrapper_subclass(t):
         return {}
     names = t.__tensor_flatten__()[0]  # type: ignore[attr-defined]  # a wrapper subclass
@@ -53,9 +55,21 @@ def opaque_attrs(t: object) -> dict[str, Any]:
         if isinstance(value, _Tensor):
             continue
         if opaque_kind(value) != "reference":
-            raise _bad_attribute(t, name, f"x.{name}", value)  # type: ignore[arg-type]  # t is a tensor
+            raise _bad_attribute(t, name, f"{path}.{name}", value)  # type: ignore[arg-type]  # t is a tensor
         found[name] = value
     return found
+
+
+def validate_attrs(t: object, path: str) -> None:
+    """Check every level of a (nested) wrapper subclass: each non-tensor
+    attribute must be a reference opaque; errors name ``path`` + attribute."""
+    if not is_wrapper_subclass(t):
+        return
+    opaque_attrs(t, path)
+    for name in t.__tensor_flatten__()[0]:  # type: ignore[attr-defined]  # a wrapper subclass
+        value = getattr(t, name)
+        if isinstance(value, _Tensor):
+            validate_attrs(value, f"{path}.{name}")
 
 
 @contextlib.contextmanager

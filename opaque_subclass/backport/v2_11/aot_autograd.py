@@ -126,10 +126,39 @@ def make_sc_visit(original: Callable[..., Any]) -> Callable[..., Any]:
     return hide_in_first_arg(original)
 
 
+def make_set_proxy_slot(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch.fx.experimental.proxy_tensor.set_proxy_slot`` (torch 2.11).
+
+    While tracing the joint forward/backward graph, the same opaque reaches the
+    tracer twice: as a primal and inside the tangent of an output that carries
+    it. Without it, the tangent's fake wrapper gets its own proxy, so the
+    backward graph reads the opaque from the *tangent* (``tangents_2``) and the
+    gradient carries the tangent's object. With it, as in torch 2.12, the
+    first proxy registered for a real object (the primal's) is kept for every
+    fake wrapper of it: the backward graph reads the saved primal opaque and
+    the gradient carries the input's runtime object.
+    """
+    from torch._library.fake_class_registry import FakeScriptObject
+
+    def set_proxy_slot(obj: Any, tracer: Any, proxy: Any) -> None:
+        if type(obj) is not FakeScriptObject:
+            return original(obj, tracer, proxy)
+        real = object.__getattribute__(obj, "real_obj")
+        first: dict[int, tuple[Any, Any]] = tracer.__dict__.setdefault("_opaque_subclass_first_proxy", {})
+        seen = first.get(id(real))
+        if seen is not None and seen[0] is real:
+            return original(obj, tracer, seen[1])
+        first[id(real)] = (real, proxy)
+        return original(obj, tracer, proxy)
+
+    return set_proxy_slot
+
+
 _FU = "torch._functorch._aot_autograd.functional_utils."
 _SU = "torch._functorch._aot_autograd.subclass_utils."
 
 PATCHES = [
+    Patch("torch.fx.experimental.proxy_tensor.set_proxy_slot", "5fbc7c5250caf5b6", make_set_proxy_slot),
     Patch(_SU + "create_subclass_metadata", "7b4c0b5f0341af60", make_create_subclass_metadata),
     Patch(_SU + "unwrap_tensor_subclasses", "11cc3ee45d7806e6", make_unwrap_tensor_subclasses),
     Patch("torch._functorch._aot_autograd.graph_capture_wrappers.sc_visit", "985398e20c16d699", make_sc_visit),

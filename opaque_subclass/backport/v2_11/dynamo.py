@@ -13,10 +13,15 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ..hiding import hide_in_all_args, opaque_attrs
+from ..hiding import hide_in_all_args, opaque_attrs, validate_attrs
 from ..patching import Patch
 
 __all__ = ["PATCHES"]
+
+
+def _source_name(source: Any) -> str:
+    name = getattr(source, "name", "x")
+    return str(name() if callable(name) else name)
 
 
 def make_automatic_dynamic(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -31,7 +36,7 @@ def make_automatic_dynamic(original: Callable[..., Any]) -> Callable[..., Any]:
     from torch.fx.experimental.symbolic_shapes import SubclassSymbolicContext
 
     def _automatic_dynamic(e: Any, tx: Any, source: Any, static_shapes: bool, outer_only: bool = False) -> Any:
-        opaques = {} if outer_only else opaque_attrs(e)
+        opaques = {} if outer_only else opaque_attrs(e, _source_name(source))
         if not opaques:
             return original(e, tx, source, static_shapes, outer_only)
         outer = original(e, tx, source, static_shapes, outer_only=True)
@@ -57,7 +62,28 @@ def make_produce_guards_verbose(original: Callable[..., Any]) -> Callable[..., A
     return hide_in_all_args(original)
 
 
+def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``VariableBuilder.wrap_tensor`` (torch 2.11), where Dynamo first
+    meets a tensor input.
+
+    Without it, an object in a subclass's attribute list that is neither a
+    tensor nor a reference opaque surfaces as an internal error deep in fake
+    conversion (``'int' object has no attribute 'is_nested'``), naming neither
+    the argument nor the fix. With it, every level of the subclass is checked
+    first and the error names the subclass, the attribute path from the
+    compiled function's argument (``L['x']._mesh``), the type found and the
+    fix. torch 2.12 raises its own, shorter error here.
+    """
+
+    def wrap_tensor(self: Any, value: Any) -> Any:
+        validate_attrs(value, _source_name(self.source))
+        return original(self, value)
+
+    return wrap_tensor
+
+
 PATCHES = [
+    Patch("torch._dynamo.variables.builder.VariableBuilder.wrap_tensor", "4966eaf89fbb36bb", make_wrap_tensor),
     Patch("torch._dynamo.variables.builder._automatic_dynamic", "6dad81d75732e4d5", make_automatic_dynamic),
     Patch(
         "torch.fx.experimental.symbolic_shapes.ShapeEnv.produce_guards_verbose",
