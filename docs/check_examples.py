@@ -1,0 +1,156 @@
+"""Run the Python examples of the docs.
+
+Usage::
+
+    python docs/check_examples.py [FILE.md ...]     # default: every docs/*.md
+
+Every fenced ``python`` block of a Markdown file is executed, except a block
+whose previous non-blank line is ``<!-- no-run -->``. The blocks of one file
+run in order, in one namespace (a fresh ``__main__`` module), in a separate
+interpreter per file, so registrations made by one file cannot leak into
+another. A block followed by the line ``<!-- output -->`` and then a fenced
+block must print exactly that block's text (trailing whitespace ignored).
+
+Prints one line per block and exits 1 if any block raised or printed something
+else than its recorded output, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import io
+import re
+import subprocess
+import sys
+import textwrap
+import traceback
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+ROOT = DOCS.parent
+NO_RUN = "<!-- no-run -->"
+OUTPUT = "<!-- output -->"
+FENCE = re.compile(r"^\s*(`{3,})(\w*)\s*$")  # also fences indented in a list item
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # 1-based line of the first code line
+    code: str
+    expected: str | None  # recorded output, if any
+
+
+def _fence_end(lines: list[str], start: int, ticks: str) -> int:
+    for j in range(start, len(lines)):
+        if lines[j].strip() == ticks:
+            return j
+    raise SystemExit(f"unclosed code fence opened before line {start}")
+
+
+def extract(text: str) -> list[Block]:
+    """The runnable ``python`` blocks of a Markdown text, in order."""
+    lines = text.splitlines()
+    blocks: list[Block] = []
+    previous = ""  # last non-blank line outside code
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            if lines[i].strip():
+                previous = lines[i].strip()
+            i += 1
+            continue
+        ticks, lang = m.groups()
+        end = _fence_end(lines, i + 1, ticks)
+        body = textwrap.dedent("\n".join(lines[i + 1 : end]))
+        first_line = i + 2  # 1-based line of the first code line
+        runnable = lang == "python" and previous != NO_RUN
+        previous = ""
+        i = end + 1
+        if not runnable:
+            continue
+        expected = None
+        k = i
+        while k < len(lines) and not lines[k].strip():
+            k += 1
+        if k < len(lines) and lines[k].strip() == OUTPUT:
+            k += 1
+            while k < len(lines) and not lines[k].strip():
+                k += 1
+            out = FENCE.match(lines[k]) if k < len(lines) else None
+            if not out:
+                raise SystemExit(f"{OUTPUT} at line {k} is not followed by a code fence")
+            out_end = _fence_end(lines, k + 1, out.group(1))
+            expected = "\n".join(lines[k + 1 : out_end])
+            i = out_end + 1
+        blocks.append(Block(first_line, body, expected))
+    return blocks
+
+
+def _normalize(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
+
+
+def run_file(path: Path) -> int:
+    """Execute the blocks of one file in this interpreter; return the failure count."""
+    sys.path.insert(0, str(ROOT))  # import the checkout's packages, not a stale install
+    module = types.ModuleType("__main__")
+    module.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = module  # classes defined in examples pickle as __main__.X
+    failures = 0
+    blocks = extract(path.read_text())
+    for block in blocks:
+        where = f"{path.name}:{block.line}"
+        source = "\n" * (block.line - 1) + block.code  # tracebacks show Markdown line numbers
+        buf = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(buf):
+                exec(compile(source, str(path), "exec"), module.__dict__)
+        except BaseException:  # noqa: BLE001 - reported, then the next block runs
+            failures += 1
+            print(f"FAIL {where}\n{buf.getvalue()}{traceback.format_exc()}")
+            continue
+        if block.expected is not None and _normalize(buf.getvalue()) != _normalize(block.expected):
+            failures += 1
+            diff = difflib.unified_diff(
+                _normalize(block.expected).splitlines(),
+                _normalize(buf.getvalue()).splitlines(),
+                "recorded output",
+                "actual output",
+                lineterm="",
+            )
+            print(f"FAIL {where}: output differs\n" + "\n".join(diff))
+            continue
+        print(f"ok   {where}" + (" (output checked)" if block.expected is not None else ""))
+    print(f"{path.name}: {len(blocks) - failures} of {len(blocks)} blocks passed")
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", nargs="*", type=Path, help="Markdown files (default: docs/*.md)")
+    parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.in_process:
+        (path,) = args.files
+        return 1 if run_file(path) else 0
+    files = args.files or sorted(DOCS.glob("*.md"))
+    status = 0
+    for path in files:
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--in-process", str(path.resolve())],
+            cwd=ROOT,
+        )
+        status |= proc.returncode != 0
+    import torch
+
+    print(f"torch {torch.__version__}: " + ("FAILED" if status else "all examples passed"))
+    return 1 if status else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
