@@ -95,7 +95,8 @@ class InputReport:
 def _type_name(value: Any) -> str:
     from opaque_subclass.registry import opaque_type_of
 
-    return qualified_name(opaque_type_of(value))
+    cls = opaque_type_of(value)
+    return cls.__qualname__ if cls.__module__ == "builtins" else qualified_name(cls)
 
 
 def explain_flat_inputs(args: Sequence[Any], names: Sequence[str] | None = None) -> InputReport:
@@ -111,7 +112,10 @@ def explain_flat_inputs(args: Sequence[Any], names: Sequence[str] | None = None)
     if names is None:
         names = [f"args[{i}]" for i in range(len(args))]
     elif len(names) != len(args):
-        raise ValueError(f"explain_flat_inputs: {len(names)} names for {len(args)} arguments")
+        raise ValueError(
+            f"explain_flat_inputs: {len(names)} names for {len(args)} arguments. Fix: give one "
+            "name per argument, or names=None for args[0], args[1], ..."
+        )
     metas = create_subclass_meta(args, count_symints=False)
     flat = unwrap_tensor_subclasses(list(args), is_joint_structure=False, subclass_metas=metas)
     pattern = opaque_alias_pattern(flat)

@@ -232,7 +232,10 @@ def flatten_subclass(t: torch.Tensor, *, name: str = "x") -> tuple[list[Any], Sl
         very objects held by ``t``. ``spec.unflatten(leaves)`` rebuilds ``t``.
     """
     if not isinstance(t, _Tensor):
-        raise TypeError(f"flatten_subclass expects a tensor, got {describe_type(t)}")
+        raise TypeError(
+            f"flatten_subclass expects a tensor, got {describe_type(t)}. Fix: pass the "
+            "subclass instance; for a list of arguments use create_subclass_meta."
+        )
     spec = describe(t, 0, path=name)
     leaves: list[Any] = []
     append_leaves(t, leaves, name)
@@ -314,7 +317,9 @@ def unflatten_subclass(leaves: Sequence[Any], spec: SlotMeta, *, name: str = "x"
         start, width, owner = spec.unwrapped_idx, 1, "a plain value"
     else:
         raise TypeError(
-            f"unflatten_subclass expects a spec from flatten_subclass, got {describe_type(spec)}"
+            f"unflatten_subclass expects a spec from flatten_subclass, got {describe_type(spec)}. "
+            "Fix: pass the second value returned by flatten_subclass (or a meta from "
+            "create_subclass_meta)."
         )
     if len(leaves) != start + width:
         detail = ""

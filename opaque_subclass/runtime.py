@@ -99,7 +99,8 @@ def unwrap_tensor_subclasses(
         if not isinstance(wrapped_args, (list, tuple)):
             raise TypeError(
                 f"unwrap_tensor_subclasses expects a list or tuple of arguments, got "
-                f"{describe_type(wrapped_args)}"
+                f"{describe_type(wrapped_args)}. Fix: pass [x] for a single argument, or "
+                "is_joint_structure=True with a (primals, tangents) pair."
             )
         return _unwrap_flat(wrapped_args, subclass_metas, append_symints, "args")
     primals, tangents = _split_joint(wrapped_args, "unwrap_tensor_subclasses")
@@ -121,6 +122,8 @@ def _split_joint(pair: Any, what: str) -> tuple[Sequence[Any], Sequence[Any]]:
             f"{what}: a joint structure is a pair (primals, tangents) of lists or tuples, "
             f"got {describe_type(pair)}"
             + (f" of length {len(pair)}" if isinstance(pair, (tuple, list)) else "")
+            + ". Fix: pass (list_of_primals, list_of_tangents), or is_joint_structure=False "
+            "for a flat list."
         )
     return pair[0], pair[1]
 
@@ -206,7 +209,10 @@ def wrap_tensor_subclasses_maybe_joint(
     if not is_joint_structure:
         return wrap_tensor_subclasses(unwrapped_args, subclass_metas=inp_metas, is_runtime=is_runtime)
     if tangent_metas is None:
-        raise ValueError("wrap_tensor_subclasses_maybe_joint: a joint structure needs tangent_metas")
+        raise ValueError(
+            "wrap_tensor_subclasses_maybe_joint: a joint structure needs tangent_metas. Fix: "
+            "pass tangent_metas=create_subclass_meta(tangents)."
+        )
     primals, tangents = _split_joint(unwrapped_args, "wrap_tensor_subclasses_maybe_joint")
     return (
         wrap_tensor_subclasses(primals, subclass_metas=inp_metas, is_runtime=is_runtime),
@@ -280,8 +286,7 @@ def process_runtime_tangent(x: Any, meta: SlotMeta, *, name: str = "tangent") ->
             raise TypeError(
                 f"tangent {name!r}: {runtime_type.__qualname__}.__coerce_same_metadata_as_tangent__ "
                 f"returned {describe_type(coerced)}, expected a {qualified_name(expected_type)}. "
-                "Fix: return a tensor of the expected type, or None only when coercion is "
-                "impossible."
+                "Fix: make it return a tensor of the expected type and flatten context."
             )
         x = coerced
     x = _coerce_layout(x, fmt)
@@ -293,7 +298,7 @@ def process_runtime_tangent(x: Any, meta: SlotMeta, *, name: str = "tangent") ->
         if isinstance(sub, OpaqueMeta):
             if isinstance(value, torch.Tensor) or opaque_kind(value) != "reference":
                 raise TypeError(
-                    f"tangent {name}.{attr}: expected a reference opaque in this slot, got "
+                    f"tangent '{name}.{attr}': expected a reference opaque in this slot, got "
                     f"{describe_type(value)}. Fix: the tangent subclass must hold the same "
                     "attributes as the forward output."
                 )

@@ -193,6 +193,21 @@ def test_disable_restores_stock_torch_and_enable_reapplies():
 
 
 @needs_backport
+def test_cli_compile_checks_fail_on_stock_torch():
+    from opaque_subclass import selfcheck
+
+    selfcheck._setup()
+    opaque_subclass.disable()
+    try:
+        for check in (selfcheck.check_compile_forward, selfcheck.check_compile_backward):
+            with pytest.raises(Exception, match="is_nested"):
+                check()
+    finally:
+        opaque_subclass.enable()
+    assert selfcheck.check_compile_forward().startswith("5 calls")
+
+
+@needs_backport
 def test_unexpected_torch_build_is_refused_whole():
     code = textwrap.dedent(
         """

@@ -23,6 +23,7 @@ def test_report_rows_and_sharing():
     assert report.inputs[1].shares_with == (4,) and report.inputs[4].shares_with == (1,)
     assert report.inputs[3].shares_with == ()
     assert report.inputs[1].type_name == "subclasses.Mesh"
+    assert report.inputs[5].type_name == "int"
     assert len(report.opaques) == 3
     text = str(report)
     assert "w._mesh" in text and "shared with 4" in text

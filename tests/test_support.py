@@ -55,3 +55,5 @@ def test_cli_exits_zero_and_reports():
     assert f"torch           {torch.__version__}" in out.stdout
     assert f"mode            {osc.support().mode}" in out.stdout
     assert "0 failed" in out.stdout
+    for check in ("compile: forward", "compile: backward", "compile: shared-opaque guard"):
+        assert f"[PASS] {check}" in out.stdout

@@ -83,5 +83,5 @@ def test_non_opaque_in_opaque_slot_of_tangent():
     (meta,) = osc.create_subclass_meta([MeshTensor(torch.randn(2), Mesh())], with_memory_format=True)
     bad = MeshTensor(torch.randn(2), Mesh())
     bad._mesh = 5
-    with pytest.raises(TypeError, match=r"tangent tangent._mesh: expected a reference opaque in this slot, got int"):
+    with pytest.raises(TypeError, match=r"tangent 'tangent._mesh': expected a reference opaque in this slot, got int"):
         osc.process_runtime_tangent(bad, meta)
