@@ -152,6 +152,7 @@ def test_every_patch_documents_what_it_replaces():
         short = p.target.rsplit(".", 1)[-1]
         assert "Replaces" in doc and "torch 2.11" in doc, p.target
         assert "Without it" in doc and "With it" in doc and "2.12" in doc, p.target
+        assert "pytorch/pytorch#176457" in doc, p.target
         assert short in doc or "helper" in doc, p.target
 
 

@@ -72,7 +72,7 @@ def make_create_subclass_metadata(original: Callable[..., Any]) -> Callable[...,
     Without it, metadata of a subclass listing an opaque asks the opaque for a
     memory format and fails (``'Mesh' object has no attribute 'layout'``). With
     it, an opaque gets a one-slot :class:`OpaqueSlotMeta`. Unnecessary since
-    torch 2.12, whose ``SubclassCreationMeta.attrs`` holds ``OpaqueMeta``.
+    torch 2.12 (pytorch/pytorch#176457), whose ``SubclassCreationMeta.attrs`` holds ``OpaqueMeta``.
     """
 
     def create_subclass_metadata(a: Any, start_idx: int, count_symints: bool, with_memory_format: bool = False) -> Any:
@@ -91,7 +91,7 @@ def make_unwrap_tensor_subclasses(original: Callable[..., Any]) -> Callable[...,
     the compile-time object is baked in and every later call returns it. With
     it, each opaque leaf is traced as a fake script object wrapping the same
     object, so it becomes a graph input and outputs that come from it return
-    the runtime object. Unnecessary since torch 2.12.
+    the runtime object. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
 
     def unwrap_tensor_subclasses(wrapped_args: Any, wrapped_args_descs: Any, *, append_symints: bool) -> Any:
@@ -109,7 +109,7 @@ def _hide_first(original: Callable[..., Any]) -> Callable[..., Any]:
     Without it, the helper treats an opaque attribute as an inner tensor and
     fails (for example "mixed functional/non-functional inner tensors"). With
     it, the helper walks only the subclass's tensor attributes; opaques have no
-    data and no mutations. Unnecessary since torch 2.12.
+    data and no mutations. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
     return hide_in_first_arg(original)
 
@@ -121,7 +121,7 @@ def make_sc_visit(original: Callable[..., Any]) -> Callable[..., Any]:
     Without it, a compiled function that mutates a subclass input holding an
     opaque under ``torch.no_grad()`` fails reading ``.elem`` of the opaque's
     fake script object. With it, only tensor attributes are visited.
-    Unnecessary since torch 2.12.
+    Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
     return hide_in_first_arg(original)
 
@@ -133,7 +133,8 @@ def make_set_proxy_slot(original: Callable[..., Any]) -> Callable[..., Any]:
     tracer twice: as a primal and inside the tangent of an output that carries
     it. Without it, the tangent's fake wrapper gets its own proxy, so the
     backward graph reads the opaque from the *tangent* (``tangents_2``) and the
-    gradient carries the tangent's object. With it, as in torch 2.12, the
+    gradient carries the tangent's object. With it, as in torch 2.12
+    (pytorch/pytorch#176457), the
     first proxy registered for a real object (the primal's) is kept for every
     fake wrapper of it: the backward graph reads the saved primal opaque and
     the gradient carries the input's runtime object.

@@ -30,7 +30,7 @@ def make_automatic_dynamic(original: Callable[..., Any]) -> Callable[..., Any]:
     Without it, compiling a function that takes a subclass listing an opaque
     attribute fails in Dynamo. With it, the subclass's symbolic context has an
     inner context for each tensor attribute and none for opaques (the outer
-    context is torch's own). Unnecessary since torch 2.12.
+    context is torch's own). Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
     from torch._dynamo.source import AttrSource
     from torch.fx.experimental.symbolic_shapes import SubclassSymbolicContext
@@ -57,7 +57,7 @@ def make_produce_guards_verbose(original: Callable[..., Any]) -> Callable[..., A
     Without it, building shape guards for a subclass input listing an opaque
     fails (``KeyError`` on the opaque's missing inner context). With it, the
     walk over each subclass input sees only its tensor attributes. Unnecessary
-    since torch 2.12.
+    since torch 2.12 (pytorch/pytorch#176457).
     """
     return hide_in_all_args(original)
 
@@ -72,7 +72,7 @@ def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     the argument nor the fix. With it, every level of the subclass is checked
     first and the error names the subclass, the attribute path from the
     compiled function's argument (``L['x']._mesh``), the type found and the
-    fix. torch 2.12 raises its own, shorter error here.
+    fix. torch 2.12 (pytorch/pytorch#176457) raises its own, shorter error here.
     """
 
     def wrap_tensor(self: Any, value: Any) -> Any:
