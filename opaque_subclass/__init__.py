@@ -10,12 +10,14 @@
 * run time - :func:`unwrap_tensor_subclasses`, :func:`wrap_tensor_subclasses`,
   :func:`wrap_tensor_subclasses_maybe_joint`, :func:`process_runtime_tangent`;
 * guards - :func:`opaque_alias_pattern`, :class:`OpaqueAliasPattern`;
+* authoring - :class:`OpaqueSubclass`, a declarative base class;
 * mode - :func:`support`, :func:`enable`, :func:`disable`.
 
 See ``docs/`` for a guide.
 """
 
 from .aliasing import OpaqueAliasPattern, opaque_alias_pattern
+from .authoring import OpaqueSubclass
 from .errors import OpaqueSubclassError
 from .flatten import (
     create_subclass_meta,
@@ -50,6 +52,7 @@ __all__ = [
     "OpaqueAliasPattern",
     "OpaqueKind",
     "OpaqueMeta",
+    "OpaqueSubclass",
     "OpaqueSubclassError",
     "PlainTensorMeta",
     "SubclassCreationMeta",

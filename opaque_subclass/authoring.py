@@ -1,0 +1,337 @@
+"""``OpaqueSubclass``: declare inner tensors, opaque attributes and metadata;
+get a correct, compile-ready wrapper subclass.
+
+Example::
+
+    class MeshTensor(OpaqueSubclass):
+        tensor_attrs = ("_data",)
+        opaque_attrs = {"_mesh": Mesh}
+        meta_attrs = ("_tag",)
+
+    x = MeshTensor(torch.randn(4), Mesh(), "t")
+
+The class gets ``__tensor_flatten__`` (tensors then opaques, metadata in the
+context), ``__tensor_unflatten__``, a ``__repr__`` that never reads tensor
+data, a per-class op table (:meth:`OpaqueSubclass.implements`) and a default
+``__torch_dispatch__`` (see :mod:`opaque_subclass.dispatch`). Declarations are
+checked when the class statement runs, not on first use.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import keyword
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from .errors import describe_type, import_fix, qualified_name
+from .registry import opaque_kind, opaque_type_of
+
+__all__ = ["OpaqueSubclass"]
+
+# Attributes of torch.Tensor a declaration may not shadow (data, grad, shape, ...).
+_TENSOR_NAMES = frozenset(dir(torch.Tensor))
+
+
+def _declaration_error(cls: type, message: str) -> TypeError:
+    return TypeError(f"{qualified_name(cls)}: {message}")
+
+
+def _check_names(cls: type, group: str, names: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(names, str):
+        raise _declaration_error(cls, f"{group} must be a tuple of names, got the string {names!r}. Fix: {group} = ({names!r},)")
+    if not isinstance(names, (tuple, list)):
+        raise _declaration_error(cls, f"{group} must be a tuple of attribute names, got {describe_type(names)}")
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise _declaration_error(cls, f"{group} entry {name!r} is not a valid attribute name")
+        if name in _TENSOR_NAMES:
+            raise _declaration_error(
+                cls,
+                f"{group} entry {name!r} would shadow torch.Tensor.{name}. Fix: rename it, "
+                f"e.g. '_{name}'.",
+            )
+    return tuple(names)
+
+
+class OpaqueSubclass(torch.Tensor):
+    """Base class for wrapper tensor subclasses with opaque attributes.
+
+    Class attributes to declare
+    ---------------------------
+    tensor_attrs
+        Names of the inner tensors, at least one. The first one gives the
+        default dtype, device, size and stride.
+    opaque_attrs
+        ``{name: class}`` of the opaque attributes; each class must be a
+        registered *reference* opaque (:func:`opaque_subclass.register_opaque`).
+    meta_attrs
+        Names of plain metadata (hashable, compared with ``==``), kept in the
+        flatten context: torch.compile specializes on it.
+
+    Construction
+    ------------
+    ``Cls(*values, outer_size=None, outer_stride=None, requires_grad=False)``:
+    ``values`` in declaration order (tensors, opaques, metadata), or by keyword.
+    ``outer_size``/``outer_stride`` default to the first inner tensor's (a
+    sharded tensor passes its global shape). ``requires_grad=True`` gives a
+    leaf that requires grad; inner tensors never require grad (pass
+    ``t.detach()``, or use :meth:`from_inner` to stay differentiable with respect
+    to the inner tensors).
+    """
+
+    tensor_attrs: ClassVar[tuple[str, ...]] = ()
+    opaque_attrs: ClassVar[Mapping[str, type]] = {}
+    meta_attrs: ClassVar[tuple[str, ...]] = ()
+
+    # Derived at class definition.
+    _value_names: ClassVar[tuple[str, ...]] = ()
+    _op_table: ClassVar[dict[Any, Callable[..., Any]]] = {}
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # plain-tensor autograd semantics
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._op_table = {}
+        tensors = _check_names(cls, "tensor_attrs", cls.tensor_attrs)
+        if not tensors:
+            raise _declaration_error(
+                cls, 'declares no tensor_attrs; a wrapper subclass needs at least one inner tensor. Fix: tensor_attrs = ("_data",)'
+            )
+        if not isinstance(cls.opaque_attrs, Mapping):
+            raise _declaration_error(
+                cls,
+                f"opaque_attrs must map names to opaque classes, got {describe_type(cls.opaque_attrs)}. "
+                'Fix: opaque_attrs = {"_mesh": DeviceMesh}',
+            )
+        opaques = _check_names(cls, "opaque_attrs", tuple(cls.opaque_attrs))
+        metas = _check_names(cls, "meta_attrs", cls.meta_attrs)
+        seen: dict[str, str] = {}
+        for group, names in (("tensor_attrs", tensors), ("opaque_attrs", opaques), ("meta_attrs", metas)):
+            for name in names:
+                if name in seen:
+                    raise _declaration_error(
+                        cls, f"{name!r} is declared in both {seen[name]} and {group}; each attribute belongs to one group"
+                    )
+                seen[name] = group
+        for name, opaque_cls in cls.opaque_attrs.items():
+            if not isinstance(opaque_cls, type):
+                raise _declaration_error(
+                    cls, f"opaque_attrs[{name!r}] must be a class, got {describe_type(opaque_cls)}"
+                )
+            kind = opaque_kind(opaque_cls)
+            if kind == "value":
+                raise _declaration_error(
+                    cls,
+                    f"opaque_attrs[{name!r}] is {qualified_name(opaque_cls)}, a value-type opaque. Value "
+                    f"opaques are constants compiled into the graph. Fix: declare {name!r} in meta_attrs.",
+                )
+            if kind is None:
+                raise _declaration_error(
+                    cls,
+                    f"opaque_attrs[{name!r}] is {qualified_name(opaque_cls)}, which is not a registered opaque "
+                    "type. Fix: register it before defining the class: "
+                    + import_fix(opaque_cls, 'opaque_subclass.register_opaque({cls}, kind="reference")'),
+                )
+        cls.tensor_attrs, cls.meta_attrs = tensors, metas
+        cls._value_names = tensors + opaques + metas
+
+    # ------------------------------------------------------------------ construction
+
+    @staticmethod
+    def __new__(
+        cls,
+        *values: Any,
+        outer_size: Sequence[int] | None = None,
+        outer_stride: Sequence[int] | None = None,
+        requires_grad: bool = False,
+        **named: Any,
+    ) -> Any:
+        if cls is OpaqueSubclass:
+            raise TypeError("OpaqueSubclass is a base class; subclass it and declare tensor_attrs")
+        bound = cls._bind(values, named)
+        first = bound[cls.tensor_attrs[0]]
+        size = tuple(first.shape) if outer_size is None else tuple(outer_size)
+        if outer_stride is None:
+            outer_stride = first.stride() if outer_size is None else _contiguous_strides(size)
+        r = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]  # private constructor
+            cls,
+            size,
+            strides=tuple(outer_stride),
+            dtype=first.dtype,
+            device=first.device,
+            layout=first.layout,
+            requires_grad=requires_grad,
+        )
+        for name, value in bound.items():
+            object.__setattr__(r, name, value)
+        return r
+
+    def __init__(self, *values: Any, **kwargs: Any) -> None:
+        # torch.Tensor.__init__ takes no arguments; everything happened in __new__.
+        pass
+
+    @classmethod
+    def _bind(cls, values: tuple[Any, ...], named: dict[str, Any]) -> dict[str, Any]:
+        names = cls._value_names
+        if len(values) > len(names):
+            raise TypeError(
+                f"{cls.__qualname__}() takes {len(names)} values ({', '.join(names)}), got {len(values)}"
+            )
+        bound = dict(zip(names, values))
+        for name, value in named.items():
+            if name not in names:
+                raise TypeError(
+                    f"{cls.__qualname__}() got an unexpected argument {name!r}; declared attributes are "
+                    f"{', '.join(names)}"
+                )
+            if name in bound:
+                raise TypeError(f"{cls.__qualname__}() got {name!r} both by position and by keyword")
+            bound[name] = value
+        missing = [n for n in names if n not in bound]
+        if missing:
+            raise TypeError(f"{cls.__qualname__}() is missing {', '.join(map(repr, missing))}")
+        for name in cls.tensor_attrs:
+            value = bound[name]
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"{cls.__qualname__}.{name} must be a tensor (declared in tensor_attrs), got "
+                    f"{describe_type(value)}"
+                )
+            if value.requires_grad and torch.is_grad_enabled() and not _in_unflatten():
+                raise ValueError(
+                    f"{cls.__qualname__}.{name}: the inner tensor requires grad. The wrapper owns "
+                    "autograd; inner tensors must not require grad. Fix: pass "
+                    f"{name}=t.detach() with requires_grad=True on the wrapper, or use "
+                    f"{cls.__qualname__}.from_inner(...) to stay differentiable with respect to t."
+                )
+        for name, expected in cls.opaque_attrs.items():
+            value = bound[name]
+            if not issubclass(opaque_type_of(value), expected):
+                raise TypeError(
+                    f"{cls.__qualname__}.{name} must be a {qualified_name(expected)} (declared in "
+                    f"opaque_attrs), got {describe_type(value)}. Fix: pass the {expected.__qualname__} "
+                    "object itself."
+                )
+        return bound
+
+    @classmethod
+    def from_inner(cls, *values: Any, outer_size: Sequence[int] | None = None, outer_stride: Sequence[int] | None = None, **named: Any) -> Any:
+        """Build an instance that is differentiable with respect to its inner tensors.
+
+        Gradients flowing into the result flow back to the inner tensors given
+        (as the matching inner tensors of the incoming gradient).
+        """
+        bound = cls._bind_lenient(values, named)
+        tensors = [bound[n] for n in cls.tensor_attrs]
+        others = {n: bound[n] for n in cls._value_names if n not in cls.tensor_attrs}
+        return _FromInner.apply(cls, others, outer_size, outer_stride, *tensors)
+
+    @classmethod
+    def _bind_lenient(cls, values: tuple[Any, ...], named: dict[str, Any]) -> dict[str, Any]:
+        bound = dict(zip(cls._value_names, values))
+        bound.update(named)
+        return bound
+
+    # ------------------------------------------------------------------ flatten protocol
+
+    def __tensor_flatten__(self) -> tuple[list[str], tuple[Any, ...]]:
+        cls = type(self)
+        return [*cls.tensor_attrs, *cls.opaque_attrs], tuple(getattr(self, n) for n in cls.meta_attrs)
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner: dict[str, Any], ctx: tuple[Any, ...], outer_size: Any, outer_stride: Any) -> Any:
+        named = {n: inner[n] for n in (*cls.tensor_attrs, *cls.opaque_attrs)}
+        named.update(zip(cls.meta_attrs, ctx))
+        token = _UNFLATTENING.set(True)
+        try:
+            return cls(outer_size=outer_size, outer_stride=outer_stride, **named)
+        finally:
+            _UNFLATTENING.reset(token)
+
+    def wrap_like(self, **tensors: torch.Tensor) -> Any:
+        """A new instance with the given inner tensors and this instance's opaques
+        and metadata; the default dispatch rule rewraps results with it.
+
+        The default outer size and stride are the first inner tensor's; a
+        subclass whose outer shape differs from its inner tensors' (a sharded
+        tensor) overrides this to compute its own.
+        """
+        cls = type(self)
+        named: dict[str, Any] = dict(tensors)
+        for name in (*cls.opaque_attrs, *cls.meta_attrs):
+            named[name] = getattr(self, name)
+        token = _UNFLATTENING.set(True)
+        try:
+            return cls(**named)
+        finally:
+            _UNFLATTENING.reset(token)
+
+    def __repr__(self) -> str:  # never reads tensor data: safe under fake tensors and tracing
+        cls = type(self)
+        parts = [f"shape={tuple(self.shape)}", f"dtype={self.dtype}"]
+        for name in cls.opaque_attrs:
+            parts.append(f"{name}={opaque_type_of(getattr(self, name, None)).__qualname__}")
+        for name in cls.meta_attrs:
+            parts.append(f"{name}={getattr(self, name, None)!r}")
+        if self.requires_grad:
+            parts.append("requires_grad=True")
+        return f"{cls.__qualname__}({', '.join(parts)})"
+
+    # ------------------------------------------------------------------ dispatch
+
+    @classmethod
+    def implements(cls, *ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register ``fn(func, args, kwargs)`` as this class's implementation of ``ops``.
+
+        ``ops`` are ``OpOverload`` or ``OpOverloadPacket`` objects (a packet covers
+        all its overloads). Subclasses inherit their bases' tables and may
+        override entries.
+        """
+        if cls is OpaqueSubclass:
+            raise TypeError("implements() is called on your subclass, e.g. @MeshTensor.implements(...)")
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            for op in ops:
+                cls._op_table[op] = fn
+            return fn
+
+        return register
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        from .dispatch import dispatch
+
+        return dispatch(cls, func, args, kwargs or {})
+
+
+def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
+    strides: list[int] = []
+    running = 1
+    for s in reversed(size):
+        strides.append(running)
+        running *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+_UNFLATTENING: contextvars.ContextVar[bool] = contextvars.ContextVar("opaque_subclass_unflattening", default=False)
+
+
+def _in_unflatten() -> bool:
+    return _UNFLATTENING.get()
+
+
+class _FromInner(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, cls: Any, others: dict[str, Any], outer_size: Any, outer_stride: Any, *tensors: torch.Tensor) -> Any:  # type: ignore[override]
+        named = dict(zip(cls.tensor_attrs, (t.detach() for t in tensors)))
+        named.update(others)
+        ctx.tensor_attrs = cls.tensor_attrs
+        return cls(outer_size=outer_size, outer_stride=outer_stride, **named)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        grads = tuple(getattr(grad, n) for n in ctx.tensor_attrs) if isinstance(grad, OpaqueSubclass) else (grad,) * len(ctx.tensor_attrs)
+        return (None, None, None, None, *grads)
