@@ -1,13 +1,18 @@
 """A reusable contract test for opaque-attribute subclasses.
 
-Subclass :class:`OpaqueSubclassContract` in a pytest module and provide
-``factory`` (a zero-argument callable returning a fresh instance of your
-subclass); every check below then runs against it::
+Subclass :class:`OpaqueSubclassContract` in a pytest module and set two class
+attributes: ``SUBCLASS`` (your subclass) and ``FACTORY`` (a zero-argument
+callable returning a fresh instance of it); every check below then runs
+against it::
 
     from opaque_subclass.testing import OpaqueSubclassContract
 
     class TestMeshTensor(OpaqueSubclassContract):
-        factory = staticmethod(lambda: MeshTensor(torch.randn(4), MESH))
+        SUBCLASS = MeshTensor
+        FACTORY = staticmethod(lambda: MeshTensor(torch.randn(4), MESH))
+
+The compile checks need the subclass to support ``x * 2`` and ``.sum()`` (the
+default rule of :class:`~opaque_subclass.OpaqueSubclass` does).
 
 The class name must start with ``Test`` for pytest to collect it; the base
 class itself is not collected.
@@ -45,12 +50,57 @@ def assert_same_leaves(actual: list[Any], expected: list[Any]) -> None:
 class OpaqueSubclassContract:
     """Round-trip and run-time checks every opaque-attribute subclass must pass."""
 
-    factory: ClassVar[Callable[[], torch.Tensor]]
+    SUBCLASS: ClassVar[type]
+    FACTORY: ClassVar[Callable[[], torch.Tensor]]
+    BACKEND: ClassVar[str] = "aot_eager"
 
     def make(self) -> torch.Tensor:
-        x = type(self).factory()
-        assert is_wrapper_subclass(x), f"factory returned {type(x).__qualname__}, not a wrapper subclass"
+        x = type(self).FACTORY()
+        assert type(x) is type(self).SUBCLASS, f"FACTORY returned {type(x).__qualname__}, not {type(self).SUBCLASS.__qualname__}"
+        assert is_wrapper_subclass(x), f"FACTORY returned {type(x).__qualname__}, not a wrapper subclass"
         return x
+
+    def _opaques(self, x: torch.Tensor) -> list[Any]:
+        leaves, _ = flatten_subclass(x)
+        return [v for v in leaves if not isinstance(v, torch.Tensor)]
+
+    def _compile(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], Any]:
+        import torch._dynamo
+        import torch._dynamo.testing
+
+        torch._dynamo.reset()
+        counter = torch._dynamo.testing.CompileCounterWithBackend(self.BACKEND)
+        return torch.compile(fn, backend=counter, fullgraph=True), counter
+
+    def test_compile_forward_keeps_runtime_opaques(self) -> None:
+        f, counter = self._compile(lambda x: x * 2)
+        for _ in range(3):
+            x = self.make()
+            out = f(x)
+            assert type(out) is type(x)
+            got, want = self._opaques(out), self._opaques(x)
+            assert len(got) == len(want) and all(a is b for a, b in zip(got, want)), "output lost the input's opaques"
+        assert counter.frame_count == 1, f"{counter.frame_count} compilations for 3 calls"
+
+    def test_compile_backward(self) -> None:
+        f, _ = self._compile(lambda x: (x * 2).sum())
+        for _ in range(2):
+            x = self.make().requires_grad_(True)
+            f(x).backward()
+            assert type(x.grad) is type(x)
+            got, want = self._opaques(x.grad), self._opaques(x)
+            assert all(a is b for a, b in zip(got, want)), "x.grad does not carry x's opaques"
+
+    def test_compiled_autograd(self) -> None:
+        import torch._dynamo.compiled_autograd
+
+        f, _ = self._compile(lambda x: (x * 3).sum())
+        x = self.make().requires_grad_(True)
+        loss = f(x)
+        with torch._dynamo.compiled_autograd._enable(torch.compile(backend=self.BACKEND)):
+            loss.backward()
+        assert type(x.grad) is type(x)
+        assert all(a is b for a, b in zip(self._opaques(x.grad), self._opaques(x)))
 
     def test_flatten_round_trip(self) -> None:
         x = self.make()

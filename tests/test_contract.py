@@ -2,6 +2,7 @@
 
 import torch
 
+from opaque_subclass import OpaqueSubclass
 from opaque_subclass.testing import OpaqueSubclassContract
 from subclasses import (
     ForeignHandle,
@@ -18,33 +19,54 @@ from subclasses import (
 SHARED = Mesh("shared")
 
 
+class Declared(OpaqueSubclass):
+    """The declarative base class under the same contract as hand-written subclasses."""
+
+    tensor_attrs = ("_data",)
+    opaque_attrs = {"_mesh": Mesh, "_stream": Stream}
+    meta_attrs = ("_tag",)
+
+
 class TestPlainPair(OpaqueSubclassContract):
-    factory = staticmethod(lambda: PlainPair(torch.randn(3), torch.randn(3)))
+    SUBCLASS = PlainPair
+    FACTORY = staticmethod(lambda: PlainPair(torch.randn(3), torch.randn(3)))
 
 
 class TestMeshTensor(OpaqueSubclassContract):
-    factory = staticmethod(lambda: MeshTensor(torch.randn(2, 3), Mesh()))
+    SUBCLASS = MeshTensor
+    FACTORY = staticmethod(lambda: MeshTensor(torch.randn(2, 3), Mesh()))
 
 
 class TestMeshTensorSharedMesh(OpaqueSubclassContract):
-    factory = staticmethod(lambda: MeshTensor(torch.randn(4), SHARED))
+    SUBCLASS = MeshTensor
+    FACTORY = staticmethod(lambda: MeshTensor(torch.randn(4), SHARED))
 
 
 class TestMultiOpaque(OpaqueSubclassContract):
-    factory = staticmethod(lambda: MultiOpaque(torch.randn(3), torch.randn(3), Mesh(), Stream(1)))
+    SUBCLASS = MultiOpaque
+    FACTORY = staticmethod(lambda: MultiOpaque(torch.randn(3), torch.randn(3), Mesh(), Stream(1)))
 
 
 class TestInterleaved(OpaqueSubclassContract):
-    factory = staticmethod(lambda: Interleaved(torch.randn(3), torch.randn(3), Mesh()))
+    SUBCLASS = Interleaved
+    FACTORY = staticmethod(lambda: Interleaved(torch.randn(3), torch.randn(3), Mesh()))
 
 
 class TestForeignOpaque(OpaqueSubclassContract):
-    factory = staticmethod(lambda: ForeignTensor(torch.randn(3), ForeignHandle()))
+    SUBCLASS = ForeignTensor
+    FACTORY = staticmethod(lambda: ForeignTensor(torch.randn(3), ForeignHandle()))
 
 
 class TestNestedThreeLevels(OpaqueSubclassContract):
-    factory = staticmethod(lambda: nested(3))
+    SUBCLASS = MeshTensor
+    FACTORY = staticmethod(lambda: nested(3))
 
 
 class TestNonContiguousOuter(OpaqueSubclassContract):
-    factory = staticmethod(lambda: MeshTensor(torch.randn(3, 4).t(), Mesh()))
+    SUBCLASS = MeshTensor
+    FACTORY = staticmethod(lambda: MeshTensor(torch.randn(3, 4).t(), Mesh()))
+
+
+class TestDeclarative(OpaqueSubclassContract):
+    SUBCLASS = Declared
+    FACTORY = staticmethod(lambda: Declared(torch.randn(3), Mesh(), Stream(2), "cfg"))
