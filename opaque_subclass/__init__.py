@@ -11,6 +11,7 @@
   :func:`wrap_tensor_subclasses_maybe_joint`, :func:`process_runtime_tangent`;
 * guards - :func:`opaque_alias_pattern`, :class:`OpaqueAliasPattern`;
 * authoring - :class:`OpaqueSubclass`, a declarative base class;
+* modules - :func:`unwrap_tensor_subclass_parameters`;
 * mode - :func:`support`, :func:`enable`, :func:`disable`.
 
 See ``docs/`` for a guide.
@@ -25,6 +26,7 @@ from .flatten import (
     is_wrapper_subclass,
     unflatten_subclass,
 )
+from .parametrization import unwrap_tensor_subclass_parameters
 from .registry import OpaqueKind, is_opaque, opaque_kind, register_opaque
 from .runtime import (
     process_runtime_tangent,
@@ -72,6 +74,7 @@ __all__ = [
     "register_opaque",
     "support",
     "unflatten_subclass",
+    "unwrap_tensor_subclass_parameters",
     "unwrap_tensor_subclasses",
     "wrap_tensor_subclasses",
     "wrap_tensor_subclasses_maybe_joint",

@@ -295,7 +295,96 @@ def _backward_reads_primal_opaque():
     assert x.grad._mesh is x._mesh
 
 
+def _runtime_wrap_uses_generated_code():
+    from torch._functorch._aot_autograd import schemas
+
+    from test_opaque_obj_v2 import Mesh, MeshTensor
+
+    f = torch.compile(lambda x: x * 2, backend="aot_eager", fullgraph=True)
+    f(MeshTensor(torch.ones(2), Mesh("warm")))
+    calls = []
+    original = schemas.SubclassCreationMeta.creation_fn
+
+    def spy(self, *a, **k):
+        calls.append(1)
+        return original(self, *a, **k)
+
+    schemas.SubclassCreationMeta.creation_fn = spy
+    try:
+        m = Mesh("run")
+        assert f(MeshTensor(torch.ones(2), m))._mesh is m
+    finally:
+        schemas.SubclassCreationMeta.creation_fn = original
+    assert calls == [], "torch's generic creation_fn ran at run time"
+
+
+def _runtime_unwrap_skips_tensor_flatten():
+    from test_opaque_obj_v2 import Mesh, MeshTensor
+
+    class Counted(MeshTensor):
+        calls = 0
+
+        def __tensor_flatten__(self):
+            Counted.calls += 1
+            return super().__tensor_flatten__()
+
+        @staticmethod
+        def __tensor_unflatten__(inner, ctx, size, stride):
+            return Counted(inner["_data"], inner["_mesh"])
+
+    f = torch.compile(lambda x: x + 1, backend="aot_eager", fullgraph=True)
+    f(Counted(torch.ones(2), Mesh("warm")))
+    x = Counted(torch.ones(2), Mesh("run"))
+    before = Counted.calls
+    assert f(x)._mesh is x._mesh
+    # Dynamo's guards read the flatten context and names (2 calls); torch
+    # 2.11's generic unwrap would add another.
+    assert Counted.calls - before <= 2, Counted.calls - before
+
+
+class _Split(torch.nn.Module):
+    """right_inverse returns [tensor, reference opaque]."""
+
+    def forward(self, data, mesh):
+        from test_opaque_obj_v2 import MeshTensor
+
+        return MeshTensor(data, mesh)
+
+    def right_inverse(self, value):
+        return [value._data, value._mesh]
+
+
+def _parametrize_stores_opaques():
+    from torch.nn.utils import parametrize
+
+    from test_opaque_obj_v2 import Mesh, MeshTensor
+
+    m = Mesh("p")
+    lin = torch.nn.Linear(2, 2)
+    lin.weight = torch.nn.Parameter(MeshTensor(torch.ones(2, 2), m))
+    parametrize.register_parametrization(lin, "weight", _Split(), unsafe=True)
+    assert lin.parametrizations.weight.original1 is m and lin.weight._mesh is m
+    assert "parametrizations.weight.original1" not in lin.state_dict()
+
+
+def _parametrize_assignment_replaces_opaque():
+    from torch.nn.utils import parametrize
+
+    from test_opaque_obj_v2 import Mesh, MeshTensor
+
+    lin = torch.nn.Linear(2, 2)
+    lin.weight = torch.nn.Parameter(MeshTensor(torch.ones(2, 2), Mesh("old")))
+    parametrize.register_parametrization(lin, "weight", _Split(), unsafe=True)
+    new = Mesh("new")
+    lin.weight = MeshTensor(torch.zeros(2, 2), new)
+    assert lin.weight._mesh is new and torch.equal(lin.parametrizations.weight.original0, torch.zeros(2, 2))
+
+
 NEEDED_BY = {
+    "torch._functorch._aot_autograd.subclass_utils.wrap_tensor_subclasses": _runtime_wrap_uses_generated_code,
+    "torch._functorch._aot_autograd.subclass_utils.runtime_unwrap_tensor_subclasses": _runtime_unwrap_skips_tensor_flatten,
+    "torch.nn.utils.parametrize.ParametrizationList.__init__": _parametrize_stores_opaques,
+    "torch.nn.utils.parametrize.ParametrizationList.right_inverse": _parametrize_assignment_replaces_opaque,
     "torch.fx.experimental.proxy_tensor.set_proxy_slot": _backward_reads_primal_opaque,
     "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor": _error_names_argument_path,
     "torch._subclasses.meta_utils.MetaTensorDescriber.describe_tensor": _compile_forward,

@@ -1,7 +1,7 @@
 """The patch set for torch 2.11: one module per torch area."""
 
 from ..patching import PatchSet
-from . import aot_autograd, dynamo, fake
+from . import aot_autograd, dynamo, fake, parametrize, runtime
 
 __all__ = ["PATCH_SET"]
 
@@ -18,6 +18,10 @@ PRELOAD = (
     "torch._dynamo.output_graph",
     "torch._dynamo.guards",
     "torch.fx.experimental.symbolic_shapes",
+    "torch.nn.utils.parametrize",
 )
 
-PATCH_SET = PatchSet([*fake.PATCHES, *dynamo.PATCHES, *aot_autograd.PATCHES], preload=PRELOAD)
+PATCH_SET = PatchSet(
+    [*fake.PATCHES, *dynamo.PATCHES, *aot_autograd.PATCHES, *runtime.PATCHES, *parametrize.PATCHES],
+    preload=PRELOAD,
+)

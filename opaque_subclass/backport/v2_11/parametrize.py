@@ -1,0 +1,178 @@
+"""``nn.utils.parametrize`` with opaque objects in ``right_inverse`` (torch 2.11).
+
+A parametrization whose ``right_inverse`` returns a sequence may, since torch
+2.12 (pytorch/pytorch#176457), put reference opaques in it: they are stored on
+the ``ParametrizationList`` as plain attributes (``original1 = mesh``), not as
+parameters or buffers, and handed back to ``forward`` as the same objects.
+torch 2.11 rejects any non-tensor element. These patches give 2.11 the native
+behaviour and give a value-type opaque a clear error.
+
+Technique: while torch's own ``ParametrizationList.__init__`` runs, the
+parametrization applied last has its ``right_inverse`` wrapped (on the
+instance, for the duration of the call) so that each opaque is replaced by an
+empty placeholder tensor and remembered; afterwards the placeholders are
+swapped for the opaques as plain attributes. Tensor-only parametrizations run
+torch's code unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ...errors import describe_type, qualified_name
+from ...registry import opaque_kind, opaque_type_of
+from ..patching import Patch
+
+__all__ = ["PATCHES"]
+
+_SLOTS = "_opaque_subclass_opaque_slots"
+
+
+def _opaque_error(plist_owner: str, i: int, value: object, kind: str | None) -> ValueError:
+    if kind == "value":
+        return ValueError(
+            f"parametrization of {plist_owner}: right_inverse returned a value-type opaque "
+            f"({describe_type(value)}) as element {i}. Only tensors and reference opaques can be "
+            "stored; a value opaque is a constant. Fix: keep it on the parametrization module "
+            "(self.config = ...) and use it in forward, or register its class as a reference opaque."
+        )
+    return ValueError(
+        f"parametrization of {plist_owner}: right_inverse returned element {i} of type "
+        f"{describe_type(value)}, which is neither a tensor nor a registered reference opaque. "
+        "Fix: return tensors and reference opaques only "
+        f"(opaque_subclass.register_opaque({opaque_type_of(value).__qualname__}))."
+    )
+
+
+def _split(result: Any, owner: str) -> tuple[Any, dict[int, Any]]:
+    """Replace reference opaques in a right_inverse result by placeholders."""
+    if isinstance(result, torch.Tensor) or not isinstance(result, Sequence):
+        return result, {}
+    opaques: dict[int, Any] = {}
+    out = list(result)
+    for i, value in enumerate(out):
+        if isinstance(value, torch.Tensor):
+            continue
+        kind = opaque_kind(value)
+        if kind != "reference":
+            raise _opaque_error(owner, i, value, kind)
+        opaques[i] = value
+        out[i] = torch.empty(0)
+    return (type(result)(out) if isinstance(result, tuple) else out), opaques
+
+
+def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``ParametrizationList.__init__`` (torch 2.11).
+
+    Without it, registering a parametrization whose ``right_inverse`` returns
+    a reference opaque fails ("must return a Tensor or a Sequence of
+    tensors"). With it, the opaque is stored as a plain attribute
+    ``original{i}`` (not a parameter or buffer, so it stays out of the state
+    dict and the optimizer) and the registration-time consistency check runs
+    on the rebuilt value. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    """
+
+    def __init__(self: Any, modules: Sequence[torch.nn.Module], original_value: torch.Tensor, unsafe: bool = False) -> None:
+        owner = type(original_value).__qualname__
+        last = modules[0] if len(modules) else None
+        found: dict[int, Any] = {}
+        inverse = getattr(last, "right_inverse", None) if last is not None else None
+        if inverse is None:
+            original(self, modules, original_value, unsafe)
+            return
+
+        def right_inverse(value: Any) -> Any:
+            result, opaques = _split(inverse(value), owner)
+            if opaques:
+                found.update(opaques)
+                self.unsafe = True  # torch's check would see placeholders; ours runs below
+            return result
+
+        shape, dtype = original_value.shape, original_value.dtype
+        had_own = "right_inverse" in vars(last)
+        object.__setattr__(last, "right_inverse", right_inverse)
+        try:
+            original(self, modules, original_value, unsafe)
+        finally:
+            if had_own:
+                object.__setattr__(last, "right_inverse", inverse)
+            else:
+                object.__delattr__(last, "right_inverse")
+        if not found:
+            return
+        for i, opaque in found.items():
+            name = f"original{i}"
+            self._parameters.pop(name, None)
+            self._buffers.pop(name, None)
+            object.__setattr__(self, name, opaque)
+        object.__setattr__(self, _SLOTS, frozenset(found))
+        self.unsafe = unsafe
+        if not unsafe:
+            rebuilt = self()
+            if not isinstance(rebuilt, torch.Tensor) or rebuilt.dtype != dtype or rebuilt.shape != shape:
+                raise ValueError(
+                    f"parametrization of {owner}: forward(right_inverse(x)) gave "
+                    f"{describe_type(rebuilt)} with shape {getattr(rebuilt, 'shape', None)} and dtype "
+                    f"{getattr(rebuilt, 'dtype', None)}; expected shape {tuple(shape)} and dtype {dtype}. "
+                    "Fix: make forward rebuild the original tensor, or pass unsafe=True."
+                )
+
+    return __init__
+
+
+def make_right_inverse(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``ParametrizationList.right_inverse`` (torch 2.11), which runs on
+    assignment (``module.weight = new_value``).
+
+    Without it, assigning to a parametrized tensor whose ``right_inverse``
+    returns a reference opaque fails. With it, opaque slots are replaced by the
+    new objects (plain attributes) and tensor slots are updated in place as
+    torch does. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    """
+    from torch.nn.utils.parametrize import _maybe_set
+
+    def right_inverse(self: Any, value: Any) -> None:
+        slots: frozenset[int] = getattr(self, _SLOTS, frozenset())
+        if not slots:
+            return original(self, value)
+        owner = qualified_name(type(value))
+        with torch.no_grad():
+            for module in reversed(self):
+                if not hasattr(module, "right_inverse"):
+                    raise RuntimeError(f"parametrization {type(module).__name__} does not implement right_inverse.")
+                value = module.right_inverse(value)
+            if not isinstance(value, Sequence) or len(value) != self.ntensors:
+                raise ValueError(
+                    f"parametrization of {owner}: right_inverse must return a sequence of "
+                    f"{self.ntensors} elements, got {describe_type(value)}"
+                    + (f" of length {len(value)}" if isinstance(value, Sequence) else "")
+                    + ". Fix: return one element per stored original."
+                )
+            for i, item in enumerate(value):
+                if i in slots:
+                    if isinstance(item, torch.Tensor) or opaque_kind(item) != "reference":
+                        raise _opaque_error(owner, i, item, opaque_kind(item))
+                    object.__setattr__(self, f"original{i}", item)
+                    continue
+                stored = getattr(self, f"original{i}")
+                if not isinstance(item, torch.Tensor) or item.dtype != stored.dtype:
+                    raise ValueError(
+                        f"parametrization of {owner}: element {i} returned by right_inverse is "
+                        f"{describe_type(item)} ({getattr(item, 'dtype', None)}) while original{i} is a "
+                        f"tensor of dtype {stored.dtype}. Fix: return the same kinds and dtypes as at "
+                        "registration."
+                    )
+                _maybe_set(stored, item)
+
+    return right_inverse
+
+
+_PL = "torch.nn.utils.parametrize.ParametrizationList."
+
+PATCHES = [
+    Patch(_PL + "__init__", "4ba455d7a2794631", make_init),
+    Patch(_PL + "right_inverse", "3ee33189db9332e2", make_right_inverse),
+]
