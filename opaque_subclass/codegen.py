@@ -31,7 +31,7 @@ from typing import Any
 from .errors import describe_type, qualified_name
 from .schema import SubclassCreationMeta, SymIntMeta, iter_slots
 
-__all__ = ["compiled_unwrap", "compiled_wrap"]
+__all__ = ["ArgumentsPlan", "compiled_unwrap", "compiled_wrap"]
 
 log = logging.getLogger(__name__)
 
@@ -185,3 +185,105 @@ def compiled_wrap(meta: SubclassCreationMeta) -> Callable[[Sequence[Any]], Any]:
         fn = _exec(source, emitter.namespace, "wrap")
     meta._compiled["wrap"] = fn
     return fn
+
+
+class ArgumentsPlan:
+    """Generated unwrap and wrap for a whole list of metas: one function call per
+    list instead of one per argument.
+
+    ``unwrap(args)`` returns the flat leaves of all arguments (symbolic sizes
+    included when built with ``append_symints``); ``wrap(flat)`` returns one value
+    per meta, reading exactly :attr:`width` leading slots of ``flat``. Metas
+    whose attribute names are not identifiers make the plan fall back to the
+    per-subclass functions.
+    """
+
+    __slots__ = ("metas", "width", "_unwrap", "_unwrap_symints", "_wrap")
+
+    def __init__(self, metas: Sequence[Any]) -> None:
+        self.metas = tuple(metas)
+        self.width = sum(m.arg_count if isinstance(m, SubclassCreationMeta) else 1 for m in self.metas)
+        self._unwrap: Callable[[Sequence[Any]], list[Any]] | None = None
+        self._unwrap_symints: Callable[[Sequence[Any]], list[Any]] | None = None
+        self._wrap: Callable[[Sequence[Any]], tuple[Any, ...]] | None = None
+
+    def unwrap(self, args: Sequence[Any], append_symints: bool = False) -> list[Any]:
+        return self.unwrap_function(append_symints)(args)
+
+    def wrap(self, flat: Sequence[Any]) -> tuple[Any, ...]:
+        return self.wrap_function()(flat)
+
+    def unwrap_function(self, append_symints: bool = False) -> Callable[[Sequence[Any]], list[Any]]:
+        """The generated ``unwrap(args) -> flat`` (built on first use)."""
+        fn = self._unwrap_symints if append_symints else self._unwrap
+        return fn if fn is not None else self._build_unwrap(append_symints)
+
+    def wrap_function(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+        """The generated ``wrap(flat) -> values`` (built on first use)."""
+        return self._wrap if self._wrap is not None else self._build_wrap()
+
+    def _build_unwrap(self, append_symints: bool) -> Callable[[Sequence[Any]], list[Any]]:
+        namespace: dict[str, Any] = {"bad_count": _bad_count(len(self.metas))}
+        lines = [f"def unwrap(args):", f"    if len(args) != {len(self.metas)}:", "        bad_count(args)"]
+        exprs: list[str] = []
+        for i, meta in enumerate(self.metas):
+            lines.append(f"    a{i} = args[{i}]")
+            if not isinstance(meta, SubclassCreationMeta):
+                exprs.append(f"a{i}")
+                continue
+            source = _unwrap_source(meta, append_symints)
+            if source is None:
+                namespace[f"U{i}"] = compiled_unwrap(meta, append_symints)
+                exprs.append(f"*U{i}(a{i})")
+                continue
+            namespace[f"T{i}"] = meta.subclass_type
+            namespace[f"B{i}"] = _bad_input(meta)
+            lines.append(f"    if a{i}.__class__ is not T{i} and not isinstance(a{i}, T{i}):")
+            lines.append(f"        B{i}(a{i})")
+            for path, slot in iter_slots(meta, f"a{i}"):
+                if isinstance(slot, SymIntMeta) and not append_symints:
+                    continue
+                exprs.append(path)
+        lines.append(f"    return [{', '.join(exprs)}]")
+        fn = _exec("\n".join(lines) + "\n", namespace, "unwrap")
+        if append_symints:
+            self._unwrap_symints = fn
+        else:
+            self._unwrap = fn
+        return fn  # type: ignore[no-any-return]  # the generated function
+
+    def _build_wrap(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+        emitter = _WrapEmitter()
+        exprs: list[str] = []
+        for i, meta in enumerate(self.metas):
+            if not isinstance(meta, SubclassCreationMeta):
+                exprs.append(f"flat[{meta.unwrapped_idx}]")
+                continue
+            root = emitter.emit(meta, f"args[{i}]")
+            if root is None:
+                name = emitter.const("W", compiled_wrap(meta))
+                root = f"{name}(flat)"
+            exprs.append(root)
+        from .flatten import _bad_unflatten_result
+
+        metas = emitter.metas
+
+        def bad_result(n: int, result: object) -> None:
+            m, path = metas[n]
+            raise _bad_unflatten_result(m, result, path)
+
+        emitter.namespace["bad_result"] = bad_result
+        body = ", ".join(exprs) + ("," if len(exprs) == 1 else "")
+        source = "def wrap(flat):\n" + "\n".join(emitter.lines) + f"\n    return ({body})\n"
+        self._wrap = _exec(source, emitter.namespace, "wrap")
+        return self._wrap
+
+
+def _bad_count(expected: int) -> Callable[[Sequence[Any]], None]:
+    def bad_count(args: Sequence[Any]) -> None:
+        raise TypeError(
+            f"run-time unwrap expected {expected} arguments (the metadata describes {expected}), "
+            f"got {len(args)}. Fix: re-create the metadata for these arguments."
+        )
+
+    return bad_count

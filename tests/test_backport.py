@@ -295,6 +295,11 @@ def _backward_reads_primal_opaque():
     assert x.grad._mesh is x._mesh
 
 
+def _generated_per_call_path():
+    _runtime_wrap_uses_generated_code()
+    _runtime_unwrap_skips_tensor_flatten()
+
+
 def _runtime_wrap_uses_generated_code():
     from torch._functorch._aot_autograd import schemas
 
@@ -381,8 +386,7 @@ def _parametrize_assignment_replaces_opaque():
 
 
 NEEDED_BY = {
-    "torch._functorch._aot_autograd.subclass_utils.wrap_tensor_subclasses": _runtime_wrap_uses_generated_code,
-    "torch._functorch._aot_autograd.subclass_utils.runtime_unwrap_tensor_subclasses": _runtime_unwrap_skips_tensor_flatten,
+    "torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchSubclassWrapper.post_compile": _generated_per_call_path,
     "torch.nn.utils.parametrize.ParametrizationList.__init__": _parametrize_stores_opaques,
     "torch.nn.utils.parametrize.ParametrizationList.right_inverse": _parametrize_assignment_replaces_opaque,
     "torch.fx.experimental.proxy_tensor.set_proxy_slot": _backward_reads_primal_opaque,

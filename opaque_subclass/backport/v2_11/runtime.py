@@ -3,26 +3,25 @@
 Every call of a compiled function taking or returning subclasses unwraps the
 inputs into the graph's flat list and wraps the flat outputs back. torch 2.11
 does it with data-driven loops over its metadata (``__tensor_flatten__`` and a
-dict per subclass on every call); torch 2.13 generates straight-line code. With
-opaque attributes on 2.11, that loop is most of the per-call overhead. These
-patches route the *run-time* calls through :mod:`opaque_subclass.codegen`: each
-torch meta is translated once into an :class:`opaque_subclass.SubclassCreationMeta`
-and a generated function does the work. Trace-time calls, calls without metas
-and calls with a ``make_subclass_override`` keep torch's code.
+dict per subclass on every call); torch 2.12+ generates straight-line code.
+With opaque attributes on 2.11 that loop is most of the per-call overhead. The
+patch here gives the per-call function of ``AOTDispatchSubclassWrapper`` two
+functions generated once per graph by :class:`opaque_subclass.codegen.ArgumentsPlan`,
+from torch's metas translated into :class:`opaque_subclass.SubclassCreationMeta`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from ...codegen import compiled_unwrap, compiled_wrap
+from ...codegen import ArgumentsPlan
 from ...errors import OpaqueSubclassError
 from ...schema import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
 from ..patching import Patch
 from .aot_autograd import OpaqueSlotMeta
 
-__all__ = ["PATCHES", "translate"]
+__all__ = ["PATCHES", "plan_for", "translate"]
 
 _OURS = "_opaque_subclass_meta"
 
@@ -70,100 +69,81 @@ def translate(torch_meta: Any, start: int | None = None, attr: str | None = None
     return result
 
 
-def make_runtime_unwrap(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Replaces ``subclass_utils.runtime_unwrap_tensor_subclasses`` (torch 2.11).
-
-    Without it, each call of a compiled function unwraps its subclass
-    arguments with torch 2.11's generic loop (``__tensor_flatten__`` per
-    argument per call). With it, when metadata is given, a generated
-    straight-line unwrap per subclass reads the attributes directly, as the
-    generated wrappers of torch 2.12+ do (opaque slots as in
-    pytorch/pytorch#176457). Results are identical.
-    """
+def plan_for(torch_metas: list[Any]) -> ArgumentsPlan:
+    """The generated plan for a torch 2.11 list of runtime metas."""
     from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
 
-    def runtime_unwrap_tensor_subclasses(
-        wrapped_args: list[Any], *, append_symints: bool, subclass_metas: list[Any] | None = None
-    ) -> list[Any]:
-        if subclass_metas is None:
-            return original(wrapped_args, append_symints=append_symints, subclass_metas=subclass_metas)  # type: ignore[no-any-return]
-        out: list[Any] = []
-        extend, append = out.extend, out.append
-        key = "unwrap+symints" if append_symints else "unwrap"
-        for x, meta in zip(wrapped_args, subclass_metas):
-            if type(meta) is TorchSCM:
-                ours = meta.__dict__.get(_OURS) or translate(meta)
-                fn = ours._compiled.get(key) or compiled_unwrap(ours, append_symints)
-                extend(fn(x))
-            else:
-                append(x)
-        return out
-
-    return runtime_unwrap_tensor_subclasses
+    ours: list[SlotMeta] = [
+        translate(m) if type(m) is TorchSCM else PlainTensorMeta(m.unwrapped_idx) for m in torch_metas
+    ]
+    return ArgumentsPlan(ours)
 
 
-def make_wrap(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Replaces ``subclass_utils.wrap_tensor_subclasses`` (torch 2.11).
+def make_subclass_wrapper_post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``AOTDispatchSubclassWrapper.post_compile`` (torch 2.11), which
+    builds the function run on every call of a compiled graph that takes or
+    returns subclasses.
 
-    Without it, each call rebuilds the output subclasses with torch 2.11's
-    generic ``creation_fn`` (a dict and a recursive walk per subclass per
-    call). With it, run-time wrapping uses a generated straight-line function
-    per subclass, as in torch 2.12+ (opaque slots as in pytorch/pytorch#176457);
-    trace-time wrapping and ``make_subclass_override`` keep torch's code.
-    Results are identical.
+    Without it, each call unwraps the subclass arguments and rewraps the
+    outputs with torch 2.11's generic loops (``__tensor_flatten__`` and a
+    ``creation_fn`` walk per subclass per call). With it, the per-call function
+    runs two straight-line functions generated once per graph (the inputs'
+    unwrap, the outputs' wrap), as torch 2.12+ does with its generated subclass
+    wrappers (opaque slots as in pytorch/pytorch#176457). Results are
+    identical; with ``TORCH_LOGS=aot_graphs`` at DEBUG level torch's own
+    function runs, so its logs are unchanged.
     """
-    from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
+    import functools
+    import logging
 
-    def wrap_tensor_subclasses(
-        unwrapped_args: Sequence[Any],
-        *,
-        subclass_metas: list[Any],
-        num_fw_outs_saved_for_bw: int | None = None,
-        included_subclass_symints: bool = False,
-        is_runtime: bool = False,
-        make_subclass_override: Callable[..., Any] | None = None,
-    ) -> tuple[Any, ...]:
-        if not is_runtime or make_subclass_override is not None:
-            return original(  # type: ignore[no-any-return]
-                unwrapped_args,
-                subclass_metas=subclass_metas,
-                num_fw_outs_saved_for_bw=num_fw_outs_saved_for_bw,
-                included_subclass_symints=included_subclass_symints,
-                is_runtime=is_runtime,
-                make_subclass_override=make_subclass_override,
-            )
-        wrapped: list[Any] = []
-        append = wrapped.append
-        tallied = 0
-        for meta in subclass_metas:
-            if type(meta) is TorchSCM:
-                if meta.included_subclass_symints != included_subclass_symints:
-                    raise AssertionError(
-                        f"included_subclass_symints mismatch: {meta.included_subclass_symints} != {included_subclass_symints}"
-                    )
-                ours = meta.__dict__.get(_OURS) or translate(meta)
-                fn = ours._compiled.get("wrap") or compiled_wrap(ours)
-                append(fn(unwrapped_args))
-                tallied += meta.arg_count
-            else:
-                append(unwrapped_args[meta.unwrapped_idx])
-                tallied += 1
-        extra = num_fw_outs_saved_for_bw or 0
-        if len(unwrapped_args) != tallied + extra:
-            raise OpaqueSubclassError(
-                f"compiled graph returned {len(unwrapped_args)} flat values; its output metadata "
-                f"describes {tallied} plus {extra} saved activations"
-            )
-        if num_fw_outs_saved_for_bw is None:
-            return tuple(wrapped)
-        return (*wrapped, *unwrapped_args[tallied:])
+    from torch._functorch._aot_autograd import runtime_wrappers
 
-    return wrap_tensor_subclasses
+    def post_compile(self: Any, compiled_fn: Callable[..., Any], aot_config: Any, *, runtime_metadata: Any) -> Any:
+        generic = original(self, compiled_fn, aot_config, runtime_metadata=runtime_metadata)
+        if self.maybe_subclass_meta is None:
+            return generic
+        log = runtime_wrappers.aot_graphs_log
+        saved = self.num_fw_outs_saved_for_bw
+        built: list[Any] = []
 
+        def build() -> tuple[Any, Any, int]:
+            inputs = plan_for(runtime_metadata.subclass_inp_meta)
+            outputs = plan_for(runtime_metadata.subclass_fw_graph_out_meta)
+            for meta in outputs.metas:
+                if isinstance(meta, SubclassCreationMeta) and not meta.included_subclass_symints:
+                    raise AssertionError("output subclass metadata without symbolic-size slots")
+            built.append((inputs.unwrap_function(True), outputs.wrap_function(), outputs.width))
+            return built[0]  # type: ignore[no-any-return]  # just appended
 
-_SU = "torch._functorch._aot_autograd.subclass_utils."
+        @functools.wraps(compiled_fn)
+        def inner_fn(args: list[Any]) -> Any:
+            if log.isEnabledFor(logging.DEBUG):
+                return generic(args)
+            unwrap, wrap, width = built[0] if built else build()
+            flat = unwrap(args)
+            args.clear()
+            outs = compiled_fn(flat)
+            extra = saved or 0
+            if len(outs) != width + extra:
+                raise OpaqueSubclassError(
+                    f"compiled graph returned {len(outs)} flat values; its output metadata "
+                    f"describes {width} plus {extra} saved activations"
+                )
+            wrapped = wrap(outs)
+            if saved is None:
+                return wrapped
+            return (*wrapped, *outs[width:])
+
+        inner_fn._boxed_call = True  # type: ignore[attr-defined]  # torch's boxed-call marker
+        return inner_fn
+
+    return post_compile
+
 
 PATCHES = [
-    Patch(_SU + "runtime_unwrap_tensor_subclasses", "6c67b34e3c9d3bbc", make_runtime_unwrap),
-    Patch(_SU + "wrap_tensor_subclasses", "a34a0b2d6a810e7b", make_wrap),
+    Patch(
+        "torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchSubclassWrapper.post_compile",
+        "cf6a953d4963e9cc",
+        make_subclass_wrapper_post_compile,
+    ),
 ]

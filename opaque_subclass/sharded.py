@@ -1,0 +1,700 @@
+"""``ShardedTensor``: a reference sharded tensor built on :class:`OpaqueSubclass`,
+with the ``DeviceMesh`` as an opaque attribute.
+
+Note [Sharding semantics]
+-------------------------
+A ``ShardedTensor`` holds this rank's shard ``_local`` of one *global* tensor,
+the ``DeviceMesh`` ``_mesh`` (1-D, ``n`` ranks) it is spread over, and
+``_shard_dim``:
+
+* ``_shard_dim = d`` (an int): the global tensor is the concatenation of the
+  ranks' shards along ``d``, all of equal size (global size = ``n`` * local size
+  along ``d``; no uneven shards).
+* ``_shard_dim = None``: *replicated*. Every rank holds the whole global tensor.
+  Results that are the same on every rank (a full reduction, a matmul that
+  contracts over the shard dim) are replicated ``ShardedTensor`` objects rather
+  than plain tensors, so that the mesh keeps flowing through the program and
+  the gradients of sharded parameters stay ``ShardedTensor`` objects.
+
+A plain tensor that meets a ``ShardedTensor`` counts as replicated: it must
+hold the same value on every rank (the caller's responsibility, as in
+Megatron-style tensor parallelism). Gradients follow one global loss computed
+identically on every rank. A gradient has the placement the ops give it: in a
+linear layer it matches the parameter's; where it comes back replicated (for
+example ``(w * 2).sum()``), a pointwise update ``w -= lr * w.grad`` still takes
+the right slice.
+
+Note [Process groups resolved at run time]
+------------------------------------------
+The mesh is a reference opaque (registered below with
+:func:`opaque_subclass.register_opaque`): torch.compile makes it a graph input
+instead of baking in the mesh seen while tracing. The collectives are custom ops
+(:func:`all_reduce_sum`, :func:`all_gather`, :func:`local_chunk`) that take the
+mesh as an argument and call ``mesh.get_group()`` / ``mesh.get_local_rank()``
+when they *run*. A graph compiled with tensors on mesh A and called with tensors
+on mesh B therefore talks to B's process group, without recompiling. Nothing
+reads the mesh while tracing (there it is torch's fake wrapper): the number of
+shards comes from the shapes, ``global size // local size`` along the shard dim.
+
+Ops (see :func:`ShardedTensor.__torch_dispatch__`)
+--------------------------------------------------
+* only replicated arguments: any op, applied to the local tensors;
+* pointwise ops (``torch.Tag.pointwise``) and shape-keeping ops (clone, detach,
+  ``*_like``, copies): on the shards; replicated operands that span the shard
+  dim are cut to this rank's slice with :func:`local_chunk`;
+* ``t``, ``transpose``, ``permute``, ``view``, ``_unsafe_view``: the shard dim moves;
+* ``mm`` and ``addmm`` (hence ``F.linear`` and ``@`` on 2-D): a replicated left
+  operand times a column-sharded right operand is column-sharded; a row-sharded
+  left operand times a replicated right one is row-sharded; a contraction over
+  the shard dim is a local product and :func:`all_reduce_sum` (replicated);
+  other combinations all-gather one operand first;
+* ``sum`` and ``mean`` over all dims or a list of dims: over the shard dim via
+  :func:`all_reduce_sum` (replicated), otherwise on the shards.
+
+Any other op on a sharded argument raises :class:`OpaqueSubclassError` naming the
+op and the fix: make it replicated with ``x.redistribute(None)``, or register a
+rule with ``@ShardedTensor.implements(op)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.utils._python_dispatch import return_and_correct_aliasing
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
+
+from .authoring import OpaqueSubclass
+from .dispatch import lookup
+from .errors import OpaqueSubclassError, describe_type
+from .registry import opaque_type_of, register_opaque
+
+__all__ = [
+    "CollectiveRecord",
+    "ShardedTensor",
+    "all_gather",
+    "all_reduce_sum",
+    "local_chunk",
+    "record_collectives",
+]
+
+log = logging.getLogger(__name__)
+
+register_opaque(DeviceMesh)  # idempotent; defers to torch's own registration where torch has one
+
+aten = torch.ops.aten
+
+# ---------------------------------------------------------------- collectives
+
+
+@dataclass(frozen=True)
+class CollectiveRecord:
+    """One collective as it ran: the op, and the process group it used."""
+
+    op: str
+    group_name: str
+    group_id: int  # id() of the ProcessGroup object
+    mesh_id: int  # id() of the DeviceMesh passed to the op
+
+
+_RECORDERS: list[list[CollectiveRecord]] = []
+
+
+@contextlib.contextmanager
+def record_collectives() -> Iterator[list[CollectiveRecord]]:
+    """Collect a :class:`CollectiveRecord` for every collective run inside the block.
+
+    Records are made when the ops *run* (eagerly or inside a compiled graph),
+    so they show which process group a compiled graph really used.
+    """
+    records: list[CollectiveRecord] = []
+    _RECORDERS.append(records)
+    try:
+        yield records
+    finally:
+        for i, r in enumerate(_RECORDERS):
+            if r is records:
+                del _RECORDERS[i]
+                break
+
+
+def _group_of(op: str, mesh: DeviceMesh, num_chunks: int | None) -> dist.ProcessGroup:
+    if mesh.ndim != 1:
+        raise ValueError(
+            f"opaque_subclass::{op}: the DeviceMesh has {mesh.ndim} dimensions; ShardedTensor "
+            "collectives use a 1-D mesh. Fix: pass a 1-D submesh, e.g. mesh['tp'] for a mesh "
+            "with mesh_dim_names=('dp', 'tp')."
+        )
+    if num_chunks is not None and mesh.size() != num_chunks:
+        raise ValueError(
+            f"opaque_subclass::{op}: the tensor is split in {num_chunks} shards but its DeviceMesh "
+            f"has {mesh.size()} ranks. Fix: build the ShardedTensor on a mesh with {num_chunks} "
+            "ranks, or re-shard it with ShardedTensor.from_full(full, mesh, shard_dim)."
+        )
+    group = mesh.get_group()
+    for records in _RECORDERS:
+        records.append(CollectiveRecord(op, str(group.group_name), id(group), id(mesh)))
+    return group
+
+
+def _resized(t: torch.Tensor, dim: int, size: Any) -> list[Any]:
+    shape = list(t.shape)
+    shape[dim] = size
+    return shape
+
+
+def _check_divisible(op: str, t: torch.Tensor, dim: int, num_chunks: int) -> None:
+    if not 0 <= dim < t.dim():
+        raise ValueError(f"opaque_subclass::{op}: dim {dim} is out of range for a {t.dim()}-d tensor")
+    if t.shape[dim] % num_chunks != 0:
+        raise ValueError(
+            f"opaque_subclass::{op}: size {t.shape[dim]} of dim {dim} does not split into "
+            f"{num_chunks} equal shards. Fix: pad dim {dim} to a multiple of {num_chunks}."
+        )
+
+
+@torch.library.custom_op("opaque_subclass::all_reduce_sum", mutates_args=())
+def all_reduce_sum(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """Sum of ``t`` over the ranks of ``mesh``, returned on every rank.
+
+    The process group is ``mesh.get_group()`` at run time. Backward: identity
+    (the partial sums each contribute once to one global loss).
+    """
+    out = t.clone(memory_format=torch.contiguous_format)
+    dist.all_reduce(out, group=_group_of("all_reduce_sum", mesh, None))
+    return out
+
+
+@all_reduce_sum.register_fake
+def _(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    return t.new_empty(t.shape)
+
+
+@torch.library.custom_op("opaque_subclass::all_gather", mutates_args=())
+def all_gather(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
+    """The ranks' ``t`` concatenated along ``dim`` in rank order, on every rank.
+
+    ``num_chunks`` is the mesh size, given so that tracing never reads the
+    mesh; it is checked against ``mesh.size()`` at run time. Backward: this
+    rank's slice of the gradient (:func:`local_chunk`).
+    """
+    group = _group_of("all_gather", mesh, num_chunks)
+    parts = [torch.empty_like(t, memory_format=torch.contiguous_format) for _ in range(num_chunks)]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.cat(parts, dim)
+
+
+@all_gather.register_fake
+def _(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
+    return t.new_empty(_resized(t, dim, t.shape[dim] * num_chunks))
+
+
+@torch.library.custom_op("opaque_subclass::local_chunk", mutates_args=())
+def local_chunk(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
+    """This rank's equal slice of ``t`` along ``dim`` (``t`` is the same on every rank).
+
+    The rank is ``mesh.get_local_rank()`` at run time. Backward:
+    :func:`all_gather` of the gradient.
+    """
+    _check_divisible("local_chunk", t, dim, num_chunks)
+    _group_of("local_chunk", mesh, num_chunks)
+    size = t.shape[dim] // num_chunks
+    return t.narrow(dim, mesh.get_local_rank() * size, size).clone(memory_format=torch.contiguous_format)
+
+
+@local_chunk.register_fake
+def _(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
+    _check_divisible("local_chunk", t, dim, num_chunks)
+    return t.new_empty(_resized(t, dim, t.shape[dim] // num_chunks))
+
+
+def _save_mesh_args(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.mesh, ctx.args = inputs[1], inputs[2:]
+
+
+all_reduce_sum.register_autograd(lambda ctx, grad: (grad, None), setup_context=_save_mesh_args)
+all_gather.register_autograd(
+    lambda ctx, grad: (local_chunk(grad, ctx.mesh, *ctx.args), None, None, None), setup_context=_save_mesh_args
+)
+local_chunk.register_autograd(
+    lambda ctx, grad: (all_gather(grad, ctx.mesh, *ctx.args), None, None, None), setup_context=_save_mesh_args
+)
+
+
+@torch.library.custom_op("opaque_subclass::redistribute", mutates_args=())
+def _redistribute_op(x: torch.Tensor, shard_dim: Optional[int], num_shards: int) -> torch.Tensor:  # noqa: UP045 - custom_op schema inference wants Optional
+    # Only reached for plain tensors; ShardedTensor handles it in its op table.
+    if shard_dim is not None:
+        raise TypeError(
+            f"redistribute(shard_dim={shard_dim}) got a plain tensor, which has no mesh. Fix: "
+            "shard it with ShardedTensor.from_full(tensor, mesh, shard_dim)."
+        )
+    return x.clone()
+
+
+@_redistribute_op.register_fake
+def _(x: torch.Tensor, shard_dim: Optional[int], num_shards: int) -> torch.Tensor:  # noqa: UP045
+    return x.new_empty(x.shape)
+
+
+def _save_placement(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    x = inputs[0]
+    ctx.src = x._shard_dim if isinstance(x, ShardedTensor) else None
+    ctx.num_shards = inputs[2]
+
+
+_redistribute_op.register_autograd(
+    lambda ctx, grad: (_redistribute_op(grad, ctx.src, ctx.num_shards), None, None), setup_context=_save_placement
+)
+
+# ---------------------------------------------------------------- the tensor
+
+
+def _is_fake(obj: object) -> bool:
+    return type(obj) is not opaque_type_of(obj)
+
+
+def _same_object(a: object, b: object) -> bool:
+    unwrap = (lambda o: object.__getattribute__(o, "real_obj") if _is_fake(o) else o)
+    return unwrap(a) is unwrap(b)
+
+
+def _dense_strides_like(size: Sequence[Any], like: Sequence[int]) -> tuple[Any, ...]:
+    """Dense strides for ``size`` with the dimension order of strides ``like``."""
+    order = sorted(range(len(size)), key=lambda i: like[i], reverse=True)
+    strides: list[Any] = [0] * len(size)
+    running: Any = 1
+    for i in reversed(order):
+        strides[i] = running
+        running = running * max(size[i], 1)
+    return tuple(strides)
+
+
+class ShardedTensor(OpaqueSubclass):
+    """A shard of a global tensor on a 1-D ``DeviceMesh``; see Note [Sharding semantics].
+
+    Parameters
+    ----------
+    _local
+        This rank's shard (or, replicated, the whole tensor). It must not
+        require grad: pass ``requires_grad=True`` to the constructor instead.
+    _mesh
+        A 1-D :class:`~torch.distributed.device_mesh.DeviceMesh`.
+    _shard_dim
+        The dim the global tensor is split along, ``0 <= _shard_dim <
+        _local.dim()``, or ``None`` for replicated.
+
+    Examples
+    --------
+    >>> w = ShardedTensor.from_full(torch.randn(32, 16), mesh, 0, requires_grad=True)
+    >>> y = torch.nn.functional.linear(x, w)  # sharded on dim 1: each rank has 32 / n features
+    """
+
+    tensor_attrs = ("_local",)
+    opaque_attrs = {"_mesh": DeviceMesh}
+    meta_attrs = ("_shard_dim",)
+
+    _local: torch.Tensor
+    _mesh: DeviceMesh
+    _shard_dim: int | None
+
+    @staticmethod
+    def __new__(
+        cls,
+        *values: Any,
+        outer_size: Sequence[int] | None = None,
+        outer_stride: Sequence[int] | None = None,
+        requires_grad: bool = False,
+        **named: Any,
+    ) -> Any:
+        bound = cls._bind(values, named)
+        local, mesh, dim = bound["_local"], bound["_mesh"], bound["_shard_dim"]
+        _check_shard_dim(cls, local, dim)
+        if not _is_fake(mesh) and mesh.ndim != 1:
+            raise ValueError(
+                f"{cls.__qualname__}._mesh: a {mesh.ndim}-d DeviceMesh was given; ShardedTensor "
+                "shards over a 1-D mesh. Fix: pass a 1-D submesh, e.g. mesh['tp'] for a mesh with "
+                "mesh_dim_names=('dp', 'tp')."
+            )
+        if outer_size is None and dim is not None:
+            if _is_fake(mesh):
+                raise OpaqueSubclassError(
+                    f"{cls.__qualname__}: cannot compute the global size while tracing (the mesh "
+                    "is a fake). Fix: pass outer_size=, or build shards outside the compiled region."
+                )
+            outer_size = _resized(local, dim, local.shape[dim] * mesh.size())
+            outer_stride = _dense_strides_like(outer_size, local.stride())
+        return OpaqueSubclass.__new__(
+            cls, outer_size=outer_size, outer_stride=outer_stride, requires_grad=requires_grad, **bound
+        )
+
+    # ------------------------------------------------------------ public helpers
+
+    @classmethod
+    def from_full(
+        cls, full: torch.Tensor, mesh: DeviceMesh, shard_dim: int | None, *, requires_grad: bool = False
+    ) -> ShardedTensor:
+        """This rank's shard of ``full`` (the same tensor on every rank), eagerly.
+
+        ``shard_dim=None`` gives a replicated tensor holding a copy of ``full``.
+        """
+        full = full.detach()
+        if shard_dim is None:
+            return cls(full.clone(), mesh, None, requires_grad=requires_grad)
+        _check_shard_dim(cls, full, shard_dim)
+        n = mesh.size()
+        if full.shape[shard_dim] % n != 0:
+            raise ValueError(
+                f"{cls.__qualname__}.from_full: size {full.shape[shard_dim]} of dim {shard_dim} "
+                f"does not split into {n} equal shards (the mesh has {n} ranks). Fix: pad dim "
+                f"{shard_dim} to a multiple of {n}, or shard another dim."
+            )
+        return cls(local_chunk(full, mesh, shard_dim, n), mesh, shard_dim, requires_grad=requires_grad)
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        """The ``DeviceMesh`` (the object itself)."""
+        return self._mesh
+
+    @property
+    def shard_dim(self) -> int | None:
+        """The dim the global tensor is split along; ``None`` when replicated."""
+        return self._shard_dim
+
+    def num_shards(self) -> int:
+        """Number of shards (the mesh size), from the shapes; 1 when replicated."""
+        return _num_shards(self)
+
+    def local_tensor(self) -> torch.Tensor:
+        """This rank's shard, detached from autograd."""
+        return self._local.detach()
+
+    def redistribute(self, shard_dim: int | None) -> ShardedTensor:
+        """The same global tensor sharded along ``shard_dim`` (``None``: replicated).
+
+        Differentiable and traceable by torch.compile. Replicated to sharded needs
+        the mesh size and so runs eagerly only; sharded to anything else works
+        everywhere.
+        """
+        n = _num_shards(self) if self._shard_dim is not None else self._mesh.size()
+        return _redistribute_op(self, shard_dim, n)  # type: ignore[no-any-return]  # the op table returns a ShardedTensor
+
+    def full_tensor(self) -> torch.Tensor:
+        """The global tensor as a plain tensor on every rank (detached from autograd)."""
+        with torch.no_grad():
+            return self.redistribute(None)._local.detach()
+
+    def wrap_like(self, **tensors: torch.Tensor) -> ShardedTensor:
+        """A tensor with these shards, this mesh and shard dim; the global size
+        follows from the shard sizes and the number of shards."""
+        return _wrap(tensors["_local"], self._mesh, self._shard_dim, _num_shards(self))
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        """The op table first (``t``, ``view``, ``mm``, ``sum``, ...); then, when no
+        argument is sharded, the op on the local tensors; then pointwise and
+        shape-keeping ops on the shards; anything else is an error."""
+        kwargs = kwargs or {}
+        impl = lookup(cls, func)
+        if impl is not None:
+            return impl(func, args, kwargs)
+        flat, _ = tree_flatten((args, kwargs))
+        mesh, dim, _ = _common_placement(func, flat)
+        if dim is None:
+            return _on_locals(func, args, kwargs, mesh, None, 1)
+        if torch.Tag.pointwise in func.tags or func.overloadpacket in _SHAPE_KEEPING:
+            return _pointwise(func, args, kwargs)
+        raise OpaqueSubclassError(
+            f"ShardedTensor has no rule for {func} on a tensor sharded along dim {dim}. Fix: make it "
+            f"replicated first with x.redistribute(None), or register a rule with "
+            f"@ShardedTensor.implements(torch.ops.{func.namespace}.{func.__name__})."
+        )
+
+
+_SHAPE_KEEPING = frozenset(
+    getattr(aten, name)
+    for name in (
+        "clone", "detach", "alias", "empty_like", "zeros_like", "ones_like", "full_like",
+        "_to_copy", "copy_", "fill_", "zero_", "lift_fresh",
+    )
+)
+
+
+def _check_shard_dim(cls: type, local: torch.Tensor, dim: object) -> None:
+    if dim is None:
+        return
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(
+            f"{cls.__qualname__}._shard_dim must be an int or None (replicated), got "
+            f"{describe_type(dim)}. Fix: pass the dim as an int, e.g. 0."
+        )
+    if not 0 <= dim < local.dim():
+        fix = f"pass {dim % local.dim()}" if local.dim() and -local.dim() <= dim < 0 else "pass a dim in range, or None for replicated"
+        raise ValueError(
+            f"{cls.__qualname__}._shard_dim is {dim}, outside [0, {local.dim()}) for a "
+            f"{local.dim()}-d shard. Fix: {fix}."
+        )
+    if local.shape[dim] == 0:
+        raise ValueError(
+            f"{cls.__qualname__}._local has size 0 along the shard dim {dim}; empty shards are not "
+            "supported. Fix: shard a dim whose size is at least the mesh size."
+        )
+
+
+def _num_shards(x: ShardedTensor) -> Any:
+    d = x._shard_dim
+    return 1 if d is None else x.shape[d] // x._local.shape[d]
+
+
+def _wrap(local: torch.Tensor, mesh: DeviceMesh, dim: int | None, n: Any) -> ShardedTensor:
+    if dim is None:
+        size, stride = list(local.shape), local.stride()
+    else:
+        size = _resized(local, dim, local.shape[dim] * n)
+        stride = _dense_strides_like(size, local.stride())
+    return ShardedTensor.__tensor_unflatten__({"_local": local, "_mesh": mesh}, (dim,), size, stride)  # type: ignore[no-any-return]
+
+
+def _placement(t: object) -> int | None:
+    return t._shard_dim if isinstance(t, ShardedTensor) else None
+
+
+def _common_mesh(func: Any, flat: Sequence[Any]) -> DeviceMesh:
+    """The one DeviceMesh of the ShardedTensor arguments (compared by identity)."""
+    mesh: Any = None
+    for t in flat:
+        if not isinstance(t, ShardedTensor):
+            continue
+        if mesh is None:
+            mesh = t._mesh
+        elif not _same_object(mesh, t._mesh):
+            raise OpaqueSubclassError(
+                f"ShardedTensor: {func} got arguments on different DeviceMesh objects; a collective "
+                "needs one process group. Fix: re-shard one onto the other's mesh, "
+                "ShardedTensor.from_full(x.full_tensor(), mesh, x.shard_dim)."
+            )
+    return mesh  # type: ignore[no-any-return]
+
+
+def _common_placement(func: Any, flat: list[Any]) -> tuple[DeviceMesh, int | None, Any]:
+    """Mesh shared by the ShardedTensor arguments, the aligned shard dim of the
+    sharded ones (counted from the right, as broadcasting does; as an index into
+    the widest argument), and the number of shards."""
+    mesh = _common_mesh(func, flat)
+    tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+    ndim = max(t.dim() for t in tensors)
+    dim: int | None = None
+    n: Any = 1
+    for t in tensors:
+        if not isinstance(t, ShardedTensor) or t._shard_dim is None:
+            continue
+        aligned = t._shard_dim + ndim - t.dim()
+        if dim is not None and dim != aligned:
+            raise OpaqueSubclassError(
+                f"ShardedTensor: {func} got arguments sharded along different dims ({dim} and "
+                f"{aligned}, aligned as in broadcasting). Fix: bring one to the other's sharding, "
+                f"e.g. y.redistribute({dim - (ndim - t.dim())})."
+            )
+        dim, n = aligned, _num_shards(t)
+    return mesh, dim, n
+
+
+def _on_locals(func: Any, args: Any, kwargs: Any, mesh: DeviceMesh, dim: int | None, n: Any) -> Any:
+    """Run ``func`` on the local tensors; cut replicated operands that span the
+    shard dim ``dim`` to this rank's slice; wrap tensor results with ``dim``."""
+    flat, spec = tree_flatten((args, kwargs))
+    ndim = max(t.dim() for t in flat if isinstance(t, torch.Tensor))
+    local_flat: list[Any] = []
+    for a in flat:
+        if isinstance(a, ShardedTensor):
+            a_local = a._local
+            if dim is not None and a._shard_dim is None:
+                a_local = _cut(a_local, mesh, dim - (ndim - a.dim()), n)
+            local_flat.append(a_local)
+        elif isinstance(a, torch.Tensor) and dim is not None:
+            local_flat.append(_cut(a, mesh, dim - (ndim - a.dim()), n))
+        else:
+            local_flat.append(a)
+    _check_writes(func, args, dim)
+    local_args, local_kwargs = tree_unflatten(local_flat, spec)
+    out = func(*local_args, **local_kwargs)
+    out = tree_map_only(torch.Tensor, lambda t: _wrap(t, mesh, None if dim is None else dim - (ndim - t.dim()), n), out)
+    return return_and_correct_aliasing(func, args, kwargs, out)
+
+
+def _cut(t: torch.Tensor, mesh: DeviceMesh, dim: int, n: Any) -> torch.Tensor:
+    if dim < 0 or t.shape[dim] == 1:
+        return t  # broadcast along the shard dim: every rank uses all of it
+    return local_chunk(t, mesh, dim, n)  # type: ignore[no-any-return]
+
+
+def _check_writes(func: Any, args: Sequence[Any], dim: int | None) -> None:
+    for arg, schema_arg in zip(args, func._schema.arguments):
+        info = schema_arg.alias_info
+        if info is None or not info.is_write:
+            continue
+        if _placement(arg) != dim or not isinstance(arg, ShardedTensor):
+            raise OpaqueSubclassError(
+                f"ShardedTensor: in-place {func} would write a result sharded along dim {dim} into "
+                f"{schema_arg.name!r}, a {_describe(arg)}. Fix: use the out-of-place op and keep "
+                "its result."
+            )
+
+
+def _describe(t: object) -> str:
+    if isinstance(t, ShardedTensor):
+        return "replicated ShardedTensor" if t._shard_dim is None else f"ShardedTensor sharded along dim {t._shard_dim}"
+    return "plain tensor" if isinstance(t, torch.Tensor) else describe_type(t)
+
+
+def _pointwise(func: Any, args: Any, kwargs: Any) -> Any:
+    mesh, dim, n = _common_placement(func, tree_flatten((args, kwargs))[0])
+    return _on_locals(func, args, kwargs, mesh, dim, n)
+
+
+# ---------------------------------------------------------------- op table
+
+Rule = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+def _rule(*ops: Any) -> Callable[[Rule], Rule]:
+    """Register a rule that sees only calls with at least one sharded argument;
+    all-replicated calls run on the local tensors."""
+
+    def register(fn: Rule) -> Rule:
+        def rule(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            flat = tree_flatten((args, kwargs))[0]
+            if all(_placement(a) is None for a in flat):
+                return _on_locals(func, args, kwargs, _common_mesh(func, flat), None, 1)
+            return fn(func, args, kwargs)
+
+        ShardedTensor.implements(*ops)(rule)
+        return fn
+
+    return register
+
+
+def _moved(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], x: ShardedTensor, dim: int | None, local_args: tuple[Any, ...]) -> Any:
+    out = _wrap(func(x._local, *local_args), x._mesh, dim, _num_shards(x))
+    return return_and_correct_aliasing(func, args, kwargs, out)
+
+
+@_rule(aten.t.default, aten.transpose.int)
+def _transpose(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    d0, d1 = (0, 1) if func is aten.t.default else args[1:3]
+    nd = max(x.dim(), 1)
+    d0, d1 = d0 % nd, d1 % nd
+    swap = {d0: d1, d1: d0}
+    return _moved(func, args, kwargs, x, swap.get(x._shard_dim, x._shard_dim), tuple(args[1:]))
+
+
+@_rule(aten.permute.default)
+def _permute(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, dims = args[0], [d % x.dim() for d in args[1]]
+    return _moved(func, args, kwargs, x, dims.index(x._shard_dim), (args[1],))
+
+
+@_rule(aten.view.default, aten._unsafe_view.default)
+def _view(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, size = args[0], list(args[1])
+    if -1 in size:
+        known = math.prod(s for s in size if s != -1)
+        size[size.index(-1)] = x.numel() // known
+    d, n = x._shard_dim, _num_shards(x)
+    before = math.prod(x.shape[:d])
+    for j, s in enumerate(size):
+        if s == x.shape[d] and math.prod(size[:j]) == before:
+            local_size = list(size)
+            local_size[j] = s // n
+            return _moved(func, args, kwargs, x, j, (local_size,))
+    raise OpaqueSubclassError(
+        f"ShardedTensor: {func} from {list(x.shape)} to {size} splits or merges the shard dim {d}. "
+        "Fix: keep dim {d} whole in the new shape, or call x.redistribute(None) first."
+    )
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    mesh = _common_mesh(aten.mm.default, [a, b])
+    da, db = _placement(a), _placement(b)
+    n = _num_shards(a) if da is not None else _num_shards(b)  # type: ignore[arg-type]
+    la = a._local if isinstance(a, ShardedTensor) else a
+    lb = b._local if isinstance(b, ShardedTensor) else b
+    if (da, db) == (None, 1):
+        return _wrap(aten.mm(la, lb), mesh, 1, n)
+    if (da, db) == (0, None):
+        return _wrap(aten.mm(la, lb), mesh, 0, n)
+    if (da, db) == (1, 0):
+        return _wrap(all_reduce_sum(aten.mm(la, lb), mesh), mesh, None, 1)
+    if (da, db) == (None, 0):
+        return _wrap(all_reduce_sum(aten.mm(local_chunk(la, mesh, 1, n), lb), mesh), mesh, None, 1)
+    if (da, db) == (1, None):
+        return _wrap(all_reduce_sum(aten.mm(la, local_chunk(lb, mesh, 0, n)), mesh), mesh, None, 1)
+    # (0, 0), (0, 1): gather the right operand; (1, 1): gather the left one.
+    if da == 0:
+        return _mm(a, _wrap(all_gather(lb, mesh, db, n), mesh, None, 1))
+    return _mm(_wrap(all_gather(la, mesh, da, n), mesh, None, 1), b)  # type: ignore[arg-type]
+
+
+@_rule(aten.mm.default)
+def _mm_rule(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _mm(*args)
+
+
+@_rule(aten.addmm.default)
+def _addmm_rule(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    bias, a, b = args
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    out = _mm(a, b)
+    if alpha != 1:
+        out = aten.mul.Tensor(out, alpha)
+    if beta == 0:
+        return out
+    return aten.add.Tensor(out, bias if beta == 1 else aten.mul.Tensor(bias, beta))
+
+
+def _reduce_dims(x: torch.Tensor, dims: Any) -> list[int]:
+    if dims is None or len(dims) == 0:
+        return list(range(x.dim()))
+    return sorted({d % max(x.dim(), 1) for d in dims})
+
+
+@_rule(aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.dim)
+def _reduction(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    is_mean = func.overloadpacket is aten.mean
+    with_dims = func in (aten.sum.dim_IntList, aten.mean.dim)
+    dims = _reduce_dims(x, args[1] if with_dims and len(args) > 1 else kwargs.get("dim"))
+    keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False)) if with_dims else False
+    dtype = kwargs.get("dtype")
+    d = x._shard_dim
+    if d not in dims:
+        new_d = d if keepdim else d - sum(1 for i in dims if i < d)
+        local = func(x._local, *args[1:], **kwargs)
+        return _wrap(local, x._mesh, new_d, _num_shards(x))
+    total = aten.sum.dim_IntList(x._local, dims, keepdim, dtype=dtype)
+    out = all_reduce_sum(total, x._mesh)
+    if is_mean:
+        out = aten.div.Scalar(out, math.prod(x.shape[i] for i in dims))
+    return _wrap(out, x._mesh, None, 1)
+
+
+@ShardedTensor.implements(_redistribute_op._opoverload)
+def _redistribute_rule(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, target, n = args
+    src, mesh = x._shard_dim, x._mesh
+    if target is not None:
+        _check_shard_dim(ShardedTensor, x._local, target)
+    if src == target:
+        return _wrap(x._local.clone(), mesh, src, n)
+    full = x._local if src is None else all_gather(x._local, mesh, src, n)
+    if target is None:
+        return _wrap(full, mesh, None, 1)
+    return _wrap(local_chunk(full, mesh, target, n), mesh, target, n)
