@@ -77,9 +77,10 @@ class OpaqueSubclass(torch.Tensor):
     ``values`` in declaration order (tensors, opaques, metadata), or by keyword.
     ``outer_size``/``outer_stride`` default to the first inner tensor's (a
     sharded tensor passes its global shape). ``requires_grad=True`` gives a
-    leaf that requires grad; inner tensors never require grad (pass
-    ``t.detach()``, or use :meth:`from_inner` to stay differentiable with respect
-    to the inner tensors).
+    leaf that requires grad. Inner tensors never require grad: when one given
+    does (a parameter, an activation), the construction is differentiable with
+    respect to it - gradients reaching the result flow back to it - and the
+    stored inner tensor is detached (the same as :meth:`from_inner`).
     """
 
     tensor_attrs: ClassVar[tuple[str, ...]] = ()
@@ -152,6 +153,19 @@ class OpaqueSubclass(torch.Tensor):
         if cls is OpaqueSubclass:
             raise TypeError("OpaqueSubclass is a base class; subclass it and declare tensor_attrs")
         bound = cls._bind(values, named)
+        if not _in_unflatten() and torch.is_grad_enabled():
+            differentiable = [n for n in cls.tensor_attrs if bound[n].requires_grad]
+            if differentiable:
+                if requires_grad:
+                    raise ValueError(
+                        f"{cls.__qualname__}: requires_grad=True asks for a leaf, but the inner tensor "
+                        f"{differentiable[0]!r} requires grad, so the result would be computed from it. "
+                        f"Fix: pass {differentiable[0]}=t.detach() for a leaf, or drop requires_grad=True "
+                        "to stay differentiable with respect to t."
+                    )
+                others = {n: bound[n] for n in cls._value_names if n not in cls.tensor_attrs}
+                tensors = [bound[n] for n in cls.tensor_attrs]
+                return _FromInner.apply(cls, others, outer_size, outer_stride, *tensors)
         first = bound[cls.tensor_attrs[0]]
         size = tuple(first.shape) if outer_size is None else tuple(outer_size)
         if outer_stride is None:
@@ -170,7 +184,9 @@ class OpaqueSubclass(torch.Tensor):
         return r
 
     def __init__(self, *values: Any, **kwargs: Any) -> None:
-        # torch.Tensor.__init__ takes no arguments; everything happened in __new__.
+        # Everything happened in __new__. torch.export records this call (see
+        # _make_init_exportable below) so that a subclass built inside an exported
+        # program (for example by a parametrization) appears in the graph.
         pass
 
     @classmethod
@@ -200,13 +216,6 @@ class OpaqueSubclass(torch.Tensor):
                     f"{cls.__qualname__}.{name} must be a tensor (declared in tensor_attrs), got "
                     f"{describe_type(value)}"
                 )
-            if value.requires_grad and torch.is_grad_enabled() and not _in_unflatten():
-                raise ValueError(
-                    f"{cls.__qualname__}.{name}: the inner tensor requires grad. The wrapper owns "
-                    "autograd; inner tensors must not require grad. Fix: pass "
-                    f"{name}=t.detach() with requires_grad=True on the wrapper, or use "
-                    f"{cls.__qualname__}.from_inner(...) to stay differentiable with respect to t."
-                )
         for name, expected in cls.opaque_attrs.items():
             value = bound[name]
             if not issubclass(opaque_type_of(value), expected):
@@ -224,16 +233,10 @@ class OpaqueSubclass(torch.Tensor):
         Gradients flowing into the result flow back to the inner tensors given
         (as the matching inner tensors of the incoming gradient).
         """
-        bound = cls._bind_lenient(values, named)
+        bound = cls._bind(values, named)
         tensors = [bound[n] for n in cls.tensor_attrs]
         others = {n: bound[n] for n in cls._value_names if n not in cls.tensor_attrs}
         return _FromInner.apply(cls, others, outer_size, outer_stride, *tensors)
-
-    @classmethod
-    def _bind_lenient(cls, values: tuple[Any, ...], named: dict[str, Any]) -> dict[str, Any]:
-        bound = dict(zip(cls._value_names, values))
-        bound.update(named)
-        return bound
 
     # ------------------------------------------------------------------ flatten protocol
 
@@ -305,6 +308,21 @@ class OpaqueSubclass(torch.Tensor):
         from .dispatch import dispatch
 
         return dispatch(cls, func, args, kwargs or {})
+
+
+def _make_init_exportable() -> None:
+    """Mark ``OpaqueSubclass.__init__`` as a constructor torch.export may record
+    (pre-dispatch export needs this for subclasses created while tracing) and
+    keep Dynamo out of it, as torch documents for such constructors."""
+    try:
+        from torch._export.wrappers import mark_subclass_constructor_exportable_experimental
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return
+    init = mark_subclass_constructor_exportable_experimental(OpaqueSubclass.__init__)
+    OpaqueSubclass.__init__ = torch._disable_dynamo(init)  # type: ignore[method-assign]  # decorated once at import
+
+
+_make_init_exportable()
 
 
 def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:

@@ -20,7 +20,7 @@ tracing an opaque is replaced by a ``FakeScriptObject`` and that metaclass makes
 2.11) cannot change their metaclass, so :func:`register_opaque` enters them in
 torch's registry directly. Everything works for them except ``isinstance(obj,
 TheClass)`` *inside* a compiled region, which sees the fake wrapper; use
-:func:`opaque_subclass.is_opaque` or compare ``type(...)`` outside the region.
+``type(...)`` or :func:`opaque_subclass.is_opaque` outside the region (see docs/backport.md).
 """
 
 from __future__ import annotations

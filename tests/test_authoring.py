@@ -71,7 +71,7 @@ def test_keyword_construction_and_outer_size():
         (lambda: Tagged(torch.ones(1), Mesh(), 1, extra=2), TypeError, "unexpected argument 'extra'"),
         (lambda: Tagged(torch.ones(1), Stream(), 1), TypeError, "Tagged._mesh must be a subclasses.Mesh (declared in opaque_attrs), got subclasses.Stream"),
         (lambda: Tagged(3, Mesh(), 1), TypeError, "Tagged._data must be a tensor"),
-        (lambda: Tagged(torch.ones(1, requires_grad=True), Mesh(), 1), ValueError, "the inner tensor requires grad"),
+        (lambda: Tagged(torch.ones(1, requires_grad=True), Mesh(), 1, requires_grad=True), ValueError, "requires_grad=True asks for a leaf, but the inner tensor '_data' requires grad"),
         (lambda: OpaqueSubclass(torch.ones(1)), TypeError, "is a base class"),
     ],
 )
@@ -102,6 +102,14 @@ def test_autograd_behaves_like_a_plain_tensor():
     assert not y.requires_grad and y.requires_grad_() is y and y.requires_grad and y.is_leaf
     z = y * 2
     assert not z.is_leaf and z.grad_fn is not None
+
+
+def test_inner_tensor_requiring_grad_makes_construction_differentiable():
+    p = torch.nn.Parameter(torch.arange(3.0))
+    x = Tagged(p, Mesh(), "t")
+    assert not x.is_leaf and not x._data.requires_grad
+    (x * 2).sum().backward()
+    assert torch.equal(p.grad, torch.full((3,), 2.0))
 
 
 def test_from_inner_is_differentiable_wrt_inner():

@@ -385,7 +385,20 @@ def _parametrize_assignment_replaces_opaque():
     assert lin.weight._mesh is new and torch.equal(lin.parametrizations.weight.original0, torch.zeros(2, 2))
 
 
+def _export_subclass_input_non_strict():
+    from test_opaque_obj_v2 import Mesh, MeshTensor
+
+    class Affine(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 + 1
+
+    ep = torch.export.export(Affine(), (MeshTensor(torch.ones(3), Mesh("ex")),), strict=False)
+    other = MeshTensor(torch.zeros(3), Mesh("run"))
+    assert ep.module()(other)._mesh is other._mesh
+
+
 NEEDED_BY = {
+    "torch._export.non_strict_utils._create_symbolic_context_for_tensor": _export_subclass_input_non_strict,
     "torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchSubclassWrapper.post_compile": _generated_per_call_path,
     "torch.nn.utils.parametrize.ParametrizationList.__init__": _parametrize_stores_opaques,
     "torch.nn.utils.parametrize.ParametrizationList.right_inverse": _parametrize_assignment_replaces_opaque,

@@ -1,7 +1,7 @@
 """The patch set for torch 2.11: one module per torch area."""
 
 from ..patching import PatchSet
-from . import aot_autograd, dynamo, fake, parametrize, runtime
+from . import aot_autograd, dynamo, export, fake, parametrize, runtime
 
 __all__ = ["PATCH_SET"]
 
@@ -19,9 +19,10 @@ PRELOAD = (
     "torch._dynamo.guards",
     "torch.fx.experimental.symbolic_shapes",
     "torch.nn.utils.parametrize",
+    "torch._export.non_strict_utils",
 )
 
 PATCH_SET = PatchSet(
-    [*fake.PATCHES, *dynamo.PATCHES, *aot_autograd.PATCHES, *runtime.PATCHES, *parametrize.PATCHES],
+    [*fake.PATCHES, *dynamo.PATCHES, *aot_autograd.PATCHES, *runtime.PATCHES, *export.PATCHES, *parametrize.PATCHES],
     preload=PRELOAD,
 )
