@@ -2,14 +2,15 @@
 
 Usage::
 
-    python docs/check_examples.py [FILE.md ...]     # default: every docs/*.md
+    python docs/check_examples.py [FILE.md ...]     # default: docs/*.md and README.md
 
 Every fenced ``python`` block of a Markdown file is executed, except a block
 whose previous non-blank line is ``<!-- no-run -->``. The blocks of one file
 run in order, in one namespace (a fresh ``__main__`` module), in a separate
-interpreter per file, so registrations made by one file cannot leak into
-another. A block followed by the line ``<!-- output -->`` and then a fenced
-block must print exactly that block's text (trailing whitespace ignored).
+interpreter per file (``-j N``: N files at once), so registrations made by one
+file cannot leak into another. A block followed by the line ``<!-- output -->``
+and then a fenced block must print exactly that block's text (trailing
+whitespace ignored).
 
 Prints one line per block and exits 1 if any block raised or printed something
 else than its recorded output, else 0.
@@ -18,9 +19,11 @@ else than its recorded output, else 0.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import difflib
 import io
+import os
 import re
 import subprocess
 import sys
@@ -130,24 +133,39 @@ def run_file(path: Path) -> int:
     return failures
 
 
+def _run_in_subprocess(path: Path) -> tuple[int, str]:
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--in-process", str(path.resolve())],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    return proc.returncode, proc.stdout
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("files", nargs="*", type=Path, help="Markdown files (default: docs/*.md)")
+    parser.add_argument("files", nargs="*", type=Path, help="Markdown files (default: docs/*.md, README.md)")
+    parser.add_argument(
+        "-j", "--jobs", type=int, default=1, help="files checked at once (default: 1; 0: one per CPU)"
+    )
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.in_process:
         (path,) = args.files
         return 1 if run_file(path) else 0
-    files = args.files or sorted(DOCS.glob("*.md"))
+    files = args.files or [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]
+    jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
     status = 0
-    for path in files:
-        proc = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--in-process", str(path.resolve())],
-            cwd=ROOT,
-        )
-        status |= proc.returncode != 0
-    import torch
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(_run_in_subprocess, path) for path in files]
+        import torch  # while the files run
 
+        for future in futures:  # report in file order
+            returncode, output = future.result()
+            print(output, end="", flush=True)
+            status |= returncode != 0
     print(f"torch {torch.__version__}: " + ("FAILED" if status else "all examples passed"))
     return 1 if status else 0
 
