@@ -157,6 +157,19 @@ def test_every_patch_documents_what_it_replaces():
 
 
 @needs_backport
+def test_docs_list_every_patch():
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    backport_doc = (root / "docs" / "backport.md").read_text()
+    cli_doc = (root / "docs" / "cli.md").read_text()
+    for target in opaque_subclass.support().patched:
+        assert f"`{target}`" in backport_doc, f"docs/backport.md does not describe {target}"
+        assert f"  - {target}" in cli_doc, f"docs/cli.md output does not list {target}"
+    assert f"patched         {len(opaque_subclass.support().patched)} torch function(s)" in cli_doc
+
+
+@needs_backport
 def test_no_torch_module_keeps_an_unpatched_alias():
     from opaque_subclass.backport.patching import _resolve
 
