@@ -11,7 +11,7 @@
   :func:`wrap_tensor_subclasses_maybe_joint`, :func:`process_runtime_tangent`;
 * guards - :func:`opaque_alias_pattern`, :class:`OpaqueAliasPattern`;
 * authoring - :class:`OpaqueSubclass`, a declarative base class;
-* modules - :func:`unwrap_tensor_subclass_parameters`;
+* modules - :func:`unwrap_tensor_subclass_parameters`, :func:`untyped_storages`;
 * mode - :func:`support`, :func:`enable`, :func:`disable`.
 
 See ``docs/`` for a guide.
@@ -34,6 +34,7 @@ from .runtime import (
     wrap_tensor_subclasses,
     wrap_tensor_subclasses_maybe_joint,
 )
+from .storage import untyped_storages
 from .schema import (
     OpaqueMeta,
     PlainTensorMeta,
@@ -74,6 +75,7 @@ __all__ = [
     "register_opaque",
     "support",
     "unflatten_subclass",
+    "untyped_storages",
     "unwrap_tensor_subclass_parameters",
     "unwrap_tensor_subclasses",
     "wrap_tensor_subclasses",

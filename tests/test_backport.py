@@ -410,7 +410,48 @@ def _export_subclass_input_non_strict():
     assert ep.module()(other)._mesh is other._mesh
 
 
+def _storages_skip_opaques():
+    import warnings
+
+    from torch.distributed._tools.common_utils import get_untyped_storages
+
+    from test_opaque_obj_v2 import Mesh, MeshTensor
+
+    x = MeshTensor(torch.ones(3), Mesh("s"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert get_untyped_storages(x) == {x._data.untyped_storage()}
+
+
+def _fsdp_sync_skips_opaques():
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import _init_utils
+
+    from test_opaque_obj_v2 import Mesh, MeshTensor
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=30))
+    check = _init_utils._check_module_states_for_sync_module_states
+    _init_utils._check_module_states_for_sync_module_states = lambda states: None  # GPU-only in torch
+    try:
+        module = torch.nn.Module()
+        mesh = Mesh("sync")
+        module.w = torch.nn.Parameter(MeshTensor(torch.ones(2), mesh))
+        _init_utils._sync_module_params_and_buffers(module, list(module.parameters()), dist.group.WORLD)
+        assert module.w._mesh is mesh
+    finally:
+        _init_utils._check_module_states_for_sync_module_states = check
+        dist.destroy_process_group()
+
+
 NEEDED_BY = {
+    "torch.distributed._tools.common_utils.get_untyped_storages": _storages_skip_opaques,
+    "torch.distributed.fsdp._init_utils._sync_module_params_and_buffers": _fsdp_sync_skips_opaques,
     "torch._export.non_strict_utils._create_symbolic_context_for_tensor": _export_subclass_input_non_strict,
     "torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchSubclassWrapper.post_compile": _generated_per_call_path,
     "torch.nn.utils.parametrize.ParametrizationList.__init__": _parametrize_stores_opaques,

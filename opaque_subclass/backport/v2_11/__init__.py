@@ -1,7 +1,7 @@
 """The patch set for torch 2.11: one module per torch area."""
 
 from ..patching import PatchSet
-from . import aot_autograd, dynamo, export, fake, parametrize, runtime
+from . import aot_autograd, distributed, dynamo, export, fake, parametrize, runtime
 
 __all__ = ["PATCH_SET"]
 
@@ -20,9 +20,13 @@ PRELOAD = (
     "torch.fx.experimental.symbolic_shapes",
     "torch.nn.utils.parametrize",
     "torch._export.non_strict_utils",
+    "torch.distributed.fsdp._init_utils",
+    "torch.distributed._tools.common_utils",
+    "torch.distributed._tools.mem_tracker",
+    "torch.distributed._tools.sac_estimator",
 )
 
 PATCH_SET = PatchSet(
-    [*fake.PATCHES, *dynamo.PATCHES, *aot_autograd.PATCHES, *runtime.PATCHES, *export.PATCHES, *parametrize.PATCHES],
+    [*fake.PATCHES, *dynamo.PATCHES, *aot_autograd.PATCHES, *runtime.PATCHES, *export.PATCHES, *parametrize.PATCHES, *distributed.PATCHES],
     preload=PRELOAD,
 )

@@ -1,0 +1,84 @@
+"""FSDP module-state synchronisation and memory tools with opaque attributes
+(torch 2.11).
+
+FSDP1's ``sync_module_states=True`` broadcasts every parameter and buffer from
+rank 0, reading a subclass's inner tensors from its ``__tensor_flatten__``
+names; ``torch.distributed._tools`` counts memory by the storages behind those
+names. torch 2.11 treats an opaque attribute as a tensor in both places;
+torch 2.12 (pytorch/pytorch#176457) skips opaques: they are not data to
+broadcast and hold no memory of the tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ...flatten import flatten_subclass, is_wrapper_subclass
+from ..hiding import hide_in_first_arg
+from ..patching import Patch
+
+__all__ = ["PATCHES"]
+
+
+def _tensor_leaves(t: torch.Tensor) -> list[torch.Tensor]:
+    if not is_wrapper_subclass(t):
+        return [t]
+    leaves, _ = flatten_subclass(t)
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def make_sync_module_states(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch.distributed.fsdp._init_utils._sync_module_params_and_buffers``
+    (torch 2.11).
+
+    Without it, ``sync_module_states=True`` on a module whose parameters or
+    buffers are subclasses listing an opaque tries to broadcast the opaque and
+    fails. With it, the inner tensors are broadcast from rank 0 and every
+    opaque stays the object each rank already has; nested subclasses are
+    walked (torch reads one level). Unnecessary since torch 2.12
+    (pytorch/pytorch#176457).
+    """
+    from torch.distributed.fsdp import _init_utils
+
+    def _sync_module_params_and_buffers(module: torch.nn.Module, params: list[Any], process_group: Any) -> None:
+        states: list[torch.Tensor] = []
+        for buffer in module.buffers():
+            if getattr(buffer, _init_utils.FSDP_SYNCED, False):
+                continue
+            setattr(buffer, _init_utils.FSDP_SYNCED, True)
+            states.extend(_tensor_leaves(buffer.detach()))
+        for param in params:
+            states.extend(_tensor_leaves(param.detach()))
+        _init_utils._check_module_states_for_sync_module_states(states)
+        _init_utils._sync_params_and_buffers(process_group, states, _init_utils.PARAM_BROADCAST_BUCKET_SIZE, src=0)
+
+    return _sync_module_params_and_buffers
+
+
+def make_get_untyped_storages(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch.distributed._tools.common_utils.get_untyped_storages``
+    (torch 2.11), used by ``MemTracker`` and the SAC estimator.
+
+    Without it, tracking memory of a subclass listing an opaque treats the
+    opaque as a tensor (it has no ``untyped_storage``; torch warns and the
+    walk breaks). With it, only tensor attributes are walked. Unnecessary since
+    torch 2.12 (pytorch/pytorch#176457).
+    """
+    return hide_in_first_arg(original)
+
+
+PATCHES = [
+    Patch(
+        "torch.distributed.fsdp._init_utils._sync_module_params_and_buffers",
+        "bfb90d4b39992fcc",
+        make_sync_module_states,
+    ),
+    Patch(
+        "torch.distributed._tools.common_utils.get_untyped_storages",
+        "8e2ccff94d44617e",
+        make_get_untyped_storages,
+    ),
+]

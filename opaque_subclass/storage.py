@@ -1,0 +1,35 @@
+"""Storage accounting for subclasses with opaque attributes.
+
+Memory tools count a tensor by the untyped storages behind it. A wrapper
+subclass has no storage of its own: its storages are those of its inner
+tensors, nested subclasses walked, opaques skipped (they hold no tensor
+memory that belongs to this tensor).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .flatten import flatten_subclass, is_wrapper_subclass
+
+__all__ = ["untyped_storages"]
+
+
+def untyped_storages(t: torch.Tensor) -> set[torch.UntypedStorage]:
+    """The untyped storages of ``t``: its own for a plain tensor, its inner
+    tensors' (recursively) for a wrapper subclass; opaque attributes are skipped.
+
+    Parameters
+    ----------
+    t
+        A tensor, plain or a (nested) wrapper subclass.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(
+            f"untyped_storages expects a tensor, got {type(t).__qualname__}. Fix: pass the "
+            "tensor (or subclass instance) whose memory you want to count."
+        )
+    if not is_wrapper_subclass(t):
+        return {t.untyped_storage()}
+    leaves, _ = flatten_subclass(t)
+    return {leaf.untyped_storage() for leaf in leaves if isinstance(leaf, torch.Tensor)}
