@@ -1,4 +1,5 @@
-"""``python -m opaque_subclass``: report the mode on this torch and run live checks."""
+"""``python -m opaque_subclass``: report the mode on this torch, run live checks,
+then the sharded-training demo (:mod:`opaque_subclass.demo`; ``--no-demo`` skips it)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m opaque_subclass",
         description="Report opaque-subclass support on the running torch and run live self-checks.",
     )
-    parser.parse_args(argv)
+    parser.add_argument(
+        "--no-demo",
+        action="store_true",
+        help="skip the demo (2 local processes training a sharded MLP under torch.compile)",
+    )
+    args = parser.parse_args(argv)
 
     import opaque_subclass
     from opaque_subclass.selfcheck import run_checks
@@ -34,7 +40,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  [{status}] {r.name} ({r.seconds * 1e3:.1f} ms): {r.detail}")
     failed = [r for r in results if not r.ok]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
-    return 1 if failed else 0
+    demo_ok = True if args.no_demo else run_demo_section()
+    return 1 if failed or not demo_ok else 0
+
+
+def run_demo_section() -> bool:
+    """Print the demo's report; ``False`` if it failed."""
+    import torch.distributed
+
+    print("demo: 2 local processes (gloo, 127.0.0.1) train a sharded MLP under torch.compile")
+    if not torch.distributed.is_available():
+        print("  [FAIL] torch.distributed is not available in this torch build. Fix: run with --no-demo.")
+        return False
+    from opaque_subclass.demo import DemoError, run_demo
+
+    try:
+        report = run_demo()
+    except DemoError as e:
+        print("  [FAIL] " + str(e).replace("\n", "\n         "))
+        return False
+    lines = report.lines()
+    print("  [PASS] " + lines[0])
+    for line in lines[1:]:
+        print("         " + line)
+    return True
 
 
 if __name__ == "__main__":

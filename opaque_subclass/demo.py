@@ -36,12 +36,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = [
+    "MLP_PLAN",
     "DemoError",
     "DemoReport",
-    "MLP_PLAN",
     "run_demo",
     "run_local_workers",
     "shard_module",
@@ -167,6 +172,7 @@ def run_local_workers(
         Path(workdir, "payload.json").write_text(json.dumps(dict(payload or {})))
         port = _free_port()
         pg_timeout = max(5.0, timeout * 0.6)
+        log.debug("starting %d workers for %s on 127.0.0.1:%d in %s", world_size, target, port, workdir)
         procs: list[subprocess.Popen[bytes]] = []
         logs: list[Path] = []
         try:
@@ -196,18 +202,27 @@ def run_local_workers(
                 if p.poll() is None:
                     p.kill()
                     p.wait(timeout=10)
-        results: list[Any] = []
-        for rank, (proc, log_path) in enumerate(zip(procs, logs)):
+        reports: list[dict[str, Any] | None] = []
+        failed: list[tuple[float, int]] = []
+        for rank in range(world_size):
             path = Path(workdir, f"result{rank}.json")
-            if not path.exists():
-                raise DemoError(
-                    f"{target}: rank {rank} exited with code {proc.returncode} without a result"
-                    + _logs_text(procs, logs)
-                )
-            result = json.loads(path.read_text())
-            if not result["ok"]:
-                raise DemoError(f"{target}: rank {rank} failed:\n{result['error']}\noutput:\n{_tail(log_path)}")
-            results.append(result["value"])
+            report = json.loads(path.read_text()) if path.exists() else None
+            reports.append(report)
+            if report is not None and not report["ok"]:
+                failed.append((path.stat().st_mtime, rank))
+        if failed:  # the first rank to fail is the cause; its peers often only lost their connection to it
+            first = min(failed)[1]
+            error = reports[first]["error"]  # type: ignore[index]  # failed ranks have reports
+            others = "".join(
+                f"\nthen rank {r} failed: {reports[r]['error'].strip().splitlines()[-1]}"  # type: ignore[index]
+                for _, r in sorted(failed) if r != first
+            )
+            raise DemoError(f"{target}: rank {first} failed:\n{error}{others}\noutput:\n{_tail(logs[first])}")
+        for rank, (report, proc) in enumerate(zip(reports, procs)):
+            if report is None or proc.returncode != 0:
+                what = "without a result" if report is None else "after finishing its work"
+                raise DemoError(f"{target}: rank {rank} exited with code {proc.returncode} {what}" + _logs_text(procs, logs))
+        results = [report["value"] for report in reports if report is not None]
         return results
 
 
@@ -219,13 +234,13 @@ def _logs_text(procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path]) -
 # ---------------------------------------------------------------- the demo
 
 
-def _mlp() -> Any:
+def _mlp() -> nn.Sequential:
     import torch.nn as nn
 
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 8))
 
 
-def shard_module(module: Any, mesh: Any, plan: Mapping[str, int | None]) -> Any:
+def shard_module(module: nn.Module, mesh: DeviceMesh, plan: Mapping[str, int | None]) -> nn.Module:
     """Replace the parameters named in ``plan`` by ``nn.Parameter(ShardedTensor)``, in place.
 
     Each value is the shard dim (``None``: replicated) of that parameter, whose
@@ -249,11 +264,13 @@ def shard_module(module: Any, mesh: Any, plan: Mapping[str, int | None]) -> Any:
     return module
 
 
-def _loss(model: Any, x: Any, target: Any) -> Any:
+def _loss(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((model(x) - target) ** 2).mean()
 
 
-def _train(model: Any, step_fn: Callable[..., Any], data: Sequence[tuple[Any, Any]], lr: float) -> tuple[list[float], list[float]]:
+def _train(
+    model: nn.Module, step_fn: Callable[..., torch.Tensor], data: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float
+) -> tuple[list[float], list[float]]:
     import torch
 
     losses, times = [], []
@@ -280,7 +297,7 @@ def train_worker(rank: int, world_size: int, payload: Mapping[str, Any]) -> dict
 
     import opaque_subclass
 
-    from .sharded import ShardedTensor, record_collectives
+    from .sharded import record_collectives
 
     torch.set_num_threads(1)
     steps, backend, lr = int(payload["steps"]), str(payload["backend"]), float(payload["lr"])
@@ -333,7 +350,7 @@ def train_worker(rank: int, world_size: int, payload: Mapping[str, Any]) -> dict
     }
 
 
-def _fresh_mlp(state: Mapping[str, Any]) -> Any:
+def _fresh_mlp(state: Mapping[str, torch.Tensor]) -> nn.Sequential:
     model = _mlp()
     model.load_state_dict(state)
     return model
@@ -465,6 +482,9 @@ def run_demo(
         seconds=time.perf_counter() - t0,
     )
     problems = report.failures(tolerance)
+    wrong_group = [i for i, r in enumerate(results) if r["groups_b"] != [r["group_b"]]]
+    if wrong_group:
+        problems.append(f"rank(s) {wrong_group}: collectives on mesh B did not all run on mesh B's process group")
     if any(r["losses"] != first["losses"] for r in results[1:]):
         problems.append("the ranks saw different losses; a replicated value diverged between ranks")
     if problems:

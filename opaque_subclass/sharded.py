@@ -22,7 +22,8 @@ Megatron-style tensor parallelism). Gradients follow one global loss computed
 identically on every rank. A gradient has the placement the ops give it: in a
 linear layer it matches the parameter's; where it comes back replicated (for
 example ``(w * 2).sum()``), a pointwise update ``w -= lr * w.grad`` still takes
-the right slice.
+the right slice. Random ops on replicated tensors run on each rank separately
+and break replication unless every rank seeds its generator alike.
 
 Note [Process groups resolved at run time]
 ------------------------------------------
@@ -36,13 +37,22 @@ on mesh B therefore talks to B's process group, without recompiling. Nothing
 reads the mesh while tracing (there it is torch's fake wrapper): the number of
 shards comes from the shapes, ``global size // local size`` along the shard dim.
 
+A ``DeviceMesh`` annotation gives the schema type ``PyObject`` on torch 2.11 and
+2.13 alike (``infer_schema`` accepts registered opaque types). The ops work
+eagerly on plain tensors everywhere. Inside torch.compile the mesh should come in
+through a ``ShardedTensor``: torch 2.11's Dynamo turns a ``DeviceMesh`` it meets
+directly (a function argument, or in compiled autograd) into its own
+``DeviceMeshVariable``, which cannot become a graph input.
+
 Ops (see :func:`ShardedTensor.__torch_dispatch__`)
 --------------------------------------------------
 * only replicated arguments: any op, applied to the local tensors;
 * pointwise ops (``torch.Tag.pointwise``) and shape-keeping ops (clone, detach,
   ``*_like``, copies): on the shards; replicated operands that span the shard
   dim are cut to this rank's slice with :func:`local_chunk`;
-* ``t``, ``transpose``, ``permute``, ``view``, ``_unsafe_view``: the shard dim moves;
+* ``t``, ``transpose``, ``permute``, ``view``, ``_unsafe_view``, ``unsqueeze``,
+  ``squeeze``, ``expand``: the shard dim moves (it may not be split, merged,
+  squeezed or expanded);
 * ``mm`` and ``addmm`` (hence ``F.linear`` and ``@`` on 2-D): a replicated left
   operand times a column-sharded right operand is column-sharded; a row-sharded
   left operand times a replicated right one is row-sharded; a contraction over
@@ -58,23 +68,21 @@ rule with ``@ShardedTensor.implements(op)``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
-from .authoring import OpaqueSubclass
+from .authoring import OpaqueSubclass, _in_unflatten
+from .collectives import CollectiveRecord, _resized, all_gather, all_reduce_sum, local_chunk, record_collectives
 from .dispatch import lookup
 from .errors import OpaqueSubclassError, describe_type
-from .registry import opaque_type_of, register_opaque
+from .registry import opaque_type_of
 
 __all__ = [
     "CollectiveRecord",
@@ -87,146 +95,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-register_opaque(DeviceMesh)  # idempotent; defers to torch's own registration where torch has one
-
 aten = torch.ops.aten
-
-# ---------------------------------------------------------------- collectives
-
-
-@dataclass(frozen=True)
-class CollectiveRecord:
-    """One collective as it ran: the op, and the process group it used."""
-
-    op: str
-    group_name: str
-    group_id: int  # id() of the ProcessGroup object
-    mesh_id: int  # id() of the DeviceMesh passed to the op
-
-
-_RECORDERS: list[list[CollectiveRecord]] = []
-
-
-@contextlib.contextmanager
-def record_collectives() -> Iterator[list[CollectiveRecord]]:
-    """Collect a :class:`CollectiveRecord` for every collective run inside the block.
-
-    Records are made when the ops *run* (eagerly or inside a compiled graph),
-    so they show which process group a compiled graph really used.
-    """
-    records: list[CollectiveRecord] = []
-    _RECORDERS.append(records)
-    try:
-        yield records
-    finally:
-        for i, r in enumerate(_RECORDERS):
-            if r is records:
-                del _RECORDERS[i]
-                break
-
-
-def _group_of(op: str, mesh: DeviceMesh, num_chunks: int | None) -> dist.ProcessGroup:
-    if mesh.ndim != 1:
-        raise ValueError(
-            f"opaque_subclass::{op}: the DeviceMesh has {mesh.ndim} dimensions; ShardedTensor "
-            "collectives use a 1-D mesh. Fix: pass a 1-D submesh, e.g. mesh['tp'] for a mesh "
-            "with mesh_dim_names=('dp', 'tp')."
-        )
-    if num_chunks is not None and mesh.size() != num_chunks:
-        raise ValueError(
-            f"opaque_subclass::{op}: the tensor is split in {num_chunks} shards but its DeviceMesh "
-            f"has {mesh.size()} ranks. Fix: build the ShardedTensor on a mesh with {num_chunks} "
-            "ranks, or re-shard it with ShardedTensor.from_full(full, mesh, shard_dim)."
-        )
-    group = mesh.get_group()
-    for records in _RECORDERS:
-        records.append(CollectiveRecord(op, str(group.group_name), id(group), id(mesh)))
-    return group
-
-
-def _resized(t: torch.Tensor, dim: int, size: Any) -> list[Any]:
-    shape = list(t.shape)
-    shape[dim] = size
-    return shape
-
-
-def _check_divisible(op: str, t: torch.Tensor, dim: int, num_chunks: int) -> None:
-    if not 0 <= dim < t.dim():
-        raise ValueError(f"opaque_subclass::{op}: dim {dim} is out of range for a {t.dim()}-d tensor")
-    if t.shape[dim] % num_chunks != 0:
-        raise ValueError(
-            f"opaque_subclass::{op}: size {t.shape[dim]} of dim {dim} does not split into "
-            f"{num_chunks} equal shards. Fix: pad dim {dim} to a multiple of {num_chunks}."
-        )
-
-
-@torch.library.custom_op("opaque_subclass::all_reduce_sum", mutates_args=())
-def all_reduce_sum(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    """Sum of ``t`` over the ranks of ``mesh``, returned on every rank.
-
-    The process group is ``mesh.get_group()`` at run time. Backward: identity
-    (the partial sums each contribute once to one global loss).
-    """
-    out = t.clone(memory_format=torch.contiguous_format)
-    dist.all_reduce(out, group=_group_of("all_reduce_sum", mesh, None))
-    return out
-
-
-@all_reduce_sum.register_fake
-def _(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    return t.new_empty(t.shape)
-
-
-@torch.library.custom_op("opaque_subclass::all_gather", mutates_args=())
-def all_gather(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
-    """The ranks' ``t`` concatenated along ``dim`` in rank order, on every rank.
-
-    ``num_chunks`` is the mesh size, given so that tracing never reads the
-    mesh; it is checked against ``mesh.size()`` at run time. Backward: this
-    rank's slice of the gradient (:func:`local_chunk`).
-    """
-    group = _group_of("all_gather", mesh, num_chunks)
-    parts = [torch.empty_like(t, memory_format=torch.contiguous_format) for _ in range(num_chunks)]
-    dist.all_gather(parts, t.contiguous(), group=group)
-    return torch.cat(parts, dim)
-
-
-@all_gather.register_fake
-def _(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
-    return t.new_empty(_resized(t, dim, t.shape[dim] * num_chunks))
-
-
-@torch.library.custom_op("opaque_subclass::local_chunk", mutates_args=())
-def local_chunk(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
-    """This rank's equal slice of ``t`` along ``dim`` (``t`` is the same on every rank).
-
-    The rank is ``mesh.get_local_rank()`` at run time. Backward:
-    :func:`all_gather` of the gradient.
-    """
-    _check_divisible("local_chunk", t, dim, num_chunks)
-    _group_of("local_chunk", mesh, num_chunks)
-    size = t.shape[dim] // num_chunks
-    return t.narrow(dim, mesh.get_local_rank() * size, size).clone(memory_format=torch.contiguous_format)
-
-
-@local_chunk.register_fake
-def _(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
-    _check_divisible("local_chunk", t, dim, num_chunks)
-    return t.new_empty(_resized(t, dim, t.shape[dim] // num_chunks))
-
-
-def _save_mesh_args(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    ctx.mesh, ctx.args = inputs[1], inputs[2:]
-
-
-all_reduce_sum.register_autograd(lambda ctx, grad: (grad, None), setup_context=_save_mesh_args)
-all_gather.register_autograd(
-    lambda ctx, grad: (local_chunk(grad, ctx.mesh, *ctx.args), None, None, None), setup_context=_save_mesh_args
-)
-local_chunk.register_autograd(
-    lambda ctx, grad: (all_gather(grad, ctx.mesh, *ctx.args), None, None, None), setup_context=_save_mesh_args
-)
-
 
 @torch.library.custom_op("opaque_subclass::redistribute", mutates_args=())
 def _redistribute_op(x: torch.Tensor, shard_dim: Optional[int], num_shards: int) -> torch.Tensor:  # noqa: UP045 - custom_op schema inference wants Optional
@@ -283,8 +152,10 @@ class ShardedTensor(OpaqueSubclass):
     Parameters
     ----------
     _local
-        This rank's shard (or, replicated, the whole tensor). It must not
-        require grad: pass ``requires_grad=True`` to the constructor instead.
+        This rank's shard (or, replicated, the whole tensor). If it requires
+        grad, the construction is differentiable with respect to it: the
+        gradient, brought to this placement, flows back as its shard. For a
+        leaf, pass a tensor that does not require grad and ``requires_grad=True``.
     _mesh
         A 1-D :class:`~torch.distributed.device_mesh.DeviceMesh`.
     _shard_dim
@@ -323,6 +194,10 @@ class ShardedTensor(OpaqueSubclass):
                 "shards over a 1-D mesh. Fix: pass a 1-D submesh, e.g. mesh['tp'] for a mesh with "
                 "mesh_dim_names=('dp', 'tp')."
             )
+        if local.requires_grad and torch.is_grad_enabled() and not requires_grad and not _in_unflatten():
+            # Differentiable construction (see OpaqueSubclass); the gradient is
+            # brought to this placement before its shard flows back to ``local``.
+            return _FromLocal.apply(local, mesh, dim, outer_size, outer_stride)
         if outer_size is None and dim is not None:
             if _is_fake(mesh):
                 raise OpaqueSubclassError(
@@ -334,6 +209,11 @@ class ShardedTensor(OpaqueSubclass):
         return OpaqueSubclass.__new__(
             cls, outer_size=outer_size, outer_stride=outer_stride, requires_grad=requires_grad, **bound
         )
+
+    @classmethod
+    def from_inner(cls, *values: Any, outer_size: Sequence[int] | None = None, outer_stride: Sequence[int] | None = None, **named: Any) -> Any:
+        """The constructor, differentiable with respect to ``_local`` (as the constructor is)."""
+        return cls(*values, outer_size=outer_size, outer_stride=outer_stride, **named)
 
     # ------------------------------------------------------------ public helpers
 
@@ -383,7 +263,10 @@ class ShardedTensor(OpaqueSubclass):
         the mesh size and so runs eagerly only; sharded to anything else works
         everywhere.
         """
-        n = _num_shards(self) if self._shard_dim is not None else self._mesh.size()
+        if self._shard_dim is not None:
+            n = _num_shards(self)
+        else:
+            n = 1 if shard_dim is None else self._mesh.size()
         return _redistribute_op(self, shard_dim, n)  # type: ignore[no-any-return]  # the op table returns a ShardedTensor
 
     def full_tensor(self) -> torch.Tensor:
@@ -405,17 +288,32 @@ class ShardedTensor(OpaqueSubclass):
         impl = lookup(cls, func)
         if impl is not None:
             return impl(func, args, kwargs)
-        flat, _ = tree_flatten((args, kwargs))
-        mesh, dim, _ = _common_placement(func, flat)
-        if dim is None:
-            return _on_locals(func, args, kwargs, mesh, None, 1)
-        if torch.Tag.pointwise in func.tags or func.overloadpacket in _SHAPE_KEEPING:
-            return _pointwise(func, args, kwargs)
+        mesh, dim, n = _common_placement(func, tree_flatten((args, kwargs))[0])
+        if dim is None or torch.Tag.pointwise in func.tags or func.overloadpacket in _SHAPE_KEEPING:
+            return _on_locals(func, args, kwargs, mesh, dim, n)
         raise OpaqueSubclassError(
             f"ShardedTensor has no rule for {func} on a tensor sharded along dim {dim}. Fix: make it "
             f"replicated first with x.redistribute(None), or register a rule with "
             f"@ShardedTensor.implements(torch.ops.{func.namespace}.{func.__name__})."
         )
+
+
+class _FromLocal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, mesh: DeviceMesh, dim: int | None, outer_size: Any, outer_stride: Any) -> ShardedTensor:  # type: ignore[override]
+        out = ShardedTensor(local.detach(), mesh, dim, outer_size=outer_size, outer_stride=outer_stride)
+        ctx.mesh, ctx.dim, ctx.n = mesh, dim, _num_shards(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        if isinstance(grad, ShardedTensor):
+            if grad._shard_dim != ctx.dim:
+                grad = _redistribute_op(grad, ctx.dim, ctx.n)
+            grad = grad._local
+        elif ctx.dim is not None:
+            grad = local_chunk(grad, ctx.mesh, ctx.dim, ctx.n)
+        return grad, None, None, None, None
 
 
 _SHAPE_KEEPING = frozenset(
@@ -522,7 +420,7 @@ def _on_locals(func: Any, args: Any, kwargs: Any, mesh: DeviceMesh, dim: int | N
             local_flat.append(_cut(a, mesh, dim - (ndim - a.dim()), n))
         else:
             local_flat.append(a)
-    _check_writes(func, args, dim)
+    _check_writes(func, args, dim, ndim)
     local_args, local_kwargs = tree_unflatten(local_flat, spec)
     out = func(*local_args, **local_kwargs)
     out = tree_map_only(torch.Tensor, lambda t: _wrap(t, mesh, None if dim is None else dim - (ndim - t.dim()), n), out)
@@ -535,16 +433,17 @@ def _cut(t: torch.Tensor, mesh: DeviceMesh, dim: int, n: Any) -> torch.Tensor:
     return local_chunk(t, mesh, dim, n)  # type: ignore[no-any-return]
 
 
-def _check_writes(func: Any, args: Sequence[Any], dim: int | None) -> None:
+def _check_writes(func: Any, args: Sequence[Any], dim: int | None, ndim: int) -> None:
     for arg, schema_arg in zip(args, func._schema.arguments):
         info = schema_arg.alias_info
         if info is None or not info.is_write:
             continue
-        if _placement(arg) != dim or not isinstance(arg, ShardedTensor):
+        own = _placement(arg)
+        if not isinstance(arg, ShardedTensor) or (None if own is None else own + ndim - arg.dim()) != dim:
+            result = "a replicated result" if dim is None else f"a result sharded along dim {dim}"
             raise OpaqueSubclassError(
-                f"ShardedTensor: in-place {func} would write a result sharded along dim {dim} into "
-                f"{schema_arg.name!r}, a {_describe(arg)}. Fix: use the out-of-place op and keep "
-                "its result."
+                f"ShardedTensor: in-place {func} would write {result} into {schema_arg.name!r}, a "
+                f"{_describe(arg)}. Fix: use the out-of-place op and keep its result."
             )
 
 
@@ -552,11 +451,6 @@ def _describe(t: object) -> str:
     if isinstance(t, ShardedTensor):
         return "replicated ShardedTensor" if t._shard_dim is None else f"ShardedTensor sharded along dim {t._shard_dim}"
     return "plain tensor" if isinstance(t, torch.Tensor) else describe_type(t)
-
-
-def _pointwise(func: Any, args: Any, kwargs: Any) -> Any:
-    mesh, dim, n = _common_placement(func, tree_flatten((args, kwargs))[0])
-    return _on_locals(func, args, kwargs, mesh, dim, n)
 
 
 # ---------------------------------------------------------------- op table
@@ -598,8 +492,41 @@ def _transpose(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @_rule(aten.permute.default)
 def _permute(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    x, dims = args[0], [d % x.dim() for d in args[1]]
+    x = args[0]
+    dims = [d % x.dim() for d in args[1]]
     return _moved(func, args, kwargs, x, dims.index(x._shard_dim), (args[1],))
+
+
+@_rule(aten.unsqueeze.default)
+def _unsqueeze(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, dim = args[0], args[1] % (args[0].dim() + 1)
+    d = x._shard_dim
+    return _moved(func, args, kwargs, x, d + 1 if dim <= d else d, (dim,))
+
+
+@_rule(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+def _squeeze(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, d = args[0], args[0]._shard_dim
+    if func is aten.squeeze.default:
+        asked = range(x.dim())
+    else:
+        asked = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+    dims = sorted({i % max(x.dim(), 1) for i in asked if x.shape[i % max(x.dim(), 1)] == 1} - {d})
+    out = _wrap(aten.squeeze.dims(x._local, dims), x._mesh, d - sum(1 for i in dims if i < d), _num_shards(x))
+    return return_and_correct_aliasing(func, args, kwargs, out)
+
+
+@_rule(aten.expand.default)
+def _expand(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, size = args[0], list(args[1])
+    d = x._shard_dim + len(size) - x.dim()
+    if size[d] not in (-1, x.shape[x._shard_dim]):
+        raise OpaqueSubclassError(
+            f"ShardedTensor: {func} to {size} would expand the shard dim {x._shard_dim} of a tensor of "
+            f"shape {list(x.shape)}. Fix: call x.redistribute(None) first."
+        )
+    size[d] = -1
+    return _moved(func, args, kwargs, x, d, (size, *args[2:]))
 
 
 @_rule(aten.view.default, aten._unsafe_view.default)

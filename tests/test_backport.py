@@ -449,7 +449,31 @@ def _fsdp_sync_skips_opaques():
         dist.destroy_process_group()
 
 
+def _device_mesh_is_a_graph_input():
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    from opaque_subclass.collectives import all_reduce_sum
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=30))
+    try:
+        opaque_subclass.register_opaque(DeviceMesh)
+        mesh = init_device_mesh("cpu", (1,))
+        f = torch.compile(lambda x, m: (all_reduce_sum(x, m) * 2, m), backend="aot_eager", fullgraph=True)
+        out, got = f(torch.ones(2), mesh)
+        assert got is mesh and torch.equal(out, torch.full((2,), 2.0))
+    finally:
+        dist.destroy_process_group()
+
+
 NEEDED_BY = {
+    "torch._dynamo.variables.distributed.DeviceMeshVariable.is_device_mesh": _device_mesh_is_a_graph_input,
     "torch.distributed._tools.common_utils.get_untyped_storages": _storages_skip_opaques,
     "torch.distributed.fsdp._init_utils._sync_module_params_and_buffers": _fsdp_sync_skips_opaques,
     "torch._export.non_strict_utils._create_symbolic_context_for_tensor": _export_subclass_input_non_strict,

@@ -82,12 +82,18 @@ def _resolve(target: str) -> tuple[Any, str, Any]:
 
 
 def _raw(owner: Any, attr: str) -> Any:
-    """The attribute as stored (a function for methods, not a bound method)."""
+    """The attribute as stored (a function for methods, not a bound method;
+    the ``staticmethod``/``classmethod`` object for those)."""
     if isinstance(owner, type):
         for klass in owner.__mro__:
             if attr in vars(klass):
                 return vars(klass)[attr]
     return getattr(owner, attr)
+
+
+def _function(raw: Any) -> Any:
+    """The function inside a stored attribute (unwraps static/class methods)."""
+    return raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
 
 
 @dataclass
@@ -128,7 +134,7 @@ class PatchSet:
         for p in self.patches:
             try:
                 owner, attr, _ = _resolve(p.target)
-                found = fingerprint(_raw(owner, attr))
+                found = fingerprint(_function(_raw(owner, attr)))
             except (ImportError, AttributeError, OSError, TypeError) as e:
                 problems.append(f"{p.target}: cannot be resolved ({e})")
                 continue
@@ -149,7 +155,9 @@ class PatchSet:
                 for p in self.patches:
                     owner, attr, _ = _resolve(p.target)
                     original = _raw(owner, attr)
-                    replacement = p.make(original)
+                    replacement = p.make(_function(original))
+                    if isinstance(original, (staticmethod, classmethod)):
+                        replacement = type(original)(replacement)
                     record = _Applied(p, original, replacement)
                     applied.append(record)
                     self._install(record, owner, attr)

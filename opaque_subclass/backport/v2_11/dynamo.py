@@ -91,3 +91,32 @@ PATCHES = [
         make_produce_guards_verbose,
     ),
 ]
+
+
+def make_is_device_mesh(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``DeviceMeshVariable.is_device_mesh`` (torch 2.11).
+
+    Dynamo 2.11 models a ``DeviceMesh`` as a ``DeviceMeshVariable``, a
+    compile-time constant guarded by equality that cannot become a graph
+    input. Without it, once ``DeviceMesh`` is registered as a
+    reference opaque (``opaque_subclass.register_opaque(DeviceMesh)``), a mesh
+    passed to a compiled function or re-created by compiled autograd fails
+    ("Failed to convert args/kwargs to proxy ... DeviceMeshVariable"). With it,
+    a registered ``DeviceMesh`` takes Dynamo's reference-opaque path (a graph
+    input guarded by identity), as in torch 2.12+, where ``DeviceMeshVariable``
+    no longer exists (pytorch/pytorch#176457 and its follow-ups). Unregistered,
+    torch's behaviour is unchanged.
+    """
+    from ...registry import opaque_kind
+
+    def is_device_mesh(value: object) -> bool:
+        if not original(value):
+            return False
+        return opaque_kind(type(value)) != "reference"
+
+    return is_device_mesh
+
+
+PATCHES.append(
+    Patch("torch._dynamo.variables.distributed.DeviceMeshVariable.is_device_mesh", "f6951f04a46572a5", make_is_device_mesh)
+)

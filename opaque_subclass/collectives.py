@@ -1,0 +1,165 @@
+"""Collective custom ops that take a ``DeviceMesh`` and resolve its process group
+at run time.
+
+A compiled graph that calls these ops takes the mesh as a graph input (it is a
+reference opaque), so a graph reused with another mesh talks to that mesh's
+process group: nothing about the group is baked in while tracing. Each op has a
+fake implementation (shapes only) and a backward formula; :func:`record_collectives`
+records the group each call actually used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from .registry import register_opaque
+
+__all__ = ["CollectiveRecord", "all_gather", "all_reduce_sum", "local_chunk", "record_collectives"]
+
+log = logging.getLogger(__name__)
+
+register_opaque(DeviceMesh)  # idempotent; defers to torch's own registration where torch has one
+
+@dataclass(frozen=True)
+class CollectiveRecord:
+    """One collective as it ran: the op, and the process group it used."""
+
+    op: str
+    group_name: str
+    group_id: int  # id() of the ProcessGroup object
+    mesh_id: int  # id() of the DeviceMesh passed to the op
+
+
+_RECORDERS: list[list[CollectiveRecord]] = []
+
+
+@contextlib.contextmanager
+def record_collectives() -> Iterator[list[CollectiveRecord]]:
+    """Collect a :class:`CollectiveRecord` for every collective run inside the block.
+
+    Records are made when the ops *run* (eagerly or inside a compiled graph),
+    so they show which process group a compiled graph really used.
+    """
+    records: list[CollectiveRecord] = []
+    _RECORDERS.append(records)
+    try:
+        yield records
+    finally:
+        for i, r in enumerate(_RECORDERS):
+            if r is records:
+                del _RECORDERS[i]
+                break
+
+
+def _group_of(op: str, mesh: DeviceMesh, num_chunks: int | None) -> dist.ProcessGroup:
+    if mesh.ndim != 1:
+        raise ValueError(
+            f"opaque_subclass::{op}: the DeviceMesh has {mesh.ndim} dimensions; ShardedTensor "
+            "collectives use a 1-D mesh. Fix: pass a 1-D submesh, e.g. mesh['tp'] for a mesh "
+            "with mesh_dim_names=('dp', 'tp')."
+        )
+    if num_chunks is not None and mesh.size() != num_chunks:
+        raise ValueError(
+            f"opaque_subclass::{op}: the tensor is split in {num_chunks} shards but its DeviceMesh "
+            f"has {mesh.size()} ranks. Fix: build the ShardedTensor on a mesh with {num_chunks} "
+            "ranks, or re-shard it with ShardedTensor.from_full(full, mesh, shard_dim)."
+        )
+    group = mesh.get_group()
+    log.debug("%s on process group %s", op, group.group_name)
+    for records in _RECORDERS:
+        records.append(CollectiveRecord(op, str(group.group_name), id(group), id(mesh)))
+    return group
+
+
+def _resized(t: torch.Tensor, dim: int, size: Any) -> list[Any]:
+    shape = list(t.shape)
+    shape[dim] = size
+    return shape
+
+
+def _check_divisible(op: str, t: torch.Tensor, dim: int, num_chunks: int) -> None:
+    if not 0 <= dim < t.dim():
+        raise ValueError(f"opaque_subclass::{op}: dim {dim} is out of range for a {t.dim()}-d tensor")
+    if t.shape[dim] % num_chunks != 0:
+        raise ValueError(
+            f"opaque_subclass::{op}: size {t.shape[dim]} of dim {dim} does not split into "
+            f"{num_chunks} equal shards. Fix: pad dim {dim} to a multiple of {num_chunks}."
+        )
+
+
+@torch.library.custom_op("opaque_subclass::all_reduce_sum", mutates_args=())
+def all_reduce_sum(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """Sum of ``t`` over the ranks of ``mesh``, returned on every rank.
+
+    The process group is ``mesh.get_group()`` at run time. Backward: identity
+    (the partial sums each contribute once to one global loss).
+    """
+    out = t.clone(memory_format=torch.contiguous_format)
+    dist.all_reduce(out, group=_group_of("all_reduce_sum", mesh, None))
+    return out
+
+
+@all_reduce_sum.register_fake
+def _(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    return t.new_empty(t.shape)
+
+
+@torch.library.custom_op("opaque_subclass::all_gather", mutates_args=())
+def all_gather(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
+    """The ranks' ``t`` concatenated along ``dim`` in rank order, on every rank.
+
+    ``num_chunks`` is the mesh size, given so that tracing never reads the
+    mesh; it is checked against ``mesh.size()`` at run time. Backward: this
+    rank's slice of the gradient (:func:`local_chunk`).
+    """
+    group = _group_of("all_gather", mesh, num_chunks)
+    parts = [torch.empty_like(t, memory_format=torch.contiguous_format) for _ in range(num_chunks)]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.cat(parts, dim)
+
+
+@all_gather.register_fake
+def _(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
+    return t.new_empty(_resized(t, dim, t.shape[dim] * num_chunks))
+
+
+@torch.library.custom_op("opaque_subclass::local_chunk", mutates_args=())
+def local_chunk(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
+    """This rank's equal slice of ``t`` along ``dim`` (``t`` is the same on every rank).
+
+    The rank is ``mesh.get_local_rank()`` at run time. Backward:
+    :func:`all_gather` of the gradient.
+    """
+    _check_divisible("local_chunk", t, dim, num_chunks)
+    _group_of("local_chunk", mesh, num_chunks)
+    size = t.shape[dim] // num_chunks
+    return t.narrow(dim, mesh.get_local_rank() * size, size).clone(memory_format=torch.contiguous_format)
+
+
+@local_chunk.register_fake
+def _(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
+    _check_divisible("local_chunk", t, dim, num_chunks)
+    return t.new_empty(_resized(t, dim, t.shape[dim] // num_chunks))
+
+
+def _save_mesh_args(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.mesh, ctx.args = inputs[1], inputs[2:]
+
+
+all_reduce_sum.register_autograd(lambda ctx, grad: (grad, None), setup_context=_save_mesh_args)
+all_gather.register_autograd(
+    lambda ctx, grad: (local_chunk(grad, ctx.mesh, *ctx.args), None, None, None), setup_context=_save_mesh_args
+)
+local_chunk.register_autograd(
+    lambda ctx, grad: (all_gather(grad, ctx.mesh, *ctx.args), None, None, None), setup_context=_save_mesh_args
+)
+
+
