@@ -39,10 +39,10 @@ shards comes from the shapes, ``global size // local size`` along the shard dim.
 
 A ``DeviceMesh`` annotation gives the schema type ``PyObject`` on torch 2.11 and
 2.13 alike (``infer_schema`` accepts registered opaque types). The ops work
-eagerly on plain tensors everywhere. Inside torch.compile the mesh should come in
-through a ``ShardedTensor``: torch 2.11's Dynamo turns a ``DeviceMesh`` it meets
-directly (a function argument, or in compiled autograd) into its own
-``DeviceMeshVariable``, which cannot become a graph input.
+eagerly on plain tensors everywhere, and inside torch.compile with the mesh
+coming in through a ``ShardedTensor`` or directly as an argument (on torch 2.11
+the backport makes a registered ``DeviceMesh`` a graph input instead of
+Dynamo's compile-time ``DeviceMeshVariable``).
 
 Ops (see :func:`ShardedTensor.__torch_dispatch__`)
 --------------------------------------------------
