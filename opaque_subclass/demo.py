@@ -499,7 +499,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--worker"]:
         target, rank, world_size, port, workdir, pg_timeout = args[1:7]
-        return _worker_main(target, int(rank), int(world_size), int(port), workdir, float(pg_timeout))
+        code = _worker_main(target, int(rank), int(world_size), int(port), workdir, float(pg_timeout))
+        # The result is on disk and the process group destroyed. Skip interpreter
+        # teardown: background threads of gloo and torch.compile can abort it
+        # ("terminate called without an active exception") after the work is done.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     parser = argparse.ArgumentParser(prog="python -m opaque_subclass.demo", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--world-size", type=int, default=2)

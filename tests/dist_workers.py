@@ -99,6 +99,10 @@ def main() -> None:
         print("RESULT " + json.dumps(result), flush=True)
     finally:
         dist.destroy_process_group()
+    # Skip interpreter teardown: background threads of gloo and torch.compile can
+    # abort it ("terminate called without an active exception") after the work is done.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
