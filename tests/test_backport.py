@@ -28,31 +28,9 @@ needs_backport = pytest.mark.skipif(not BACKPORT, reason="backport mode only (to
 
 @pytest.fixture
 def dummy_module():
-    name = "torch._opaque_subclass_test_dummy"
-    mod = types.ModuleType(name)
-    exec(
-        textwrap.dedent(
-            """
-            def double(x):
-                return 2 * x
-
-            def triple(x):
-                return 3 * x
-
-            class Box:
-                def size(self):
-                    return 1
-            """
-        ),
-        mod.__dict__,
-    )
-    alias = types.ModuleType(name + "_alias")
-    alias.double = mod.double  # like `from .dummy import double`
-    sys.modules[name] = mod
-    sys.modules[alias.__name__] = alias
-    # getsource needs a file; give the functions source through linecache.
     import linecache
 
+    name = "torch._opaque_subclass_test_dummy"
     source = textwrap.dedent(
         """
         def double(x):
@@ -66,10 +44,15 @@ def dummy_module():
                 return 1
         """
     )
+    # Compiled under a linecache-backed file name so that inspect.getsource works.
     filename = f"<{name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    for obj in (mod.double, mod.triple, mod.Box.size):
-        obj.__code__ = obj.__code__.replace(co_filename=filename, co_firstlineno=obj.__code__.co_firstlineno)
+    mod = types.ModuleType(name)
+    exec(compile(source, filename, "exec"), mod.__dict__)
+    alias = types.ModuleType(name + "_alias")
+    alias.double = mod.double  # like `from .dummy import double`
+    sys.modules[name] = mod
+    sys.modules[alias.__name__] = alias
     yield mod, alias
     del sys.modules[name], sys.modules[alias.__name__]
 
