@@ -11,8 +11,8 @@ against it::
         SUBCLASS = MeshTensor
         FACTORY = staticmethod(lambda: MeshTensor(torch.randn(4), MESH))
 
-The compile checks need the subclass to support ``x * 2`` and ``.sum()`` (the
-default rule of :class:`~opaque_subclass.OpaqueSubclass` does).
+The compile and export checks need the subclass to support ``x * 2`` and
+``.sum()`` (the default rule of :class:`~opaque_subclass.OpaqueSubclass` does).
 
 The class name must start with ``Test`` for pytest to collect it; the base
 class itself is not collected.
@@ -90,6 +90,31 @@ class OpaqueSubclassContract:
             assert type(x.grad) is type(x)
             got, want = self._opaques(x.grad), self._opaques(x)
             assert all(a is b for a, b in zip(got, want)), "x.grad does not carry x's opaques"
+
+    def test_export_keeps_runtime_opaques(self) -> None:
+        class Double(torch.nn.Module):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return x * 2
+
+        program = torch.export.export(Double(), (self.make(),), strict=False)
+        x = self.make()
+        out = program.module()(x)
+        assert type(out) is type(x)
+        got, want = self._opaques(out), self._opaques(x)
+        assert len(got) == len(want) and all(a is b for a, b in zip(got, want)), "exported program lost the input's opaques"
+
+    def test_parametrization_keeps_opaques(self) -> None:
+        from .parametrization import unwrap_tensor_subclass_parameters
+
+        module = torch.nn.Module()
+        x = self.make()
+        module.p = torch.nn.Parameter(x, requires_grad=False)
+        unwrap_tensor_subclass_parameters(module)
+        rebuilt = module.p
+        assert type(rebuilt) is type(x)
+        got, want = self._opaques(rebuilt), self._opaques(x)
+        assert all(a is b for a, b in zip(got, want)), "module.p does not hold the original opaques"
+        assert all(type(v) in (torch.Tensor, torch.nn.Parameter) for v in module.state_dict().values())
 
     def test_compiled_autograd(self) -> None:
         import torch._dynamo.compiled_autograd
