@@ -19,7 +19,6 @@ checked when the class statement runs, not on first use.
 
 from __future__ import annotations
 
-import contextvars
 import keyword
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -148,12 +147,15 @@ class OpaqueSubclass(torch.Tensor):
         outer_size: Sequence[int] | None = None,
         outer_stride: Sequence[int] | None = None,
         requires_grad: bool = False,
+        _trusted: bool = False,
         **named: Any,
     ) -> Any:
         if cls is OpaqueSubclass:
             raise TypeError("OpaqueSubclass is a base class; subclass it and declare tensor_attrs")
         bound = cls._bind(values, named)
-        if not _in_unflatten() and torch.is_grad_enabled():
+        # ``_trusted`` (private): a rebuild from flattened parts (unflatten, wrap_like,
+        # a replayed exported constructor) stores the inner tensors as given.
+        if not _trusted and torch.is_grad_enabled():
             differentiable = [n for n in cls.tensor_attrs if bound[n].requires_grad]
             if differentiable:
                 if requires_grad:
@@ -248,11 +250,7 @@ class OpaqueSubclass(torch.Tensor):
     def __tensor_unflatten__(cls, inner: dict[str, Any], ctx: tuple[Any, ...], outer_size: Any, outer_stride: Any) -> Any:
         named = {n: inner[n] for n in (*cls.tensor_attrs, *cls.opaque_attrs)}
         named.update(zip(cls.meta_attrs, ctx))
-        token = _UNFLATTENING.set(True)
-        try:
-            return cls(outer_size=outer_size, outer_stride=outer_stride, **named)
-        finally:
-            _UNFLATTENING.reset(token)
+        return cls(outer_size=outer_size, outer_stride=outer_stride, _trusted=True, **named)
 
     def wrap_like(self, **tensors: torch.Tensor) -> Any:
         """A new instance with the given inner tensors and this instance's opaques
@@ -266,11 +264,7 @@ class OpaqueSubclass(torch.Tensor):
         named: dict[str, Any] = dict(tensors)
         for name in (*cls.opaque_attrs, *cls.meta_attrs):
             named[name] = getattr(self, name)
-        token = _UNFLATTENING.set(True)
-        try:
-            return cls(**named)
-        finally:
-            _UNFLATTENING.reset(token)
+        return cls(_trusted=True, **named)
 
     def __repr__(self) -> str:  # never reads tensor data: safe under fake tensors and tracing
         cls = type(self)
@@ -332,13 +326,6 @@ def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(running)
         running *= max(int(s), 1)
     return tuple(reversed(strides))
-
-
-_UNFLATTENING: contextvars.ContextVar[bool] = contextvars.ContextVar("opaque_subclass_unflattening", default=False)
-
-
-def _in_unflatten() -> bool:
-    return _UNFLATTENING.get()
 
 
 class _FromInner(torch.autograd.Function):

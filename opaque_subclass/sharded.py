@@ -78,7 +78,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
-from .authoring import OpaqueSubclass, _in_unflatten
+from .authoring import OpaqueSubclass
 from .collectives import CollectiveRecord, _resized, all_gather, all_reduce_sum, local_chunk, record_collectives
 from .dispatch import lookup
 from .errors import OpaqueSubclassError, describe_type
@@ -183,6 +183,7 @@ class ShardedTensor(OpaqueSubclass):
         outer_size: Sequence[int] | None = None,
         outer_stride: Sequence[int] | None = None,
         requires_grad: bool = False,
+        _trusted: bool = False,
         **named: Any,
     ) -> Any:
         bound = cls._bind(values, named)
@@ -194,7 +195,7 @@ class ShardedTensor(OpaqueSubclass):
                 "shards over a 1-D mesh. Fix: pass a 1-D submesh, e.g. mesh['tp'] for a mesh with "
                 "mesh_dim_names=('dp', 'tp')."
             )
-        if local.requires_grad and torch.is_grad_enabled() and not requires_grad and not _in_unflatten():
+        if local.requires_grad and torch.is_grad_enabled() and not requires_grad and not _trusted:
             # Differentiable construction (see OpaqueSubclass); the gradient is
             # brought to this placement before its shard flows back to ``local``.
             return _FromLocal.apply(local, mesh, dim, outer_size, outer_stride)
@@ -207,7 +208,7 @@ class ShardedTensor(OpaqueSubclass):
             outer_size = _resized(local, dim, local.shape[dim] * mesh.size())
             outer_stride = _dense_strides_like(outer_size, local.stride())
         return OpaqueSubclass.__new__(
-            cls, outer_size=outer_size, outer_stride=outer_stride, requires_grad=requires_grad, **bound
+            cls, outer_size=outer_size, outer_stride=outer_stride, requires_grad=requires_grad, _trusted=_trusted, **bound
         )
 
     @classmethod

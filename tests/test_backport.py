@@ -455,7 +455,32 @@ def _device_mesh_is_a_graph_input():
         dist.destroy_process_group()
 
 
+def _export_after_unwrap_lifts_opaque():
+    from opaque_subclass import OpaqueSubclass, unwrap_tensor_subclass_parameters
+
+    from test_opaque_obj_v2 import Mesh
+
+    class Lifted(OpaqueSubclass):
+        tensor_attrs = ("_data",)
+        opaque_attrs = {"_mesh": Mesh}
+
+    class Scale(torch.nn.Module):
+        def __init__(self, mesh):
+            super().__init__()
+            self.w = torch.nn.Parameter(Lifted(torch.arange(3.0), mesh))
+
+        def forward(self, x):
+            return self.w * x
+
+    mesh = Mesh("lift")
+    module = unwrap_tensor_subclass_parameters(Scale(mesh))
+    ep = torch.export.export(module, (torch.ones(3),), strict=False)
+    assert ep.module()(torch.ones(3))._mesh is mesh
+
+
 NEEDED_BY = {
+    "torch._export.passes.lift_constants_pass.lift_constants_pass": _export_after_unwrap_lifts_opaque,
+    "torch.export.unflatten._assign_attr": _export_after_unwrap_lifts_opaque,
     "torch._dynamo.variables.distributed.DeviceMeshVariable.is_device_mesh": _device_mesh_is_a_graph_input,
     "torch.distributed._tools.common_utils.get_untyped_storages": _storages_skip_opaques,
     "torch.distributed.fsdp._init_utils._sync_module_params_and_buffers": _fsdp_sync_skips_opaques,

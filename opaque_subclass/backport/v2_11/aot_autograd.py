@@ -27,7 +27,7 @@ from ...registry import opaque_kind
 from ..hiding import hide_in_first_arg
 from ..patching import Patch
 
-__all__ = ["OpaqueSlotMeta", "PATCHES", "fake_opaque"]
+__all__ = ["OpaqueSlotMeta", "PATCHES", "fake_opaque", "fake_opaque_always"]
 
 
 @dataclasses.dataclass
@@ -48,10 +48,18 @@ def fake_opaque(value: Any) -> Any:
     """The fake script object standing for ``value`` while tracing under a fake
     mode; ``value`` itself outside one. Wraps the very object (no copy)."""
     from torch._guards import detect_fake_mode
+
+    if detect_fake_mode() is None:
+        return value
+    return fake_opaque_always(value)
+
+
+def fake_opaque_always(value: Any) -> Any:
+    """A fake script object wrapping the very object ``value`` (no copy)."""
     from torch._library.fake_class_registry import FakeScriptObject
     from torch._library.opaque_object import FakeOpaqueObject, get_opaque_type_name
 
-    if isinstance(value, FakeScriptObject) or detect_fake_mode() is None:
+    if isinstance(value, FakeScriptObject):
         return value
     fake = FakeScriptObject.__new__(FakeScriptObject)
     object.__setattr__(fake, "wrapped_obj", FakeOpaqueObject())
