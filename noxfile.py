@@ -11,7 +11,7 @@ again next to the project so pip never swaps it for another build. Each leg runs
 the self-check ``python -m opaque_subclass`` and then ``python -m pytest -q``
 (extra arguments after ``--`` go to pytest: ``python -m nox -- -k flatten``).
 
-``python -m nox -s bench`` runs the runtime benchmark on torch 2.13.0; it is not
+``python -m nox -s bench`` runs the benchmarks on both torch legs; it is not
 a default session.
 
 Virtualenvs live outside the repository, in ``$OPAQUE_SUBCLASS_NOX_ENVDIR`` or
@@ -27,7 +27,6 @@ import os
 import nox
 
 TORCH_VERSIONS = ["2.13.0", "2.11.0"]
-BENCH_TORCH = "2.13.0"
 
 nox.options.sessions = ["tests"]
 nox.options.envdir = os.environ.get(
@@ -79,8 +78,11 @@ def tests(session: nox.Session, torch: str) -> None:
 
 
 @nox.session
-def bench(session: nox.Session) -> None:
-    """Runtime benchmark (not run by default)."""
-    _install_torch(session, BENCH_TORCH)
-    _install_project(session, BENCH_TORCH)
-    session.run("python", "benchmarks/bench_runtime.py", *session.posargs)
+@nox.parametrize("torch", TORCH_VERSIONS)
+def bench(session: nox.Session, torch: str) -> None:
+    """Benchmarks (not run by default): run-time wrap/unwrap against torch's helpers,
+    and compiled-call overhead against plain tensors, on each torch leg."""
+    _install_torch(session, torch)
+    _install_project(session, torch)
+    session.run("python", "benchmarks/bench_runtime.py")
+    session.run("python", "benchmarks/bench_compiled.py", *session.posargs)
