@@ -250,7 +250,11 @@ class OpaqueSubclass(torch.Tensor):
     def __tensor_unflatten__(cls, inner: dict[str, Any], ctx: tuple[Any, ...], outer_size: Any, outer_stride: Any) -> Any:
         named = {n: inner[n] for n in (*cls.tensor_attrs, *cls.opaque_attrs)}
         named.update(zip(cls.meta_attrs, ctx))
-        return cls(outer_size=outer_size, outer_stride=outer_stride, _trusted=True, **named)
+        if torch.compiler.is_exporting():
+            # The full constructor call, so that torch.export records it (see __init__).
+            return cls(outer_size=outer_size, outer_stride=outer_stride, _trusted=True, **named)
+        # Run time and compile tracing: __new__ alone; __init__ only records for export.
+        return cls.__new__(cls, outer_size=outer_size, outer_stride=outer_stride, _trusted=True, **named)
 
     def wrap_like(self, **tensors: torch.Tensor) -> Any:
         """A new instance with the given inner tensors and this instance's opaques
@@ -264,7 +268,9 @@ class OpaqueSubclass(torch.Tensor):
         named: dict[str, Any] = dict(tensors)
         for name in (*cls.opaque_attrs, *cls.meta_attrs):
             named[name] = getattr(self, name)
-        return cls(_trusted=True, **named)
+        if torch.compiler.is_exporting():
+            return cls(_trusted=True, **named)
+        return cls.__new__(cls, _trusted=True, **named)
 
     def __repr__(self) -> str:  # never reads tensor data: safe under fake tensors and tracing
         cls = type(self)
