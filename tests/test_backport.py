@@ -99,6 +99,21 @@ def test_one_fingerprint_mismatch_refuses_the_whole_set(dummy_module):
     assert not ps.enabled
 
 
+def test_changed_dependency_refuses_the_whole_set(dummy_module):
+    mod, alias = dummy_module
+    orig_double = mod.double
+    good = Patch(f"{mod.__name__}.double", fingerprint(mod.double), _plus_one, depends_on=((f"{mod.__name__}.triple", fingerprint(mod.triple)),))
+    assert PatchSet([good]).check() == []
+    stale = Patch(f"{mod.__name__}.double", fingerprint(mod.double), _plus_one, depends_on=((f"{mod.__name__}.triple", "0" * 16),))
+    ps = PatchSet([stale])
+    with pytest.raises(
+        PatchRefused,
+        match=rf"{mod.__name__}\.triple \(relied on by the patch of {mod.__name__}\.double\): source fingerprint [0-9a-f]{{16}}, expected 0{{16}}",
+    ):
+        ps.enable()
+    assert mod.double is orig_double and alias.double is orig_double and not ps.enabled
+
+
 def test_unresolvable_target_refuses(dummy_module):
     mod, _ = dummy_module
     ps = PatchSet([Patch(f"{mod.__name__}.missing", "0" * 16, _plus_one)])
@@ -478,7 +493,31 @@ def _export_after_unwrap_lifts_opaque():
     assert ep.module()(torch.ones(3))._mesh is mesh
 
 
+def _strict_export_reads_captured_opaque():
+    from opaque_subclass import OpaqueSubclass, unwrap_tensor_subclass_parameters
+
+    from test_opaque_obj_v2 import Mesh
+
+    class Captured(OpaqueSubclass):
+        tensor_attrs = ("_data",)
+        opaque_attrs = {"_mesh": Mesh}
+
+    class Scale(torch.nn.Module):
+        def __init__(self, mesh):
+            super().__init__()
+            self.w = torch.nn.Parameter(Captured(torch.arange(3.0), mesh))
+
+        def forward(self, x):
+            return self.w * x
+
+    mesh = Mesh("strict")
+    module = unwrap_tensor_subclass_parameters(Scale(mesh))
+    ep = torch.export.export(module, (torch.ones(3),), strict=True)
+    assert ep.module()(torch.ones(3))._mesh is mesh
+
+
 NEEDED_BY = {
+    "torch._dynamo.convert_frame.fullgraph_capture": _strict_export_reads_captured_opaque,
     "torch._export.passes.lift_constants_pass.lift_constants_pass": _export_after_unwrap_lifts_opaque,
     "torch.export.unflatten._assign_attr": _export_after_unwrap_lifts_opaque,
     "torch._dynamo.variables.distributed.DeviceMeshVariable.is_device_mesh": _device_mesh_is_a_graph_input,

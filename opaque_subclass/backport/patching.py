@@ -51,11 +51,17 @@ class Patch:
         :func:`fingerprint` of the original the replacement was written against.
     make
         ``make(original) -> replacement``. Its docstring says what the patch does.
+    depends_on
+        ``(qualified name, fingerprint)`` of torch functions the replacement
+        relies on without replacing them (a caller whose use of the target's
+        result the replacement is written for). They are checked like the
+        target: a changed source refuses the whole set.
     """
 
     target: str
     fingerprint: str
     make: Callable[[Callable[..., Any]], Callable[..., Any]]
+    depends_on: tuple[tuple[str, str], ...] = ()
 
     @property
     def doc(self) -> str:
@@ -132,14 +138,16 @@ class PatchSet:
             importlib.import_module(module)
         problems = []
         for p in self.patches:
-            try:
-                owner, attr, _ = _resolve(p.target)
-                found = fingerprint(_function(_raw(owner, attr)))
-            except (ImportError, AttributeError, OSError, TypeError) as e:
-                problems.append(f"{p.target}: cannot be resolved ({e})")
-                continue
-            if found != p.fingerprint:
-                problems.append(f"{p.target}: source fingerprint {found}, expected {p.fingerprint}")
+            for target, expected in ((p.target, p.fingerprint), *p.depends_on):
+                label = target if target == p.target else f"{target} (relied on by the patch of {p.target})"
+                try:
+                    owner, attr, _ = _resolve(target)
+                    found = fingerprint(_function(_raw(owner, attr)))
+                except (ImportError, AttributeError, OSError, TypeError) as e:
+                    problems.append(f"{label}: cannot be resolved ({e})")
+                    continue
+                if found != expected:
+                    problems.append(f"{label}: source fingerprint {found}, expected {expected}")
         return problems
 
     def enable(self) -> tuple[str, ...]:
