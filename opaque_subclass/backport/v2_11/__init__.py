@@ -22,6 +22,8 @@ PRELOAD = (
     "torch._export.non_strict_utils",
     "torch._export.passes.lift_constants_pass",
     "torch.export._trace",
+    "torch._dynamo.convert_frame",
+    "torch._dynamo.functional_export",
     "torch.export._unlift",
     "torch.export.unflatten",
     "torch.distributed.fsdp._init_utils",

@@ -8,6 +8,10 @@
   plain module attribute the exported graph reads; export lifts it as a custom
   object input and the unlifted module puts it back. torch 2.11 lifts only
   tensors and script objects there.
+* Strict export runs Dynamo, which makes such a module attribute a graph input
+  with an attribute source; torch 2.11's export capture accepts only graph
+  inputs that are the function's own arguments. The patched capture reads the
+  opaque from a graph attribute instead, which the lifting above then handles.
 
 torch 2.12 (pytorch/pytorch#176457 and follow-ups) handles both natively.
 """
@@ -115,6 +119,83 @@ def make_assign_attr(original: Callable[..., Any]) -> Callable[..., Any]:
     return _assign_attr
 
 
+def _is_user_argument(source: Any) -> bool:
+    from torch._dynamo.source import GetItemSource
+
+    return isinstance(source, GetItemSource)
+
+
+def _attach_captured_opaques(out: Any) -> None:
+    """In a Dynamo capture for export, turn every graph input that is a reference
+    opaque read from somewhere other than the arguments (a module attribute, a
+    closure) into a ``get_attr`` of the graph module holding that very object,
+    and drop it from the capture's inputs and input sources. A capture without
+    such an input is left as it is."""
+    backend = out.backend_input
+    if backend is None:
+        return
+    sources = out.graph_capture_output.output_graph.export_metadata.graph_input_idx_to_local_source
+    captured = {
+        index
+        for index, value in enumerate(backend.example_inputs)
+        if _is_reference_opaque(value) and not _is_user_argument(sources.get(index))
+    }
+    if not captured:
+        return
+    gm = backend.graph_module
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    if len(placeholders) != len(backend.example_inputs) or set(sources) != set(range(len(placeholders))):
+        raise AssertionError(
+            f"export capture: {len(placeholders)} placeholders, {len(backend.example_inputs)} example "
+            f"inputs and input sources for {sorted(sources)} do not line up"
+        )
+    kept_sources: dict[int, Any] = {}
+    kept_inputs: list[Any] = []
+    for index, (node, value) in enumerate(zip(placeholders, backend.example_inputs)):
+        if index not in captured:
+            kept_sources[len(kept_inputs)] = sources[index]
+            kept_inputs.append(value)
+            continue
+        name = f"_captured_opaque_{index}"
+        setattr(gm, name, value)
+        with gm.graph.inserting_before(node):
+            # create_node: Graph.get_attr warns about attributes that are not
+            # tensors or modules, which an opaque never is.
+            attr = gm.graph.create_node("get_attr", name)
+        attr.meta.update(node.meta)
+        attr.meta["val"] = value
+        node.replace_all_uses_with(attr)
+        gm.graph.erase_node(node)
+    sources.clear()
+    sources.update(kept_sources)
+    backend.example_inputs[:] = kept_inputs
+    gm.recompile()
+
+
+def make_fullgraph_capture(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._dynamo.convert_frame.fullgraph_capture`` (torch 2.11), for
+    the capture that strict ``torch.export`` runs (the one call passing
+    ``_is_export_deprecated_do_not_use=True``); every other call is passed through.
+
+    Without it, strict export of a module whose forward reads a reference opaque
+    from a module attribute - after ``unwrap_tensor_subclass_parameters``, or an
+    opaque handed to a custom op - fails with ``AssertionError: AttrSource(...)``
+    in ``_dynamo_graph_capture_for_export``, which accepts only graph inputs that
+    are its arguments. With it, each such opaque is read from an attribute of the
+    captured graph (the very object) and export lifts it as a custom-object input,
+    giving the same program as torch 2.12, which turns such inputs into
+    attributes itself (pytorch/pytorch#176457 and follow-ups).
+    """
+
+    def fullgraph_capture(*args: Any, _is_export_deprecated_do_not_use: bool = False, **kwargs: Any) -> Any:
+        out = original(*args, _is_export_deprecated_do_not_use=_is_export_deprecated_do_not_use, **kwargs)
+        if _is_export_deprecated_do_not_use:
+            _attach_captured_opaques(out)
+        return out
+
+    return fullgraph_capture
+
+
 PATCHES = [
     Patch(
         "torch._export.non_strict_utils._create_symbolic_context_for_tensor",
@@ -123,4 +204,10 @@ PATCHES = [
     ),
     Patch("torch._export.passes.lift_constants_pass.lift_constants_pass", "20bbf233fd37a37e", make_lift_constants_pass),
     Patch("torch.export.unflatten._assign_attr", "364fb4f027a9f58d", make_assign_attr),
+    Patch(
+        "torch._dynamo.convert_frame.fullgraph_capture",
+        "681d491516e4b6c6",
+        make_fullgraph_capture,
+        depends_on=(("torch._dynamo.functional_export._dynamo_graph_capture_for_export", "f4e25be375af4e1b"),),
+    ),
 ]
