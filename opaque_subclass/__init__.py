@@ -4,14 +4,15 @@
 
 * registry - :func:`register_opaque`, :func:`is_opaque`, :func:`opaque_kind`;
 * schema - :class:`PlainTensorMeta`, :class:`OpaqueMeta`, :class:`SymIntMeta`,
-  :class:`SubclassCreationMeta`, :func:`iter_slots`;
+  :class:`SubclassCreationMeta`, :func:`iter_slots`, :func:`iter_subclasses`;
 * flatten - :func:`flatten_subclass`, :func:`unflatten_subclass`,
   :func:`create_subclass_meta`;
 * run time - :func:`unwrap_tensor_subclasses`, :func:`wrap_tensor_subclasses`,
   :func:`wrap_tensor_subclasses_maybe_joint`, :func:`process_runtime_tangent`;
 * guards - :func:`opaque_alias_pattern`, :class:`OpaqueAliasPattern`;
 * authoring - :class:`OpaqueSubclass`, a declarative base class;
-* modules - :func:`unwrap_tensor_subclass_parameters`, :func:`untyped_storages`;
+* modules - :func:`unwrap_tensor_subclass_parameters`, :func:`is_exportable_constructor`,
+  :func:`untyped_storages`;
 * mode - :func:`support`, :func:`enable`, :func:`disable`.
 
 See ``docs/`` for a guide.
@@ -26,7 +27,7 @@ from .flatten import (
     is_wrapper_subclass,
     unflatten_subclass,
 )
-from .parametrization import unwrap_tensor_subclass_parameters
+from .parametrization import is_exportable_constructor, unwrap_tensor_subclass_parameters
 from .registry import OpaqueKind, is_opaque, opaque_kind, register_opaque
 from .runtime import (
     process_runtime_tangent,
@@ -41,6 +42,7 @@ from .schema import (
     SubclassCreationMeta,
     SymIntMeta,
     iter_slots,
+    iter_subclasses,
 )
 from .mode import SUPPORTED_TORCH, Support
 
@@ -66,9 +68,11 @@ __all__ = [
     "disable",
     "enable",
     "flatten_subclass",
+    "is_exportable_constructor",
     "is_opaque",
     "is_wrapper_subclass",
     "iter_slots",
+    "iter_subclasses",
     "opaque_alias_pattern",
     "opaque_kind",
     "process_runtime_tangent",

@@ -7,20 +7,27 @@ tensors as parameters/buffers, its opaques as plain attributes - and
 ``module.weight`` rebuilds the subclass on access. Exporters and optimizers
 then see only plain tensors; the state dict holds only tensors; the opaques
 keep their identity.
+
+``torch.export`` records the rebuilding only for subclasses whose constructor
+is marked exportable (:class:`~opaque_subclass.OpaqueSubclass` is); for any
+other, the parametrization raises a clear error while exporting instead of
+torch's ``Unable to cast NotImplemented to Tensor``.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch.nn.utils import parametrize
 
 from .codegen import compiled_wrap
+from .errors import OpaqueSubclassError, qualified_name
 from .flatten import flatten_subclass, is_wrapper_subclass
-from .schema import SubclassCreationMeta
+from .schema import SubclassCreationMeta, iter_subclasses
 
-__all__ = ["UnwrapSubclass", "unwrap_tensor_subclass_parameters"]
+__all__ = ["UnwrapSubclass", "is_exportable_constructor", "unwrap_tensor_subclass_parameters"]
 
 
 class UnwrapSubclass(torch.nn.Module):
@@ -29,14 +36,20 @@ class UnwrapSubclass(torch.nn.Module):
     ``right_inverse(x)`` returns the leaves of ``x`` (tensors and reference
     opaques, in flat-slot order) and remembers its structure; ``forward(*leaves)``
     rebuilds the subclass with a generated straight-line function.
+
+    ``path`` names the parametrized tensor in error messages (``"layer.w"``;
+    :func:`unwrap_tensor_subclass_parameters` sets it).
     """
 
     spec: SubclassCreationMeta | None
 
-    def __init__(self) -> None:
+    def __init__(self, path: str | None = None) -> None:
         super().__init__()
         self.spec = None
+        self.path = path
         self._rebuild: Any = None
+        # The error to raise under torch.export, computed once by right_inverse.
+        self._export_error: str | None = None
 
     def forward(self, *leaves: Any) -> torch.Tensor:
         if self._rebuild is None:
@@ -44,6 +57,8 @@ class UnwrapSubclass(torch.nn.Module):
                 "UnwrapSubclass.forward called before right_inverse; register it with "
                 "torch.nn.utils.parametrize.register_parametrization(module, name, UnwrapSubclass(), unsafe=True)."
             )
+        if self._export_error is not None and _is_exporting():
+            raise OpaqueSubclassError(self._export_error)
         return self._rebuild(leaves)  # type: ignore[no-any-return]  # a subclass instance
 
     def right_inverse(self, value: torch.Tensor) -> list[Any]:
@@ -56,7 +71,76 @@ class UnwrapSubclass(torch.nn.Module):
         safe = spec.runtime_safe()
         self.spec = safe
         self._rebuild = compiled_wrap(safe)
+        self._export_error = _export_error(safe, self.path)
         return leaves
+
+
+def _is_exporting() -> bool:
+    """Whether torch.export is tracing, also inside Dynamo. Reads the flag export
+    sets: torch 2.11's Dynamo folds ``torch.compiler.is_exporting()`` to True under
+    every ``torch.compile`` (torch 2.12+ reads this flag itself)."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    return torch.compiler.is_exporting() if flag is None else bool(flag)
+
+
+@functools.cache
+def _marker_code() -> Any:
+    """The code object of the wrappers torch's exportable-constructor marker makes."""
+    from torch._export.wrappers import mark_subclass_constructor_exportable_experimental
+
+    def __init__(self: Any) -> None:
+        pass
+
+    return mark_subclass_constructor_exportable_experimental(__init__).__code__
+
+
+def is_exportable_constructor(cls: type) -> bool:
+    """Whether ``torch.export`` can record constructing ``cls`` while tracing: its
+    ``__init__`` (own or inherited, under any ``functools.wraps`` decorators such as
+    ``torch._disable_dynamo``) is wrapped by
+    ``torch._export.wrappers.mark_subclass_constructor_exportable_experimental``."""
+    marker = _marker_code()
+    fn: Any = getattr(cls, "__init__", None)
+    seen: set[int] = set()
+    while fn is not None and id(fn) not in seen:
+        seen.add(id(fn))
+        if getattr(fn, "__code__", None) is marker:
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
+
+
+def _owner_expression(owner: str) -> str:
+    """Python for the submodule at ``owner`` of a module named ``module``."""
+    if not owner:
+        return "module"
+    if all(part.isidentifier() for part in owner.split(".")):
+        return f"module.{owner}"
+    return f"module.get_submodule({owner!r})"
+
+
+def _export_error(spec: SubclassCreationMeta, path: str | None) -> str | None:
+    """The message for exporting a rebuild of ``spec`` that torch cannot record,
+    or ``None`` when every subclass level has an exportable constructor."""
+    name = path or "x"
+    unmarked = [(p, m.subclass_type) for p, m in iter_subclasses(spec, name) if not is_exportable_constructor(m.subclass_type)]
+    if not unmarked:
+        return None
+    where = ", ".join(f"{qualified_name(t)} at '{p}'" for p, t in unmarked)
+    owner, _, attr = name.rpartition(".")
+    first = unmarked[0][1].__name__
+    return (
+        f"torch.export cannot rebuild the parametrized tensor '{name}' made by unwrap_tensor_subclass_parameters: "
+        f"it constructs {where} while tracing, and torch.export records a subclass construction only when "
+        "the class's __init__ is marked with torch._export.wrappers.mark_subclass_constructor_exportable_experimental "
+        "(without it, torch fails later with 'RuntimeError: Unable to cast NotImplemented to Tensor'). "
+        f"Fix: export the subclass parameter itself, which torch.export handles: "
+        f"`torch.nn.utils.parametrize.remove_parametrizations({_owner_expression(owner)}, {attr!r})` "
+        f"(module being the exported module); or make {first} recordable: derive it from "
+        "opaque_subclass.OpaqueSubclass, or decorate its __init__ with @torch._disable_dynamo and "
+        "@mark_subclass_constructor_exportable_experimental (its arguments must then be tensors, opaques, "
+        "ints, floats, bools or strings)."
+    )
 
 
 def unwrap_tensor_subclass_parameters(module: torch.nn.Module) -> torch.nn.Module:
@@ -73,11 +157,12 @@ def unwrap_tensor_subclass_parameters(module: torch.nn.Module) -> torch.nn.Modul
 
     Works on torch 2.11 (with the backport) and on torch >= 2.12.
     """
-    for sub in module.modules():
+    for prefix, sub in module.named_modules():
         names = [n for n, p in sub.named_parameters(recurse=False) if is_wrapper_subclass(p)]
         names += [n for n, b in sub.named_buffers(recurse=False) if is_wrapper_subclass(b)]
         for name in names:
             if parametrize.is_parametrized(sub, name):
                 continue
-            parametrize.register_parametrization(sub, name, UnwrapSubclass(), unsafe=True)
+            path = f"{prefix}.{name}" if prefix else name
+            parametrize.register_parametrization(sub, name, UnwrapSubclass(path), unsafe=True)
     return module

@@ -37,6 +37,7 @@ __all__ = [
     "SubclassCreationMeta",
     "SymIntMeta",
     "iter_slots",
+    "iter_subclasses",
     "symint_placeholders",
 ]
 
@@ -338,3 +339,12 @@ def iter_slots(meta: SlotMeta, prefix: str = "") -> Iterator[tuple[str, FlatMeta
     else:
         raise AssertionError(f"iter_slots: unexpected meta {meta!r}")
 
+
+def iter_subclasses(meta: SlotMeta, prefix: str = "") -> Iterator[tuple[str, SubclassCreationMeta]]:
+    """Yield ``(path, subclass_meta)`` for ``meta`` and every subclass nested in
+    it, outermost first; paths as in :func:`iter_slots` (``""`` for the top level
+    when ``prefix`` is empty). Plain tensors and opaques yield nothing."""
+    if isinstance(meta, SubclassCreationMeta):
+        yield prefix, meta
+        for name, sub in meta.attrs.items():
+            yield from iter_subclasses(sub, f"{prefix}.{name}" if prefix else name)

@@ -1,13 +1,12 @@
 """torch.export of modules with opaque-attribute subclass parameters and inputs."""
 
+import re
+
 import pytest
 import torch
 
-import opaque_subclass as osc
-from opaque_subclass import OpaqueSubclass, unwrap_tensor_subclass_parameters
-from subclasses import Mesh
-
-BACKPORT = osc.support().mode == "backport"
+from opaque_subclass import OpaqueSubclass, OpaqueSubclassError, is_exportable_constructor, unwrap_tensor_subclass_parameters
+from subclasses import Mesh, MeshTensor
 
 
 class Sharded(OpaqueSubclass):
@@ -49,23 +48,10 @@ def test_export_subclass_input_uses_runtime_opaque(strict):
     torch.testing.assert_close(out._data, torch.arange(3.0) * 2 + 1)
 
 
-@pytest.mark.parametrize(
-    "strict",
-    [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                BACKPORT,
-                reason="torch 2.11 strict export: Dynamo makes the opaque module attribute a graph input "
-                "with an attribute source, and export's capture asserts user-input sources (not backported yet)",
-                raises=AssertionError,
-                strict=True,
-            ),
-        ),
-    ],
-    ids=["non-strict", "strict"],
-)
+STRICT = pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+
+
+@STRICT
 def test_export_after_unwrap_has_only_plain_tensor_parameters(strict):
     mesh = Mesh("u")
     module = Scale(mesh)
@@ -73,6 +59,134 @@ def test_export_after_unwrap_has_only_plain_tensor_parameters(strict):
     x = torch.randn(3)
     ep = torch.export.export(module, (x,), strict=strict)
     assert {k: type(v) for k, v in ep.state_dict.items()} == {"parametrizations.w.original0": torch.nn.Parameter}
+    kinds = [(spec.kind.name, spec.target) for spec in ep.graph_signature.input_specs]
+    assert kinds == [
+        ("PARAMETER", "parametrizations.w.original0"),
+        ("CUSTOM_OBJ", "parametrizations.w.0.lifted_custom_0"),
+        ("USER_INPUT", None),
+    ]
+    assert ep.constants["parametrizations.w.0.lifted_custom_0"] is mesh
     out, ref = ep.module()(x), module(x)
     assert type(out) is Sharded and out._mesh is mesh
     torch.testing.assert_close(out._data, ref._data)
+
+
+class SharedMesh(torch.nn.Module):
+    def __init__(self, mesh):
+        super().__init__()
+        self.w = torch.nn.Parameter(Sharded(torch.arange(3.0), mesh))
+        self.v = torch.nn.Parameter(Sharded(torch.ones(3), mesh))
+
+    def forward(self, x):
+        return self.w * x, self.v + x
+
+
+@STRICT
+def test_export_after_unwrap_lifts_a_shared_opaque_once(strict):
+    mesh = Mesh("shared")
+    module = unwrap_tensor_subclass_parameters(SharedMesh(mesh))
+    ep = torch.export.export(module, (torch.ones(3),), strict=strict)
+    custom = [spec.target for spec in ep.graph_signature.input_specs if spec.kind.name == "CUSTOM_OBJ"]
+    assert len(custom) == 1 and ep.constants[custom[0]] is mesh
+    w, v = ep.module()(torch.full((3,), 2.0))
+    assert w._mesh is mesh and v._mesh is mesh
+    torch.testing.assert_close(w._data, torch.arange(3.0) * 2)
+    torch.testing.assert_close(v._data, torch.full((3,), 3.0))
+
+
+@torch.library.custom_op("opaque_subclass_tests::add_name_length", mutates_args=())
+def add_name_length(t: torch.Tensor, mesh: Mesh) -> torch.Tensor:
+    return t + len(mesh.name)
+
+
+@add_name_length.register_fake
+def _(t, mesh):
+    return torch.empty_like(t)
+
+
+class HoldsMesh(torch.nn.Module):
+    """A reference opaque as a plain module attribute, handed to a custom op."""
+
+    def __init__(self, mesh):
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, x):
+        return add_name_length(x, self.mesh)
+
+
+@STRICT
+def test_export_of_an_opaque_module_attribute(strict):
+    mesh = Mesh("abcd")
+    ep = torch.export.export(HoldsMesh(mesh), (torch.ones(2),), strict=strict)
+    assert [(spec.kind.name, spec.target) for spec in ep.graph_signature.input_specs] == [
+        ("CUSTOM_OBJ", "lifted_custom_0"),
+        ("USER_INPUT", None),
+    ]
+    unlifted = ep.module()
+    assert unlifted.lifted_custom_0 is mesh
+    torch.testing.assert_close(unlifted(torch.ones(2)), torch.full((2,), 5.0))
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, weight):
+        super().__init__()
+        self.w = torch.nn.Parameter(weight)
+
+    def forward(self, x):
+        return self.w * x
+
+
+class Net(torch.nn.Module):
+    def __init__(self, weight):
+        super().__init__()
+        self.layer = Layer(weight)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+def test_exportable_constructor_detection():
+    from torch._export.wrappers import mark_subclass_constructor_exportable_experimental
+
+    class Marked(MeshTensor):
+        pass
+
+    Marked.__init__ = torch._disable_dynamo(mark_subclass_constructor_exportable_experimental(MeshTensor.__init__))
+    assert is_exportable_constructor(Sharded) and is_exportable_constructor(Marked)
+    assert not is_exportable_constructor(MeshTensor) and not is_exportable_constructor(torch.Tensor)
+
+
+@STRICT
+def test_export_of_unrecordable_rebuild_names_subclass_path_and_fix(strict):
+    mesh = Mesh("hand")
+    module = unwrap_tensor_subclass_parameters(Net(MeshTensor(torch.arange(3.0), mesh)))
+    x = torch.ones(3)
+    assert type(module(x)) is MeshTensor  # eager (and compile) are unaffected
+    with pytest.raises(Exception) as info:
+        torch.export.export(module, (x,), strict=strict)
+    msg = str(info.value)
+    # Non-strict raises ours; strict mode's Dynamo wraps it (Unsupported: Observed exception).
+    assert isinstance(info.value, OpaqueSubclassError) or "Observed exception" in msg
+    assert "'layer.w'" in msg and "subclasses.MeshTensor at 'layer.w'" in msg
+    assert "Unable to cast NotImplemented to Tensor" in msg and "mark_subclass_constructor_exportable_experimental" in msg
+    fix = re.search(r"Fix: [^`]*`([^`]+)`", msg).group(1)
+    assert fix == "torch.nn.utils.parametrize.remove_parametrizations(module.layer, 'w')"
+    exec(fix, {"torch": torch, "module": module})  # the fix runs as written
+    ep = torch.export.export(module, (x,), strict=strict)
+    out = ep.module()(x)
+    assert type(out) is MeshTensor and out._mesh is mesh
+    torch.testing.assert_close(out._data, torch.arange(3.0))
+
+
+def test_unrecordable_nested_level_is_named():
+    from opaque_subclass.parametrization import UnwrapSubclass
+
+    class Outer(OpaqueSubclass):
+        tensor_attrs = ("_inner",)
+
+    p = UnwrapSubclass("blocks.0.w")
+    p.right_inverse(Outer(MeshTensor(torch.ones(2), Mesh("n"))))
+    assert "subclasses.MeshTensor at 'blocks.0.w._inner'" in p._export_error
+    assert "Outer" not in p._export_error  # the outer level is recordable
+    assert "remove_parametrizations(module.get_submodule('blocks.0'), 'w')" in p._export_error
