@@ -1,6 +1,9 @@
 """End-to-end scenarios: tensor subclasses with opaque attributes through
 torch.compile (Dynamo + AOTAutograd, aot_eager and inductor), compiled autograd
-and identity guards.
+and identity guards; and through the torch APIs that walk ``__tensor_flatten__``
+outside compilation: ``nn.utils.parametrize``, torch's subclass parametrization,
+``torch.export`` (strict and non-strict), FSDP1's module-state sync and the
+memory tools' storage accounting.
 
 Written against plain torch APIs plus ``import opaque_subclass``: on torch >= 2.12
 torch runs them natively, on torch 2.11 the backport does.
@@ -9,6 +12,7 @@ torch runs them natively, on torch 2.11 the backport does.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any
 
 import pytest
@@ -316,3 +320,198 @@ def forward(self, primals_1, primals_2, tangents_1, tangents_2):
     add = torch.ops.aten.add.Tensor(mul_2, mul_1);  mul_2 = mul_1 = None
     return (add, primals_2)""",
         )
+
+
+# ---------------------------------------------------------------- modules: parametrize, export, FSDP, storage
+#
+# Plain torch APIs that walk ``__tensor_flatten__`` outside torch.compile.
+
+
+class ExportableMeshTensor(MeshTensor):
+    """A MeshTensor whose construction torch.export can record while tracing (so an
+    exported program may rebuild it from a parametrization's leaves)."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, mesh: Any) -> ExportableMeshTensor:
+        return MeshTensor.__new__(cls, data, mesh)
+
+    @torch._disable_dynamo
+    @torch._export.wrappers.mark_subclass_constructor_exportable_experimental
+    def __init__(self, data: torch.Tensor, mesh: Any) -> None:
+        pass
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, Any], ctx: None, size: Any, stride: Any) -> ExportableMeshTensor:
+        return ExportableMeshTensor(inner["_data"], inner["_mesh"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        mesh = next(a._mesh for a in tree_leaves_of(args) if isinstance(a, MeshTensor))
+        unwrap = lambda t: t._data  # noqa: E731
+        out = func(*tree_map_only(MeshTensor, unwrap, args), **tree_map_only(MeshTensor, unwrap, kwargs or {}))
+        return tree_map_only(torch.Tensor, lambda t: ExportableMeshTensor(t, mesh), out)
+
+
+class Scale(torch.nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w * x + 1
+
+
+class SplitMesh(torch.nn.Module):
+    def forward(self, data: torch.Tensor, mesh: Any) -> MeshTensor:
+        return MeshTensor(data, mesh)
+
+    def right_inverse(self, value: MeshTensor) -> list[Any]:
+        return [value._data, value._mesh]
+
+
+def test_register_parametrization_stores_reference_opaque_as_attribute():
+    from torch.nn.utils import parametrize
+
+    mesh = Mesh("param")
+    module = Scale(MeshTensor(torch.arange(3.0), mesh))
+    parametrize.register_parametrization(module, "w", SplitMesh())
+    plist = module.parametrizations.w
+    assert plist.original1 is mesh and "original1" not in dict(plist.named_parameters())
+    assert list(module.state_dict()) == ["parametrizations.w.original0"]
+    assert module.w._mesh is mesh and torch.equal(module.w._data, torch.arange(3.0))
+    assert [type(p) for p in module.parameters()] == [torch.nn.Parameter]
+    new = Mesh("assigned")
+    module.w = MeshTensor(torch.ones(3), new)
+    assert plist.original1 is new and torch.equal(plist.original0, torch.ones(3))
+
+
+def test_register_parametrization_refuses_value_opaque():
+    from torch.nn.utils import parametrize
+
+    class ReturnsConfig(SplitMesh):
+        def right_inverse(self, value):
+            return [value._data, Config(8)]
+
+    module = Scale(MeshTensor(torch.ones(2), Mesh("v")))
+    with pytest.raises(ValueError):
+        parametrize.register_parametrization(module, "w", ReturnsConfig(), unsafe=True)
+    assert not parametrize.is_parametrized(module, "w")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_subclass_parametrization_keeps_opaques(backend):
+    from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
+
+    inner, outer = Mesh("inner"), Mesh("outer")
+    module = unwrap_tensor_subclass_parameters(Scale(MeshTensor(MeshTensor(torch.arange(3.0), inner), outer)))
+    plist = module.parametrizations.w
+    assert plist.original1 is inner and plist.original2 is outer
+    assert list(module.state_dict()) == ["parametrizations.w.original0"]
+    w = module.w
+    assert w._mesh is outer and w._data._mesh is inner and torch.equal(w._data._data, torch.arange(3.0))
+    # Compiled, the rebuilt parameter carries the module's opaques (graph inputs
+    # read from the module), and a new opaque assigned later is used without
+    # recompiling.
+    cnt = _counter(backend)
+    compiled = torch.compile(module, backend=cnt, fullgraph=True)
+    with torch.no_grad():
+        out = compiled(torch.full((3,), 2.0))
+        assert out._mesh is outer and out._data._mesh is inner
+        torch.testing.assert_close(out._data._data, torch.arange(3.0) * 2 + 1)
+        plist.original2 = replaced = Mesh("replaced")
+        out = compiled(torch.full((3,), 2.0))
+    assert out._mesh is replaced and out._data._mesh is inner
+    assert cnt.frame_count == 1
+
+
+def test_torch_subclass_parametrization_refuses_value_opaque_attribute():
+    from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
+
+    x = MeshTensor(torch.ones(2), Mesh("m"))
+    x._mesh = Config(4)
+    with pytest.raises(ValueError) as info:
+        unwrap_tensor_subclass_parameters(Scale(x))
+    msg = str(info.value)
+    assert "Config" in msg and "MeshTensor" in msg
+    if opaque_subclass.support().mode == "backport":
+        assert "lists attribute '_mesh'" in msg and "Fix:" in msg
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+def test_export_subclass_input_and_parameter(strict):
+    class Model(torch.nn.Module):
+        def __init__(self, mesh):
+            super().__init__()
+            self.w = torch.nn.Parameter(MeshTensor(torch.arange(3.0), mesh))
+
+        def forward(self, x):
+            return self.w * x + 1
+
+    w_mesh = Mesh("w")
+    model = Model(w_mesh)
+    x = MeshTensor(torch.ones(3), Mesh("traced"))
+    ep = torch.export.export(model, (x,), strict=strict)
+    run = MeshTensor(torch.full((3,), 2.0), Mesh("run"))
+    out, expected = ep.module()(run), model(run)
+    assert type(out) is MeshTensor and out._mesh is expected._mesh
+    torch.testing.assert_close(out._data, expected._data)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+def test_export_after_torch_subclass_parametrization(strict):
+    from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
+    from torch.export.graph_signature import InputKind
+
+    mesh = Mesh("exported")
+    module = unwrap_tensor_subclass_parameters(Scale(ExportableMeshTensor(torch.arange(3.0), mesh)))
+    ep = torch.export.export(module, (torch.ones(3),), strict=strict)
+    kinds = [(spec.kind, spec.target) for spec in ep.graph_signature.input_specs]
+    assert kinds[0] == (InputKind.PARAMETER, "parametrizations.w.original0")
+    assert [k for k, _ in kinds[1:]] == [InputKind.CUSTOM_OBJ, InputKind.USER_INPUT]
+    assert all(type(p) is torch.nn.Parameter for p in ep.state_dict.values())
+    (constant,) = ep.constants.values()
+    assert constant is mesh
+    x = torch.full((3,), 2.0)
+    out = ep.module()(x)
+    assert type(out) is ExportableMeshTensor and out._mesh is mesh
+    torch.testing.assert_close(out._data, torch.arange(3.0) * 2 + 1)
+
+
+def test_storage_accounting_skips_opaques():
+    from torch.distributed._tools.common_utils import get_untyped_storages
+
+    data, inner_data = torch.ones(4), torch.zeros(2)
+    x = MeshTensor(data, Mesh("s"))
+    nested = MeshTensor(MeshTensor(inner_data, Mesh("in")), Mesh("out"))
+    with warnings.catch_warnings():
+        # torch 2.11 without the backport warns "Expected a tensor ..." for each opaque.
+        warnings.simplefilter("error")
+        assert get_untyped_storages(x) == {data.untyped_storage()}
+        assert get_untyped_storages(nested) == {inner_data.untyped_storage()}
+
+
+def test_fsdp1_module_state_sync_keeps_opaques():
+    # FSDP1's sync_module_states is GPU-only in torch; its device check is
+    # bypassed here so that the walk itself runs on CPU (one gloo process).
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import _init_utils
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=30))
+    check = _init_utils._check_module_states_for_sync_module_states
+    _init_utils._check_module_states_for_sync_module_states = lambda states: None
+    try:
+        mesh, inner = Mesh("fsdp"), Mesh("fsdp-inner")
+        module = Scale(MeshTensor(MeshTensor(torch.arange(3.0), inner), mesh))
+        module.register_buffer("b", MeshTensor(torch.ones(2), mesh))
+        _init_utils._sync_module_params_and_buffers(module, list(module.parameters()), dist.group.WORLD)
+        assert module.w._mesh is mesh and module.w._data._mesh is inner and module.b._mesh is mesh
+        assert torch.equal(module.w._data._data, torch.arange(3.0))
+    finally:
+        _init_utils._check_module_states_for_sync_module_states = check
+        dist.destroy_process_group()

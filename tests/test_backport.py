@@ -516,7 +516,23 @@ def _strict_export_reads_captured_opaque():
     assert ep.module()(torch.ones(3))._mesh is mesh
 
 
+def _torch_unwrap_parametrization_keeps_opaque():
+    from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
+
+    from test_opaque_obj_v2 import Mesh, MeshTensor
+
+    module = torch.nn.Module()
+    mesh = Mesh("torch-unwrap")
+    module.w = torch.nn.Parameter(MeshTensor(torch.arange(3.0), mesh))
+    unwrap_tensor_subclass_parameters(module)
+    assert module.parametrizations.w.original1 is mesh
+    w = module.w
+    assert type(w) is MeshTensor and w._mesh is mesh and torch.equal(w._data, torch.arange(3.0))
+
+
 NEEDED_BY = {
+    "torch._functorch._aot_autograd.subclass_parametrization.UnwrapTensorSubclass.right_inverse": _torch_unwrap_parametrization_keeps_opaque,
+    "torch._functorch._aot_autograd.subclass_parametrization.UnwrapTensorSubclass.forward": _torch_unwrap_parametrization_keeps_opaque,
     "torch._dynamo.convert_frame.fullgraph_capture": _strict_export_reads_captured_opaque,
     "torch._export.passes.lift_constants_pass.lift_constants_pass": _export_after_unwrap_lifts_opaque,
     "torch.export.unflatten._assign_attr": _export_after_unwrap_lifts_opaque,

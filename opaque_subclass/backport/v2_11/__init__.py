@@ -19,6 +19,7 @@ PRELOAD = (
     "torch._dynamo.guards",
     "torch.fx.experimental.symbolic_shapes",
     "torch.nn.utils.parametrize",
+    "torch._functorch._aot_autograd.subclass_parametrization",
     "torch._export.non_strict_utils",
     "torch._export.passes.lift_constants_pass",
     "torch.export._trace",

@@ -7,6 +7,14 @@ parameters or buffers, and handed back to ``forward`` as the same objects.
 torch 2.11 rejects any non-tensor element. These patches give 2.11 the native
 behaviour and give a value-type opaque a clear error.
 
+torch's own subclass parametrization
+(``torch._functorch._aot_autograd.subclass_parametrization``, whose
+``unwrap_tensor_subclass_parameters`` registers an ``UnwrapTensorSubclass`` on
+every subclass parameter) learnt in the same change to put each reference
+opaque of ``__tensor_flatten__`` among its leaves, marked in its creation
+metadata, and to hand it back to ``__tensor_unflatten__``; torch 2.11 treats the
+opaque as a tensor and fails. Two more patches give 2.11 that too.
+
 Technique: while torch's own ``ParametrizationList.__init__`` runs, the
 parametrization applied last has its ``right_inverse`` wrapped (on the
 instance, for the duration of the call) so that each opaque is replaced by an
@@ -23,7 +31,9 @@ from typing import Any
 import torch
 
 from ...errors import describe_type, qualified_name
+from ...flatten import _bad_attribute, _flatten_names, _get, is_wrapper_subclass
 from ...registry import opaque_kind, opaque_type_of
+from ...schema import OpaqueMeta
 from ..patching import Patch
 
 __all__ = ["PATCHES"]
@@ -170,9 +180,104 @@ def make_right_inverse(original: Callable[..., Any]) -> Callable[..., Any]:
     return right_inverse
 
 
+def _has_opaque(meta: Any) -> bool:
+    """Whether torch's subclass-parametrization meta ``meta`` holds an opaque slot."""
+    if isinstance(meta, OpaqueMeta):
+        return True
+    return meta is not None and any(_has_opaque(sub) for sub in meta.attrs.values())
+
+
+def make_unwrap_right_inverse(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``UnwrapTensorSubclass.right_inverse`` of
+    ``torch._functorch._aot_autograd.subclass_parametrization`` (torch 2.11).
+
+    Without it, ``unwrap_tensor_subclass_parameters`` on a module whose subclass
+    parameter lists an opaque attribute fails (``'Mesh' object has no attribute
+    '__tensor_flatten__'``). With it, each reference opaque becomes one leaf (the
+    very object) and its slot in ``subclass_meta.attrs`` an
+    :class:`opaque_subclass.OpaqueMeta`, where torch 2.12+
+    (pytorch/pytorch#176457) puts its own ``OpaqueMeta``; a value-type opaque or an unregistered object gets the
+    library's error naming the subclass, the attribute, the type and the fix.
+    A subclass without opaques gets torch's own metadata, unchanged.
+    """
+    from torch._functorch._aot_autograd.subclass_parametrization import SubclassCreationMeta
+
+    def describe(t: torch.Tensor, path: str, leaves: list[Any]) -> Any:
+        if not is_wrapper_subclass(t):
+            leaves.append(t)
+            return None
+        start = len(leaves)
+        names, ctx = _flatten_names(t, path)
+        attrs: dict[str, Any] = {}
+        for name in names:
+            value = _get(t, name, path)
+            where = f"{path}.{name}"
+            if isinstance(value, torch.Tensor):
+                attrs[name] = describe(value, where, leaves)
+            elif opaque_kind(value) == "reference":
+                attrs[name] = OpaqueMeta(len(leaves), name, opaque_type_of(value))
+                leaves.append(value)
+            else:
+                error = _bad_attribute(t, name, where, value)
+                # torch 2.12+ raises ValueError for a value-type opaque here.
+                raise (ValueError(str(error)) if opaque_kind(value) == "value" else error)
+        return SubclassCreationMeta(
+            start_idx=start,
+            num_tensors=len(leaves) - start,
+            class_type=type(t),
+            attrs=attrs,
+            metadata=ctx,
+            outer_size=t.size(),
+            outer_stride=t.stride(),
+        )
+
+    def right_inverse(self: Any, tensor: torch.Tensor) -> list[Any]:
+        if not is_wrapper_subclass(tensor):
+            return original(self, tensor)  # type: ignore[no-any-return]  # torch's own check and error
+        leaves: list[Any] = []
+        meta = describe(tensor, "x", leaves)
+        if not _has_opaque(meta):
+            return original(self, tensor)  # type: ignore[no-any-return]  # tensors only: stock torch
+        self.subclass_meta = meta
+        return leaves
+
+    return right_inverse
+
+
+def make_unwrap_forward(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``UnwrapTensorSubclass.forward`` of
+    ``torch._functorch._aot_autograd.subclass_parametrization`` (torch 2.11).
+
+    Without it, the metadata made by the patched ``right_inverse`` cannot be
+    read back (torch 2.11 rebuilds every slot as a tensor or a subclass). With
+    it, the subclass is rebuilt from its leaves and each opaque slot's leaf (the
+    very object) goes to ``__tensor_unflatten__``, as torch 2.12+ does
+    (pytorch/pytorch#176457). Metadata without opaques runs torch's own code.
+    """
+
+    def build(meta: Any, leaves: tuple[Any, ...], at: int) -> tuple[Any, int]:
+        if meta is None or isinstance(meta, OpaqueMeta):
+            return leaves[at], at + 1
+        inner: dict[str, Any] = {}
+        for name, sub in meta.attrs.items():
+            inner[name], at = build(sub, leaves, at)
+        return meta.class_type.__tensor_unflatten__(inner, meta.metadata, meta.outer_size, meta.outer_stride), at
+
+    def forward(self: Any, *leaves: Any) -> torch.Tensor:
+        meta = self.subclass_meta
+        if not _has_opaque(meta):
+            return original(self, *leaves)  # type: ignore[no-any-return]  # a tensor
+        return build(meta, leaves, 0)[0]  # type: ignore[no-any-return]  # a subclass instance
+
+    return forward
+
+
 _PL = "torch.nn.utils.parametrize.ParametrizationList."
+_UT = "torch._functorch._aot_autograd.subclass_parametrization.UnwrapTensorSubclass."
 
 PATCHES = [
     Patch(_PL + "__init__", "4ba455d7a2794631", make_init),
     Patch(_PL + "right_inverse", "3ee33189db9332e2", make_right_inverse),
+    Patch(_UT + "right_inverse", "b059ddfb4b07ce30", make_unwrap_right_inverse),
+    Patch(_UT + "forward", "3121306112ee0f7e", make_unwrap_forward),
 ]
