@@ -82,13 +82,16 @@ def _bad_attribute(owner: torch.Tensor, name: str, path: str, value: object) -> 
         f"(path {path!r}), which holds {describe_type(value)}"
     )
     if kind == "value":
-        return TypeError(
+        error = TypeError(
             f"{where}, a value-type opaque. Value opaques are constants that torch.compile "
             "compares and bakes into the graph, so they belong in the flatten context, not "
             "in the attribute list. Fix: remove it from the names and return it in the "
             f"context (`return names, (..., self.{name})`), or, if its identity matters, "
             "re-register the class as a reference opaque in a fresh process."
         )
+        # Read by callers that must raise torch's exception type for this case.
+        error.opaque_kind = kind  # type: ignore[attr-defined]  # a plain attribute on the instance
+        return error
     if value_cls.__module__ == "builtins" or value_cls is type(None):
         return TypeError(
             f"{where}. Only tensors and registered reference opaques may be listed. "

@@ -31,9 +31,9 @@ from typing import Any
 import torch
 
 from ...errors import describe_type, qualified_name
-from ...flatten import _bad_attribute, _flatten_names, _get, is_wrapper_subclass
+from ...flatten import flatten_subclass, is_wrapper_subclass
 from ...registry import opaque_kind, opaque_type_of
-from ...schema import OpaqueMeta
+from ...schema import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
 from ..patching import Patch
 
 __all__ = ["PATCHES"]
@@ -196,49 +196,42 @@ def make_unwrap_right_inverse(original: Callable[..., Any]) -> Callable[..., Any
     '__tensor_flatten__'``). With it, each reference opaque becomes one leaf (the
     very object) and its slot in ``subclass_meta.attrs`` an
     :class:`opaque_subclass.OpaqueMeta`, where torch 2.12+
-    (pytorch/pytorch#176457) puts its own ``OpaqueMeta``; a value-type opaque or an unregistered object gets the
-    library's error naming the subclass, the attribute, the type and the fix.
-    A subclass without opaques gets torch's own metadata, unchanged.
+    (pytorch/pytorch#176457) puts its own ``OpaqueMeta``; a value-type opaque
+    (``ValueError``, as torch 2.12+) or an unregistered object (``TypeError``)
+    gets the library's error naming the subclass, the attribute, the type and
+    the fix. A subclass without opaques gets torch's own metadata, unchanged.
     """
-    from torch._functorch._aot_autograd.subclass_parametrization import SubclassCreationMeta
+    from torch._functorch._aot_autograd.subclass_parametrization import SubclassCreationMeta as TorchMeta
 
-    def describe(t: torch.Tensor, path: str, leaves: list[Any]) -> Any:
-        if not is_wrapper_subclass(t):
-            leaves.append(t)
+    def torch_meta(meta: SlotMeta) -> Any:
+        """torch's metadata for the library's ``meta`` (``None`` for a plain tensor)."""
+        if isinstance(meta, PlainTensorMeta):
             return None
-        start = len(leaves)
-        names, ctx = _flatten_names(t, path)
-        attrs: dict[str, Any] = {}
-        for name in names:
-            value = _get(t, name, path)
-            where = f"{path}.{name}"
-            if isinstance(value, torch.Tensor):
-                attrs[name] = describe(value, where, leaves)
-            elif opaque_kind(value) == "reference":
-                attrs[name] = OpaqueMeta(len(leaves), name, opaque_type_of(value))
-                leaves.append(value)
-            else:
-                error = _bad_attribute(t, name, where, value)
-                # torch 2.12+ raises ValueError for a value-type opaque here.
-                raise (ValueError(str(error)) if opaque_kind(value) == "value" else error)
-        return SubclassCreationMeta(
-            start_idx=start,
-            num_tensors=len(leaves) - start,
-            class_type=type(t),
-            attrs=attrs,
-            metadata=ctx,
-            outer_size=t.size(),
-            outer_stride=t.stride(),
+        if isinstance(meta, OpaqueMeta):
+            return meta
+        return TorchMeta(
+            start_idx=meta.flat_tensor_start_idx,
+            num_tensors=meta.arg_count,
+            class_type=meta.subclass_type,
+            attrs={name: torch_meta(sub) for name, sub in meta.attrs.items()},
+            metadata=meta.meta,
+            outer_size=meta.outer_size,
+            outer_stride=meta.outer_stride,
         )
 
     def right_inverse(self: Any, tensor: torch.Tensor) -> list[Any]:
         if not is_wrapper_subclass(tensor):
             return original(self, tensor)  # type: ignore[no-any-return]  # torch's own check and error
-        leaves: list[Any] = []
-        meta = describe(tensor, "x", leaves)
-        if not _has_opaque(meta):
+        try:
+            leaves, spec = flatten_subclass(tensor)
+        except TypeError as error:
+            if getattr(error, "opaque_kind", None) == "value":
+                raise ValueError(str(error)) from None  # torch 2.12+'s exception type here
+            raise
+        assert isinstance(spec, SubclassCreationMeta)  # a wrapper subclass was flattened
+        if spec.num_opaques == 0:
             return original(self, tensor)  # type: ignore[no-any-return]  # tensors only: stock torch
-        self.subclass_meta = meta
+        self.subclass_meta = torch_meta(spec)
         return leaves
 
     return right_inverse
