@@ -66,15 +66,15 @@ class MeshTensor(torch.Tensor):
     def __tensor_flatten__(self) -> tuple[list[str], None]:
         return ["_data", "_mesh"], None
 
-    @staticmethod
-    def __tensor_unflatten__(inner: dict[str, Any], ctx: None, size: Any, stride: Any) -> MeshTensor:
-        return MeshTensor(inner["_data"], inner["_mesh"])
+    @classmethod
+    def __tensor_unflatten__(cls, inner: dict[str, Any], ctx: None, size: Any, stride: Any) -> MeshTensor:
+        return cls(inner["_data"], inner["_mesh"])
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         mesh = next(a._mesh for a in tree_leaves_of(args) if isinstance(a, MeshTensor))
         out = func(*tree_map_only(MeshTensor, lambda t: t._data, args), **tree_map_only(MeshTensor, lambda t: t._data, kwargs or {}))
-        return tree_map_only(torch.Tensor, lambda t: MeshTensor(t, mesh), out)
+        return tree_map_only(torch.Tensor, lambda t: cls(t, mesh), out)
 
 
 def tree_leaves_of(args: Any) -> list[Any]:
@@ -331,25 +331,10 @@ class ExportableMeshTensor(MeshTensor):
     """A MeshTensor whose construction torch.export can record while tracing (so an
     exported program may rebuild it from a parametrization's leaves)."""
 
-    @staticmethod
-    def __new__(cls, data: torch.Tensor, mesh: Any) -> ExportableMeshTensor:
-        return MeshTensor.__new__(cls, data, mesh)
-
     @torch._disable_dynamo
     @torch._export.wrappers.mark_subclass_constructor_exportable_experimental
     def __init__(self, data: torch.Tensor, mesh: Any) -> None:
         pass
-
-    @staticmethod
-    def __tensor_unflatten__(inner: dict[str, Any], ctx: None, size: Any, stride: Any) -> ExportableMeshTensor:
-        return ExportableMeshTensor(inner["_data"], inner["_mesh"])
-
-    @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        mesh = next(a._mesh for a in tree_leaves_of(args) if isinstance(a, MeshTensor))
-        unwrap = lambda t: t._data  # noqa: E731
-        out = func(*tree_map_only(MeshTensor, unwrap, args), **tree_map_only(MeshTensor, unwrap, kwargs or {}))
-        return tree_map_only(torch.Tensor, lambda t: ExportableMeshTensor(t, mesh), out)
 
 
 class Scale(torch.nn.Module):

@@ -408,45 +408,6 @@ def _export_subclass_input_non_strict():
     assert ep.module()(other)._mesh is other._mesh
 
 
-def _storages_skip_opaques():
-    import warnings
-
-    from torch.distributed._tools.common_utils import get_untyped_storages
-
-    from test_opaque_obj_v2 import Mesh, MeshTensor
-
-    x = MeshTensor(torch.ones(3), Mesh("s"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert get_untyped_storages(x) == {x._data.untyped_storage()}
-
-
-def _fsdp_sync_skips_opaques():
-    import socket
-    from datetime import timedelta
-
-    import torch.distributed as dist
-    from torch.distributed.fsdp import _init_utils
-
-    from test_opaque_obj_v2 import Mesh, MeshTensor
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=30))
-    check = _init_utils._check_module_states_for_sync_module_states
-    _init_utils._check_module_states_for_sync_module_states = lambda states: None  # GPU-only in torch
-    try:
-        module = torch.nn.Module()
-        mesh = Mesh("sync")
-        module.w = torch.nn.Parameter(MeshTensor(torch.ones(2), mesh))
-        _init_utils._sync_module_params_and_buffers(module, list(module.parameters()), dist.group.WORLD)
-        assert module.w._mesh is mesh
-    finally:
-        _init_utils._check_module_states_for_sync_module_states = check
-        dist.destroy_process_group()
-
-
 def _device_mesh_is_a_graph_input():
     import socket
     from datetime import timedelta
@@ -470,7 +431,7 @@ def _device_mesh_is_a_graph_input():
         dist.destroy_process_group()
 
 
-def _export_after_unwrap_lifts_opaque():
+def _export_after_unwrap(strict):
     from opaque_subclass import OpaqueSubclass, unwrap_tensor_subclass_parameters
 
     from test_opaque_obj_v2 import Mesh
@@ -487,47 +448,36 @@ def _export_after_unwrap_lifts_opaque():
         def forward(self, x):
             return self.w * x
 
-    mesh = Mesh("lift")
+    mesh = Mesh("strict" if strict else "lift")
     module = unwrap_tensor_subclass_parameters(Scale(mesh))
-    ep = torch.export.export(module, (torch.ones(3),), strict=False)
+    ep = torch.export.export(module, (torch.ones(3),), strict=strict)
     assert ep.module()(torch.ones(3))._mesh is mesh
+
+
+def _export_after_unwrap_lifts_opaque():
+    _export_after_unwrap(strict=False)
 
 
 def _strict_export_reads_captured_opaque():
-    from opaque_subclass import OpaqueSubclass, unwrap_tensor_subclass_parameters
-
-    from test_opaque_obj_v2 import Mesh
-
-    class Captured(OpaqueSubclass):
-        tensor_attrs = ("_data",)
-        opaque_attrs = {"_mesh": Mesh}
-
-    class Scale(torch.nn.Module):
-        def __init__(self, mesh):
-            super().__init__()
-            self.w = torch.nn.Parameter(Captured(torch.arange(3.0), mesh))
-
-        def forward(self, x):
-            return self.w * x
-
-    mesh = Mesh("strict")
-    module = unwrap_tensor_subclass_parameters(Scale(mesh))
-    ep = torch.export.export(module, (torch.ones(3),), strict=True)
-    assert ep.module()(torch.ones(3))._mesh is mesh
+    _export_after_unwrap(strict=True)
 
 
 def _torch_unwrap_parametrization_keeps_opaque():
-    from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
+    from test_opaque_obj_v2 import test_torch_subclass_parametrization_keeps_opaques
 
-    from test_opaque_obj_v2 import Mesh, MeshTensor
+    test_torch_subclass_parametrization_keeps_opaques("aot_eager")
 
-    module = torch.nn.Module()
-    mesh = Mesh("torch-unwrap")
-    module.w = torch.nn.Parameter(MeshTensor(torch.arange(3.0), mesh))
-    unwrap_tensor_subclass_parameters(module)
-    assert module.parametrizations.w.original1 is mesh
-    w = module.w
-    assert type(w) is MeshTensor and w._mesh is mesh and torch.equal(w._data, torch.arange(3.0))
+
+def _storages_skip_opaques():
+    from test_opaque_obj_v2 import test_storage_accounting_skips_opaques
+
+    test_storage_accounting_skips_opaques()
+
+
+def _fsdp_sync_skips_opaques():
+    from test_opaque_obj_v2 import test_fsdp1_module_state_sync_keeps_opaques
+
+    test_fsdp1_module_state_sync_keeps_opaques()
 
 
 NEEDED_BY = {
