@@ -1,17 +1,21 @@
 """Test matrix for opaque-subclass.
 
-``python -m nox`` runs the ``tests`` session on both torch legs:
+``python -m nox`` runs the ``tests`` session on five torch legs, one per
+supported release (``opaque_subclass/_versions.py`` is the table of what each
+one gets):
 
-* ``tests(torch='2.13.0')`` - native mode (torch >= 2.12 supports opaque
-  attributes itself; nothing is patched);
-* ``tests(torch='2.11.0')`` - backport mode.
+* ``tests(torch='2.11.0')`` - backport mode;
+* ``tests(torch='2.12.0')`` - native mode, with the fixes for 2.12's bugs;
+* ``tests(torch='2.13.0')``, ``tests(torch='2.14.1')``, ``tests(torch='2.15.0')``
+  - native mode (2.14 renamed opaque objects "custom classes").
 
 Each leg has its own virtualenv. torch is installed first, pinned, and pinned
 again next to the project so pip never swaps it for another build. Each leg runs
-the self-check ``python -m opaque_subclass`` and then ``python -m pytest -q``
+the self-check ``python -m opaque_subclass`` and then ``python -m pytest``
 (extra arguments after ``--`` go to pytest: ``python -m nox -- -k flatten``).
 
-``python -m nox -s bench`` runs the benchmarks on both torch legs; it is not
+Each command gets its own empty ``TORCHINDUCTOR_CACHE_DIR``.
+``python -m nox -s bench`` runs the benchmarks on every torch leg; it is not
 a default session.
 
 Virtualenvs live outside the repository, in ``$OPAQUE_SUBCLASS_NOX_ENVDIR`` or
@@ -22,11 +26,15 @@ so a machine without the cache works too, just slower.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 
 import nox
 
-TORCH_VERSIONS = ["2.13.0", "2.11.0"]
+TORCH_VERSIONS = ["2.11.0", "2.12.0", "2.13.0", "2.14.1", "2.15.0"]
 
 nox.options.sessions = ["tests"]
 nox.options.envdir = os.environ.get(
@@ -41,6 +49,11 @@ nox.options.error_on_missing_interpreters = True
 # its nvidia-* packages); a dropped connection gets a few more tries.
 _INSTALL_ATTEMPTS = 3
 
+# Some machines cap torch through a pip constraints file (here: torch<=2.14.1,
+# the releases kept on local disk). The legs pin exact releases themselves, so
+# that machine-wide cap is lifted for the project's own installs.
+_PIP_ENV = {"PIP_CONSTRAINT": "/dev/null"}
+
 
 def _install_torch(session: nox.Session, version: str) -> None:
     """Install ``torch==version`` before anything else, retrying on failure.
@@ -49,7 +62,7 @@ def _install_torch(session: nox.Session, version: str) -> None:
     """
     for attempt in range(1, _INSTALL_ATTEMPTS + 1):
         try:
-            session.install(f"torch=={version}")
+            session.install(f"torch=={version}", env=_PIP_ENV)
             return
         except nox.command.CommandFailed:
             if attempt == _INSTALL_ATTEMPTS:
@@ -62,7 +75,18 @@ def _install_torch(session: nox.Session, version: str) -> None:
 def _install_project(session: nox.Session, torch_version: str, extra: str = "test") -> None:
     # The torch pin on the same command line keeps pip's resolver from
     # replacing the torch installed above.
-    session.install("-e", f".[{extra}]", f"torch=={torch_version}")
+    session.install("-e", f".[{extra}]", f"torch=={torch_version}", env=_PIP_ENV)
+
+
+@contextlib.contextmanager
+def _fresh_inductor_cache() -> Iterator[dict[str, str]]:
+    """A new, empty TORCHINDUCTOR_CACHE_DIR for one command (torch's compile
+    caches shared between processes leak state between them)."""
+    path = tempfile.mkdtemp(prefix="opaque-subclass-inductor-")
+    try:
+        yield {"TORCHINDUCTOR_CACHE_DIR": path}
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @nox.session
@@ -72,9 +96,13 @@ def tests(session: nox.Session, torch: str) -> None:
     _install_torch(session, torch)
     _install_project(session, torch)
     session.run("python", "-c", "import torch; print('torch', torch.__version__)")
-    session.run("python", "-m", "opaque_subclass")
-    # Any non-zero exit fails the session, including 5 (no tests collected).
-    session.run("python", "-m", "pytest", "-q", *session.posargs)
+    with _fresh_inductor_cache() as env:
+        session.run("python", "-m", "opaque_subclass", env=env)
+    # One line per test file as it runs (pytest's default progress), so a long
+    # leg visibly moves. Any non-zero exit fails the session, including 5 (no
+    # tests collected).
+    with _fresh_inductor_cache() as env:
+        session.run("python", "-m", "pytest", *session.posargs, env=env)
 
 
 @nox.session

@@ -23,7 +23,7 @@ import torch._dynamo.testing
 import torch._functorch.config
 import torch._inductor.config
 from expecttest import TestCase as ExpectTestCase
-from torch._opaque_base import OpaqueBase
+from opaque_subclass import OpaqueBase
 from torch.utils._pytree import tree_map_only
 
 import opaque_subclass

@@ -58,7 +58,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch._opaque_base import OpaqueBase
+from opaque_subclass import OpaqueBase
 
 import opaque_subclass
 from opaque_subclass import (

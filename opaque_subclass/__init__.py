@@ -2,7 +2,8 @@
 
 ``import opaque_subclass`` enables support on the running torch. The public API:
 
-* registry - :func:`register_opaque`, :func:`is_opaque`, :func:`opaque_kind`;
+* registry - :class:`OpaqueBase`, :func:`register_opaque`, :func:`is_opaque`,
+  :func:`opaque_kind`;
 * schema - :class:`PlainTensorMeta`, :class:`OpaqueMeta`, :class:`SymIntMeta`,
   :class:`SubclassCreationMeta`, :func:`iter_slots`, :func:`iter_subclasses`;
 * flatten - :func:`flatten_subclass`, :func:`unflatten_subclass`,
@@ -28,7 +29,7 @@ from .flatten import (
     unflatten_subclass,
 )
 from .parametrization import is_exportable_constructor, unwrap_tensor_subclass_parameters
-from .registry import OpaqueKind, is_opaque, opaque_kind, register_opaque
+from .registry import KIND_ALIASES, OpaqueBase, OpaqueKind, is_opaque, opaque_kind, register_opaque
 from .runtime import (
     process_runtime_tangent,
     unwrap_tensor_subclasses,
@@ -53,8 +54,10 @@ __version__ = "0.1.0"
 enable()
 
 __all__ = [
+    "KIND_ALIASES",
     "SUPPORTED_TORCH",
     "OpaqueAliasPattern",
+    "OpaqueBase",
     "OpaqueKind",
     "OpaqueMeta",
     "OpaqueSubclass",

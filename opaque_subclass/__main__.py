@@ -30,8 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"patched         {len(info.patched)} torch function(s)")
     for name in info.patched:
         print(f"  - {name}")
+    print(f"fixes           {len(info.fixes)} torch function(s)")
+    for name in info.fixes:
+        print(f"  - {name}")
     if info.mode == "unsupported":
-        print("torch version not supported: nothing to check.")
+        print(unsupported_text())
         return 1
     print("checks:")
     results = run_checks()
@@ -42,6 +45,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     demo_ok = True if args.no_demo else run_demo_section()
     return 1 if failed or not demo_ok else 0
+
+
+def unsupported_text() -> str:
+    """What to print on an unsupported torch: why, what is supported, the fix."""
+    from opaque_subclass import activation
+    from opaque_subclass._versions import RELEASES, current
+
+    row = current()
+    if activation._REFUSED is not None and row.mode != "unsupported":
+        why = f"this build differs from the official {row.label} release ({activation._REFUSED})"
+    else:
+        why = "; ".join(row.differences) or "no native support and no backport"
+    supported = ", ".join(f"{r.label} ({r.mode})" for r in RELEASES.values() if r.mode != "unsupported")
+    return (
+        f"torch {row.label} is not supported: {why}.\n"
+        f"supported torch releases: {supported}; newer releases run natively.\n"
+        "Fix: python -m pip install 'torch>=2.11' (then run python -m opaque_subclass again)."
+    )
 
 
 def run_demo_section() -> bool:

@@ -1,53 +1,68 @@
-"""Turning support on and off: ties the detected mode to the backport patches.
+"""Turning support on and off: ties the running release's row of the version
+table to its patch set (backport mode) and fix set (native mode).
 
-This module is what ``import opaque_subclass`` runs: in backport mode it
-applies the torch version's patch set (all or nothing); in native mode it does
-nothing; on an unsupported torch it warns and leaves torch untouched.
+This module is what ``import opaque_subclass`` runs: it applies the release's
+patch set or fix set, each all or nothing; on an unsupported torch it warns and
+leaves torch untouched.
 """
 
 from __future__ import annotations
 
+import importlib
 import threading
 import warnings
 
 import torch
 
-from .backport import PatchRefused, PatchSet, patch_set_for
-from .mode import Mode, Support, _detect, _release
+from ._versions import OLDEST_SUPPORTED, ReleaseSupport, current
+from .backport.patching import PatchRefused, PatchSet
+from .mode import Mode, Support
 
 __all__ = ["disable", "enable", "support"]
 
 _LOCK = threading.Lock()
-_MODE: Mode = _detect()
+_ROW: ReleaseSupport = current()
+_MODE: Mode = _ROW.mode
 _PATCH_SET: PatchSet | None = None
+_FIX_SET: PatchSet | None = None
 _REFUSED: str | None = None
 
 
-def _unsupported_warning(detail: str, fix: str = "pip install 'torch>=2.11'") -> None:
+def _supported_text() -> str:
+    return f"torch {OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]} (backport) and newer (native)"
+
+
+def _unsupported_warning(detail: str, fix: str = "python -m pip install 'torch>=2.11'") -> None:
     warnings.warn(
         f"opaque_subclass: torch {torch.__version__} is not supported ({detail}); torch is "
         "left untouched and opaque attributes in __tensor_flatten__ will not work under "
-        "torch.compile. Supported: torch 2.11 (backport) and torch >= 2.12 (native). "
-        f"Fix: {fix}.",
+        f"torch.compile. Supported: {_supported_text()}. Fix: {fix}.",
         RuntimeWarning,
         stacklevel=3,
     )
 
 
+def _load(module_name: str | None, attribute: str) -> PatchSet | None:
+    if module_name is None:
+        return None
+    return getattr(importlib.import_module(module_name), attribute)  # type: ignore[no-any-return]  # a PatchSet by convention
+
+
 def enable() -> Support:
-    """Apply the backport patches (backport mode); a no-op when already enabled,
-    in native mode, or on an unsupported torch. Returns :func:`support`."""
-    global _MODE, _PATCH_SET, _REFUSED
+    """Apply the release's backport patches or native fixes, all or nothing.
+
+    A no-op when already enabled or on an unsupported torch. Returns
+    :func:`support`.
+    """
+    global _MODE, _PATCH_SET, _FIX_SET, _REFUSED
     with _LOCK:
         if _MODE == "backport" and _PATCH_SET is None:
-            release = _release(torch.__version__)
-            assert release is not None  # _detect() returned "backport"
-            candidate = patch_set_for(release)
-            if candidate is None:
+            _PATCH_SET = _load(_ROW.patches, "PATCH_SET")
+            if _PATCH_SET is None:
                 _MODE, _REFUSED = "unsupported", "no patch set for this torch"
                 _unsupported_warning(_REFUSED)
-            else:
-                _PATCH_SET = candidate
+        if _MODE == "native" and _FIX_SET is None and _REFUSED is None:
+            _FIX_SET = _load(_ROW.fixes, "FIX_SET")
         if _PATCH_SET is not None and not _PATCH_SET.enabled:
             try:
                 _PATCH_SET.enable()
@@ -55,8 +70,22 @@ def enable() -> Support:
                 _MODE, _REFUSED, _PATCH_SET = "unsupported", str(e), None
                 _unsupported_warning(
                     f"this torch build differs from the one the backport was written for: {e}",
-                    "install the official release, pip install torch==2.11.0, or torch >= 2.12, "
-                    "which needs no backport",
+                    "install the official release, python -m pip install torch==2.11.0, or "
+                    "torch >= 2.12, which needs no backport",
+                )
+        if _FIX_SET is not None and not _FIX_SET.enabled:
+            try:
+                _FIX_SET.enable()
+            except PatchRefused as e:
+                # The feature is torch's own: native mode stands, without the fixes.
+                _REFUSED, _FIX_SET = str(e), None
+                warnings.warn(
+                    f"opaque_subclass: the fixes for torch {_ROW.label} do not match this torch "
+                    f"build ({e}); none is installed, so the upstream bugs listed in "
+                    "docs/compatibility.md remain. Fix: install the official release, "
+                    f"python -m pip install torch=={torch.__version__.split('+')[0]}",
+                    RuntimeWarning,
+                    stacklevel=2,
                 )
     return support()
 
@@ -66,13 +95,16 @@ def disable() -> Support:
     with _LOCK:
         if _PATCH_SET is not None:
             _PATCH_SET.disable()
+        if _FIX_SET is not None:
+            _FIX_SET.disable()
     return support()
 
 
 def support() -> Support:
     """The library's :class:`~opaque_subclass.Support` on the running torch."""
     patched = _PATCH_SET.targets if _PATCH_SET is not None else ()
-    return Support(_MODE, torch.__version__, patched)
+    fixes = _FIX_SET.targets if _FIX_SET is not None else ()
+    return Support(_MODE, torch.__version__, patched, fixes)
 
 
 if _MODE == "unsupported":

@@ -2,7 +2,8 @@
 
 ``native``
     torch >= 2.12 handles opaque attributes in ``__tensor_flatten__`` itself;
-    nothing is patched.
+    nothing is patched to provide the feature. Fixes for upstream bugs of that
+    release may be installed (``Support.fixes``).
 ``backport``
     torch 2.11: the library supplies what torch lacks: the opaque registry
     bridge and the patches of ``opaque_subclass.backport``, listed in
@@ -10,22 +11,24 @@
 ``unsupported``
     any other torch: importing works, a warning names the supported versions,
     and torch is left untouched.
+
+The per-release facts live in one table, :mod:`opaque_subclass._versions`.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Literal
 
-import torch
+from ._versions import RELEASES, Mode
 
 __all__ = ["SUPPORTED_TORCH", "Mode", "Support"]
 
-Mode = Literal["native", "backport", "unsupported"]
-
-#: torch versions (major, minor) and the mode used for each; newer ones are native.
-SUPPORTED_TORCH: dict[tuple[int, int], Mode] = {(2, 11): "backport", (2, 12): "native"}
+#: torch releases ``(major, minor)`` and the mode used for each (from the one
+#: table, :data:`opaque_subclass._versions.RELEASES`); newer releases are native
+#: when torch has the feature.
+SUPPORTED_TORCH: dict[tuple[int, int], Mode] = {
+    release: row.mode for release, row in RELEASES.items() if row.mode != "unsupported"
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,31 +42,15 @@ class Support:
     torch_version
         ``torch.__version__``.
     patched
-        Qualified names of the torch functions replaced; empty in native mode.
+        Qualified names of the torch functions replaced to provide the feature
+        (backport mode); empty in native mode.
+    fixes
+        Qualified names of the torch functions replaced by fixes for upstream
+        bugs of a native release (docs/compatibility.md says why for each);
+        empty where none apply.
     """
 
     mode: Mode
     torch_version: str
     patched: tuple[str, ...] = ()
-
-
-def _release(version: str) -> tuple[int, int] | None:
-    m = re.match(r"(\d+)\.(\d+)", version)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def _has_native_opaque_attrs() -> bool:
-    try:
-        from torch._functorch._aot_autograd import schemas
-    except ImportError:  # pragma: no cover - torch without AOTAutograd
-        return False
-    return hasattr(schemas, "OpaqueMeta")
-
-
-def _detect() -> Mode:
-    release = _release(torch.__version__)
-    if release is None:
-        return "unsupported"
-    if release >= (2, 12):
-        return "native" if _has_native_opaque_attrs() else "unsupported"
-    return SUPPORTED_TORCH.get(release, "unsupported")
+    fixes: tuple[str, ...] = ()

@@ -2,7 +2,9 @@
 
 Note [Reference and value opaques]
 ----------------------------------
-torch knows two kinds of opaque objects (``torch._library.opaque_object``):
+torch knows two kinds of opaque objects (``torch._library.opaque_object``;
+torch 2.14 renamed them "custom classes", reference to "symbolic" and value to
+"constant": the library keeps its names and accepts torch's as aliases):
 
 * a **reference** opaque is a stateful object whose *identity* matters (a
   ``DeviceMesh``, a process group handle, an RNG state). torch.compile never
@@ -14,10 +16,10 @@ torch knows two kinds of opaque objects (``torch._library.opaque_object``):
   guards on its equality and bakes it into the graph, so it belongs in the
   *context* (second return value) of ``__tensor_flatten__``.
 
-torch only accepts reference types whose metaclass is ``OpaqueBaseMeta``: during
-tracing an opaque is replaced by a ``FakeScriptObject`` and that metaclass makes
-``isinstance(fake, cls)`` true. Classes we do not own (``DeviceMesh`` on torch
-2.11) cannot change their metaclass, so :func:`register_opaque` enters them in
+torch only accepts reference types whose metaclass is torch's (the metaclass of
+:data:`OpaqueBase`): during tracing an opaque is replaced by a
+``FakeScriptObject`` and that metaclass makes ``isinstance(fake, cls)`` true.
+Classes we do not own (``DeviceMesh`` on torch 2.11) cannot change their metaclass, so :func:`register_opaque` enters them in
 torch's registry directly. Everything works for them except ``isinstance(obj,
 TheClass)`` *inside* a compiled region, which sees the fake wrapper; use
 ``type(...)`` or :func:`opaque_subclass.is_opaque` outside the region (see docs/backport.md).
@@ -29,13 +31,16 @@ import dataclasses
 import enum
 import logging
 import threading
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 import torch
 
+from ._versions import OpaqueKind, RegistryAPI, current
 from .errors import import_fix, qualified_name
 
 __all__ = [
+    "KIND_ALIASES",
+    "OpaqueBase",
     "OpaqueKind",
     "is_opaque",
     "opaque_kind",
@@ -45,8 +50,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-OpaqueKind = Literal["reference", "value"]
 _KINDS: tuple[str, ...] = get_args(OpaqueKind)
+
+#: Every name of a kind that :func:`register_opaque` accepts: the library's own
+#: and torch 2.14's ("symbolic" for reference, "constant" for value).
+KIND_ALIASES: dict[str, OpaqueKind] = {
+    "reference": "reference",
+    "value": "value",
+    "symbolic": "reference",
+    "constant": "value",
+}
 
 # type -> kind, for classes registered (by us or by torch) and their subclasses.
 # Positive answers only: torch has no way to unregister, so they never go stale.
@@ -54,10 +67,35 @@ _KIND_BY_TYPE: dict[type, OpaqueKind] = {}
 _LOCK = threading.Lock()
 
 
-def _torch_registry() -> Any:
-    from torch._library import opaque_object
+def _api() -> RegistryAPI:
+    api = current().registry
+    if api is None:
+        raise RuntimeError(
+            f"opaque types are not supported on torch {torch.__version__}: "
+            f"{'; '.join(current().differences) or 'no opaque registry'}. "
+            "Fix: python -m pip install 'torch>=2.11'"
+        )
+    return api
 
-    return opaque_object
+
+def _resolve_base() -> type:
+    """torch's base class for reference opaques on the running release."""
+    api = current().registry
+    if api is not None:
+        return api.base_class()
+
+    class OpaqueBase:
+        """Stand-in on a torch without opaque objects: inheriting it works, but
+        registering a class raises (see ``opaque_subclass.support()``)."""
+
+    return OpaqueBase
+
+
+#: The base class for reference opaques you own: ``torch._opaque_base.OpaqueBase``
+#: on torch 2.11 - 2.13, ``torch._custom_class_base.CustomClassBase`` (its new
+#: name) on torch >= 2.14. Inheriting it makes ``isinstance(obj, YourClass)``
+#: hold inside compiled code too, where torch passes a fake wrapper.
+OpaqueBase: type = _resolve_base()
 
 
 def _fake_script_object_type() -> type | None:
@@ -81,14 +119,16 @@ def opaque_type_of(obj: object) -> type:
 
 
 def _torch_kind(cls: type) -> OpaqueKind | None:
-    registry = _torch_registry()
-    table = registry._OPAQUE_TYPES
+    """The kind torch has registered ``cls`` (or a base class of it) under, in
+    the library's names, whatever names the running release uses."""
+    api = current().registry
+    if api is None:
+        return None
+    table = api.torch_module()._OPAQUE_TYPES
     for klass in cls.__mro__:
         info = table.get(klass)
         if info is not None and torch._C._is_opaque_type_registered(info.class_name):
-            kind = info.opaque_typ
-            if kind in _KINDS:
-                return kind  # type: ignore[return-value]  # checked just above
+            return KIND_ALIASES.get(info.opaque_typ)
     return None
 
 
@@ -139,14 +179,14 @@ def _check_value_type_protocol(cls: type) -> None:
         )
 
 
-def _enter_in_torch_registry(cls: type, kind: OpaqueKind) -> None:
+def _enter_in_torch_registry(api: RegistryAPI, cls: type, kind: OpaqueKind) -> None:
     """Register ``cls`` in torch's tables without torch's metaclass requirement."""
-    registry = _torch_registry()
+    registry = api.torch_module()
     info_type = registry._OpaqueTypeInfo
     name = f"{cls.__module__}.{cls.__qualname__}"
     known: dict[str, Any] = {
         "class_name": name,
-        "opaque_typ": kind,
+        "opaque_typ": api.kinds[kind],
         "guard_fn": None,
         "members": {},
         "hoist": False,
@@ -158,7 +198,7 @@ def _enter_in_torch_registry(cls: type, kind: OpaqueKind) -> None:
         raise RuntimeError(
             f"cannot register {name} as an opaque on torch {torch.__version__}: torch's "
             f"opaque registry entry has fields {unknown} that opaque-subclass does not know. "
-            "Fix: make the class inherit torch._opaque_base.OpaqueBase, or use a torch "
+            "Fix: make the class inherit opaque_subclass.OpaqueBase, or use a torch "
             "version listed in opaque_subclass.SUPPORTED_TORCH."
         )
     info = info_type(**{n: known[n] for n in field_names})
@@ -191,19 +231,21 @@ def _run_torch_registration_hooks(cls: type) -> None:
             hook()
 
 
-def register_opaque(cls: type, kind: OpaqueKind = "reference") -> None:
+def register_opaque(cls: type, kind: str = "reference") -> None:
     """Register ``cls`` as an opaque type on the running torch.
 
     Parameters
     ----------
     cls
-        The class. It may, but need not, inherit ``torch._opaque_base.OpaqueBase``;
+        The class. It may, but need not, inherit :data:`OpaqueBase`;
         third-party classes such as ``torch.distributed.DeviceMesh`` on torch 2.11
         are accepted as they are.
     kind
         ``"reference"`` (the default) for objects whose identity matters and that
         may be listed by ``__tensor_flatten__``; ``"value"`` for constants that
         belong in the flatten context. See Note [Reference and value opaques].
+        torch 2.14's names for the two kinds, ``"symbolic"`` and ``"constant"``,
+        are accepted as aliases on every release.
 
     Registering a class again with the same kind does nothing, also when torch
     registered it first. Registering it again with the other kind raises
@@ -214,11 +256,14 @@ def register_opaque(cls: type, kind: OpaqueKind = "reference") -> None:
             f"register_opaque expects a class, got an instance of {type(cls).__qualname__}. "
             f"Fix: pass the class itself, e.g. register_opaque(type(obj))."
         )
-    if kind not in _KINDS:
+    if kind not in KIND_ALIASES:
         raise ValueError(
             f"register_opaque({cls.__qualname__}, kind={kind!r}): kind must be "
-            '"reference" or "value".'
+            '"reference" or "value" (torch 2.14\'s names "symbolic" and "constant" are '
+            f'accepted too). Fix: register_opaque({cls.__qualname__}, kind="reference").'
         )
+    kind = KIND_ALIASES[kind]
+    api = _api()
     if cls.__module__ == "builtins" or issubclass(cls, torch.Tensor):
         raise TypeError(
             f"cannot register {qualified_name(cls)} as an opaque type: builtins and tensors "
@@ -235,27 +280,25 @@ def register_opaque(cls: type, kind: OpaqueKind = "reference") -> None:
         )
     _run_torch_registration_hooks(cls)
     with _LOCK:
-        current = _torch_kind(cls) if cls in _torch_registry()._OPAQUE_TYPES else None
-        if current is None:
-            current = _KIND_BY_TYPE.get(cls)
-        if current is not None:
-            if current != kind:
+        existing = _torch_kind(cls) if cls in api.torch_module()._OPAQUE_TYPES else None
+        if existing is None:
+            existing = _KIND_BY_TYPE.get(cls)
+        if existing is not None:
+            if existing != kind:
                 raise ValueError(
-                    f"{qualified_name(cls)} is already registered as a {current} opaque; it "
+                    f"{qualified_name(cls)} is already registered as a {existing} opaque; it "
                     f"cannot also be a {kind} opaque. Fix: keep one registration, "
-                    f'register_opaque({cls.__qualname__}, kind="{current}").'
+                    f'register_opaque({cls.__qualname__}, kind="{existing}").'
                 )
             _KIND_BY_TYPE[cls] = kind
             return
         if kind == "value":
             _check_value_type_protocol(cls)
-        from torch._opaque_base import OpaqueBaseMeta
-
-        if isinstance(cls, OpaqueBaseMeta):
-            _torch_registry().register_opaque_type(cls, typ=kind)
+        if isinstance(cls, api.base_metaclass()):
+            api.register_in_torch(cls, kind)
         else:
             log.debug("entering %s in torch's opaque registry directly", qualified_name(cls))
-            _enter_in_torch_registry(cls, kind)
+            _enter_in_torch_registry(api, cls, kind)
         # A class registered now may have subclasses looked up before; they are
         # never cached negatively, so only the class itself needs an entry.
         _KIND_BY_TYPE[cls] = kind

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._opaque_base import OpaqueBase
 from torch.utils._pytree import tree_map_only
 
 from . import (
+    OpaqueBase,
     SubclassCreationMeta,
     create_subclass_meta,
     flatten_subclass,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._opaque_base import OpaqueBase
+from opaque_subclass import OpaqueBase
 from torch.utils._pytree import tree_map_only
 
 import opaque_subclass

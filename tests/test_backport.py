@@ -84,6 +84,23 @@ def test_patch_set_replaces_aliases_and_restores_exactly(dummy_module):
     assert not ps.enabled and ps.targets == ()
 
 
+def test_patch_scoped_here_rebinds_only_that_module(dummy_module):
+    mod, alias = dummy_module
+    orig = mod.double
+    target = f"{alias.__name__}.double"  # one module's import of a function defined elsewhere
+    ps = PatchSet([Patch(target, fingerprint(orig), _plus_one, scope="here")])
+    ps.enable()
+    try:
+        assert alias.double(2) == 5  # the import is replaced
+        assert mod.double is orig and mod.double(2) == 4  # the definition is not
+        with ps.suspended(target):
+            assert alias.double is orig
+        assert alias.double(2) == 5
+    finally:
+        ps.disable()
+    assert alias.double is orig and mod.double is orig
+
+
 def test_one_fingerprint_mismatch_refuses_the_whole_set(dummy_module):
     mod, alias = dummy_module
     orig_double, orig_triple = mod.double, mod.triple

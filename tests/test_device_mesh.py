@@ -12,6 +12,7 @@ from torch._library import opaque_object
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import opaque_subclass as osc
+from opaque_subclass._versions import current
 from subclasses import MeshTensor, nested
 
 
@@ -42,7 +43,23 @@ def test_device_mesh_is_registrable(mesh):
     osc.register_opaque(DeviceMesh)
     osc.register_opaque(DeviceMesh)  # twice: a no-op, also where torch registered it first
     assert osc.opaque_kind(mesh) == "reference"
-    assert opaque_object.is_opaque_reference_type(DeviceMesh)
+    # torch's own entry, in the running release's names ("symbolic" on torch >= 2.14)
+    assert opaque_object._OPAQUE_TYPES[DeviceMesh].opaque_typ == current().registry.kinds["reference"]
+
+
+def test_device_mesh_registered_by_torch_is_accepted_as_is(mesh):
+    # torch >= 2.12 registers DeviceMesh itself once torch.distributed.tensor is
+    # imported (torch 2.14 under its new name, "symbolic"); ours is then a no-op
+    # that keeps torch's entry, and the kind reads "reference" on every release.
+    import torch.distributed.tensor  # noqa: F401  - runs torch's own registration where it has one
+
+    entry = opaque_object._OPAQUE_TYPES.get(DeviceMesh)
+    osc.register_opaque(DeviceMesh, kind="reference")
+    osc.register_opaque(DeviceMesh, kind="symbolic")
+    assert entry is None or opaque_object._OPAQUE_TYPES[DeviceMesh] is entry
+    assert osc.opaque_kind(DeviceMesh) == "reference"
+    with pytest.raises(ValueError, match="already registered as a reference opaque"):
+        osc.register_opaque(DeviceMesh, kind="constant")
 
 
 def test_device_mesh_round_trip(mesh):

@@ -25,3 +25,14 @@ def test_docs_examples_run():
         f"docs/check_examples.py exited {proc.returncode}\n"
         f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr[-20000:]}"
     )
+
+
+def test_compatibility_page_matches_the_version_table():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "gen_compatibility.py"), "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,14 +1,26 @@
 """register_opaque / is_opaque / opaque_kind on every supported torch."""
 
 import enum
+import logging
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch._library import opaque_object
-from torch._opaque_base import OpaqueBase
 
 import opaque_subclass as osc
+from opaque_subclass import OpaqueBase
+from opaque_subclass._versions import CUSTOM_CLASS_API, OPAQUE_OBJECT_API, current, parse_release
 from subclasses import Config, ForeignHandle, Mesh
+
+API = current().registry
+RELEASE = parse_release(torch.__version__)
+
+
+def _torch_typ(cls):
+    """torch's own kind string for a registered class, in the running release's names."""
+    return opaque_object._OPAQUE_TYPES[cls].opaque_typ
 
 
 def test_registered_kinds():
@@ -19,9 +31,73 @@ def test_registered_kinds():
 
 
 def test_torch_sees_our_registrations():
-    assert opaque_object.is_opaque_reference_type(Mesh)
-    assert opaque_object.is_opaque_reference_type(ForeignHandle)
-    assert opaque_object.is_opaque_value_type(Config)
+    # In the running release's own names: "reference"/"value" up to torch 2.13,
+    # "symbolic"/"constant" from torch 2.14.
+    assert _torch_typ(Mesh) == API.kinds["reference"]
+    assert _torch_typ(ForeignHandle) == API.kinds["reference"]
+    assert _torch_typ(Config) == API.kinds["value"]
+    for cls in (Mesh, ForeignHandle, Config):
+        assert torch._C._is_opaque_type_registered(f"{cls.__module__}.{cls.__qualname__}")
+
+
+def test_registry_api_matches_release():
+    expected = CUSTOM_CLASS_API if RELEASE >= (2, 14) else OPAQUE_OBJECT_API
+    assert API is expected
+    assert OpaqueBase is API.base_class()
+    assert type(OpaqueBase) is API.base_metaclass()
+    assert callable(getattr(opaque_object, API.register))
+
+
+@pytest.mark.parametrize("alias, kind", [("symbolic", "reference"), ("constant", "value")])
+def test_torch_214_kind_names_are_aliases_on_every_release(alias, kind):
+    class AliasedRef(OpaqueBase):
+        pass
+
+    class AliasedValue(OpaqueBase):
+        def __eq__(self, other):
+            return type(other) is AliasedValue
+
+        def __hash__(self):
+            return 0
+
+        def __fx_repr__(self):
+            return "AliasedValue()", {"AliasedValue": AliasedValue}
+
+    Aliased = AliasedRef if kind == "reference" else AliasedValue
+
+    osc.register_opaque(Aliased, kind=alias)
+    assert osc.opaque_kind(Aliased()) == kind  # always the library's names
+    osc.register_opaque(Aliased, kind=kind)  # the same kind under its other name: a no-op
+    assert _torch_typ(Aliased) == API.kinds[kind]
+
+
+def test_registering_never_logs_torch_deprecations(caplog):
+    class Quiet(OpaqueBase):
+        pass
+
+    class QuietForeign:
+        pass
+
+    with caplog.at_level(logging.DEBUG, logger="torch"):
+        osc.register_opaque(Quiet)
+        osc.register_opaque(QuietForeign)
+        assert osc.opaque_kind(Quiet()) == "reference" and osc.is_opaque(QuietForeign)
+        osc.register_opaque(Quiet, kind="symbolic")
+    assert not [r for r in caplog.records if "deprecated" in r.getMessage()], caplog.text
+
+
+def test_import_never_logs_torch_deprecations():
+    code = (
+        "import opaque_subclass as osc\n"
+        "class M(osc.OpaqueBase): pass\n"
+        "osc.register_opaque(M)\n"
+        "import opaque_subclass.selfcheck\n"
+        "print(osc.opaque_kind(M()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "reference"
+    assert "deprecated" not in out.stderr, out.stderr
 
 
 def test_subclass_of_registered_class_is_opaque():
@@ -58,7 +134,7 @@ def test_tolerates_registration_made_by_torch():
     class TorchFirst(OpaqueBase):
         pass
 
-    opaque_object.register_opaque_type(TorchFirst, typ="reference")
+    API.register_in_torch(TorchFirst, "reference")  # torch's own function, its own names
     osc.register_opaque(TorchFirst)  # no error
     with pytest.raises(ValueError, match="already registered"):
         osc.register_opaque(TorchFirst, kind="value")
@@ -81,8 +157,9 @@ def test_bad_kind():
     class K(OpaqueBase):
         pass
 
-    with pytest.raises(ValueError, match='kind must be "reference" or "value"'):
+    with pytest.raises(ValueError, match='kind must be "reference" or "value"') as info:
         osc.register_opaque(K, kind="ref")
+    assert 'K, kind="reference")' in str(info.value) and '"symbolic" and "constant"' in str(info.value)
 
 
 def test_value_type_protocol_is_checked_with_fix():
@@ -113,3 +190,19 @@ def test_pytree_node_refused():
     pytree.register_pytree_node(Node, lambda n: ([], None), lambda c, x: Node())
     with pytest.raises(TypeError, match="pytree node"):
         osc.register_opaque(Node)
+
+
+def test_enum_registration_by_torch_matches_the_version_table():
+    """torch >= 2.12 registers enum.Enum itself as a value opaque; 2.11 does not
+    (a documented difference: see docs/compatibility.md)."""
+
+    class Fresh(enum.Enum):
+        A = 1
+
+    documented = any("enum.Enum" in d for d in current().differences)
+    if RELEASE >= (2, 12):
+        assert osc.opaque_kind(Fresh.A) == "value" and not documented
+    else:
+        assert osc.opaque_kind(Fresh.A) is None and documented
+        osc.register_opaque(Fresh, kind="value")
+        assert osc.opaque_kind(Fresh.A) == "value"

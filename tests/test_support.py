@@ -7,36 +7,82 @@ import pytest
 import torch
 
 import opaque_subclass as osc
-from opaque_subclass import mode as support_mod
+from opaque_subclass import _versions
+from opaque_subclass._versions import CUSTOM_CLASS_API, OPAQUE_OBJECT_API, parse_release, release_support
 
 
 def test_mode_matches_running_torch():
     info = osc.support()
     assert info.torch_version == torch.__version__
-    release = support_mod._release(torch.__version__)
+    release = parse_release(torch.__version__)
     if release >= (2, 12):
         assert info.mode == "native" and info.patched == ()
     elif release == (2, 11):
-        assert info.mode == "backport"
+        assert info.mode == "backport" and info.fixes == ()
     else:
         assert info.mode == "unsupported"
 
 
 @pytest.mark.parametrize(
-    "version, expected",
-    [("2.11.0+cu130", "backport"), ("2.10.1", "unsupported"), ("1.13.0", "unsupported"), ("garbage", "unsupported")],
+    "version, mode, api, patches, fixes",
+    [
+        ("2.10.1", "unsupported", None, None, None),
+        ("2.11.0+cu130", "backport", OPAQUE_OBJECT_API, "opaque_subclass.backport.v2_11", None),
+        ("2.12.0", "native", OPAQUE_OBJECT_API, None, "opaque_subclass.backport.v2_12"),
+        ("2.13.0+cpu", "native", OPAQUE_OBJECT_API, None, None),
+        ("2.14.1+cu130", "native", CUSTOM_CLASS_API, None, "opaque_subclass.backport.v2_14"),
+        ("2.15.0", "native", CUSTOM_CLASS_API, None, "opaque_subclass.backport.v2_14"),
+        ("1.13.0", "unsupported", None, None, None),
+        ("garbage", "unsupported", None, None, None),
+    ],
 )
-def test_detect(monkeypatch, version, expected):
-    monkeypatch.setattr(torch, "__version__", version)
-    assert support_mod._detect() == expected
+def test_version_table(monkeypatch, version, mode, api, patches, fixes):
+    monkeypatch.setattr(_versions, "_has_native_opaque_attrs", lambda: True)
+    row = release_support(version)
+    assert (row.mode, row.registry, row.patches, row.fixes) == (mode, api, patches, fixes)
 
 
-def test_newer_torch_without_native_support_is_unsupported(monkeypatch):
-    monkeypatch.setattr(torch, "__version__", "2.14.0")
-    monkeypatch.setattr(support_mod, "_has_native_opaque_attrs", lambda: False)
-    assert support_mod._detect() == "unsupported"
-    monkeypatch.setattr(support_mod, "_has_native_opaque_attrs", lambda: True)
-    assert support_mod._detect() == "native"
+def test_every_patch_or_fix_module_of_the_table_exists():
+    import importlib.util
+
+    for row in _versions.RELEASES.values():
+        for name in (row.patches, row.fixes):
+            if name is not None:
+                assert importlib.util.find_spec(name) is not None, name
+
+
+def test_supported_torch_is_derived_from_the_table():
+    assert osc.SUPPORTED_TORCH == {(2, 11): "backport", (2, 12): "native", (2, 13): "native", (2, 14): "native", (2, 15): "native"}
+
+
+def test_listed_native_release_without_the_feature_is_unsupported(monkeypatch):
+    monkeypatch.setattr(_versions, "_has_native_opaque_attrs", lambda: False)
+    assert release_support("2.14.0").mode == "unsupported"
+
+
+def test_newer_release_is_native_when_torch_has_the_feature(monkeypatch):
+    monkeypatch.setattr(_versions, "_has_native_opaque_attrs", lambda: False)
+    assert release_support("2.16.0").mode == "unsupported"
+    monkeypatch.setattr(_versions, "_has_native_opaque_attrs", lambda: True)
+    row = release_support("2.16.0")
+    assert row.mode == "native" and not row.tested and row.fixes is None
+    # the registry API of a newer release is the one its torch has
+    assert row.registry is (CUSTOM_CLASS_API if CUSTOM_CLASS_API.is_available() else OPAQUE_OBJECT_API)
+
+
+def test_fixes_are_listed_and_removed_by_disable():
+    row = _versions.current()
+    if row.fixes is None:
+        assert osc.support().fixes == ()
+        return
+    import importlib
+
+    fix_set = importlib.import_module(row.fixes).FIX_SET
+    assert osc.support().fixes == tuple(p.target for p in fix_set.patches)
+    try:
+        assert osc.disable().fixes == () and not fix_set.enabled
+    finally:
+        assert osc.enable().fixes == tuple(p.target for p in fix_set.patches)
 
 
 def test_import_twice_changes_nothing():

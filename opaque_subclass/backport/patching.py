@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["Patch", "PatchSet", "PatchRefused", "fingerprint"]
 
@@ -56,12 +56,18 @@ class Patch:
         relies on without replacing them (a caller whose use of the target's
         result the replacement is written for). They are checked like the
         target: a changed source refuses the whole set.
+    scope
+        ``"everywhere"`` (the default): the function is replaced in every torch
+        module that holds it. ``"here"``: only the name given by ``target`` is
+        rebound (one module's import of a function defined elsewhere), so every
+        other module keeps torch's function.
     """
 
     target: str
     fingerprint: str
     make: Callable[[Callable[..., Any]], Callable[..., Any]]
     depends_on: tuple[tuple[str, str], ...] = ()
+    scope: Literal["everywhere", "here"] = "everywhere"
 
     @property
     def doc(self) -> str:
@@ -205,6 +211,10 @@ class PatchSet:
             setattr(owner, attr, record.replacement)
             return
         original = record.original
+        if record.patch.scope == "here":
+            record.places.append((vars(owner), attr))
+            vars(owner)[attr] = record.replacement
+            return
         for name, module in list(sys.modules.items()):
             if module is None or not (name == "torch" or name.startswith("torch.")):
                 continue

@@ -96,13 +96,14 @@ def make_lift_constants_pass(original: Callable[..., Any]) -> Callable[..., Any]
 
 
 def make_assign_attr(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Replaces ``torch.export.unflatten._assign_attr`` (torch 2.11), which puts
-    lifted constants back on the module returned by ``ExportedProgram.module()``.
+    """Replaces ``torch.export.unflatten._assign_attr`` (torch 2.11, and torch
+    2.12 as a fix), which puts lifted constants back on the module returned by
+    ``ExportedProgram.module()``.
 
     Without it, a reference opaque among the constants fails ("expected
     torch.Tensor or torch.ScriptObject for CONSTANT attr_kind"). With it, the
-    opaque is assigned at its path as a plain attribute, as torch 2.12 does
-    (pytorch/pytorch#176457 and follow-ups).
+    opaque is assigned at its path as a plain attribute, as torch 2.13 does
+    (pytorch/pytorch#176457 and follow-ups in 2.12 and 2.13).
     """
 
     def _assign_attr(from_obj: Any, to_module: torch.nn.Module, target: str, attr_kind: Any, *args: Any, **kwargs: Any) -> Any:

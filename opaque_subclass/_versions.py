@@ -1,0 +1,254 @@
+"""The one table of torch releases: mode, registry API, patches and fixes.
+
+Every difference between torch releases that the library cares about is named
+here and nowhere else. A row of :data:`RELEASES` says, for one ``(major,
+minor)`` release:
+
+* the **mode** (``"native"``, ``"backport"`` or ``"unsupported"``);
+* the **registry API** (:class:`RegistryAPI`): what torch calls its opaque
+  registration function, its two kinds and its base class. torch 2.14 renamed
+  opaque objects to "custom classes" (``register_custom_class(cls,
+  typ="symbolic" | "constant")``, ``torch._custom_class_base.CustomClassBase``)
+  and logs a deprecation for every use of the old names; the library calls the
+  names of the running release, so it never triggers those logs;
+* the **patch set** that provides the feature on a release without it
+  (backport mode), as the name of the module holding its ``PATCH_SET``;
+* the **fix set** for upstream bugs of a native release, as the name of the
+  module holding its ``FIX_SET`` (see ``opaque_subclass.backport.fixes``);
+* the **known differences** that are torch's own and that the library does not
+  hide; docs/compatibility.md is checked against them by a test.
+
+Adding a release means adding a row here (and, for a backport, a patch
+subpackage); nothing in the core changes. A release newer than the newest row
+is taken as native when torch has the feature, with the newest row's registry
+API if torch still has those names, and with no fixes (fixes are written
+against exact sources and would be refused anyway).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Literal
+
+import torch
+
+__all__ = [
+    "CUSTOM_CLASS_API",
+    "NEWEST",
+    "OPAQUE_OBJECT_API",
+    "RELEASES",
+    "Mode",
+    "OpaqueKind",
+    "RegistryAPI",
+    "ReleaseSupport",
+    "current",
+    "parse_release",
+    "release_support",
+]
+
+Mode = Literal["native", "backport", "unsupported"]
+#: The library's names for the two kinds of opaque (see Note [Reference and value opaques]).
+OpaqueKind = Literal["reference", "value"]
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryAPI:
+    """What one torch release calls the pieces of its opaque-object registry.
+
+    Attributes
+    ----------
+    register
+        Name of the registration function in ``torch._library.opaque_object``.
+    kinds
+        The library's kind -> torch's ``typ`` string for that kind.
+    base_module, base, base_meta
+        Module, class and metaclass that torch requires of a registered
+        reference type (``isinstance(fake, cls)`` works through the metaclass).
+    """
+
+    register: str
+    kinds: Mapping[OpaqueKind, str]
+    base_module: str
+    base: str
+    base_meta: str
+    #: torch's ``typ`` string -> the library's kind (derived).
+    from_torch: Mapping[str, OpaqueKind] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if set(self.kinds) != {"reference", "value"}:
+            raise AssertionError(f"RegistryAPI.kinds must name both kinds, got {dict(self.kinds)}")
+        object.__setattr__(self, "from_torch", {v: k for k, v in self.kinds.items()})
+
+    def torch_module(self) -> Any:
+        """``torch._library.opaque_object``."""
+        return importlib.import_module("torch._library.opaque_object")
+
+    def base_class(self) -> type:
+        """torch's base class for reference opaques on this release."""
+        return getattr(importlib.import_module(self.base_module), self.base)  # type: ignore[no-any-return]  # a class by construction
+
+    def base_metaclass(self) -> type:
+        """The metaclass of :meth:`base_class`."""
+        return getattr(importlib.import_module(self.base_module), self.base_meta)  # type: ignore[no-any-return]  # a class by construction
+
+    def register_in_torch(self, cls: type, kind: OpaqueKind) -> None:
+        """Call torch's own registration function with this release's names."""
+        getattr(self.torch_module(), self.register)(cls, typ=self.kinds[kind])
+
+    def is_available(self) -> bool:
+        """Whether the running torch has these names."""
+        try:
+            module = self.torch_module()
+            importlib.import_module(self.base_module)
+        except ImportError:
+            return False
+        return callable(getattr(module, self.register, None))
+
+
+#: torch 2.11 - 2.13: ``register_opaque_type(cls, typ="reference" | "value")``.
+OPAQUE_OBJECT_API = RegistryAPI(
+    register="register_opaque_type",
+    kinds={"reference": "reference", "value": "value"},
+    base_module="torch._opaque_base",
+    base="OpaqueBase",
+    base_meta="OpaqueBaseMeta",
+)
+
+#: torch >= 2.14: ``register_custom_class(cls, typ="symbolic" | "constant")``.
+CUSTOM_CLASS_API = RegistryAPI(
+    register="register_custom_class",
+    kinds={"reference": "symbolic", "value": "constant"},
+    base_module="torch._custom_class_base",
+    base="CustomClassBase",
+    base_meta="CustomClassBaseMeta",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseSupport:
+    """One row of the table: how the library runs on one torch release."""
+
+    release: tuple[int, int]
+    mode: Mode
+    registry: RegistryAPI | None
+    patches: str | None = None
+    fixes: str | None = None
+    differences: tuple[str, ...] = ()
+    #: False for a release newer than every row (taken on trust, untested).
+    tested: bool = True
+
+    @property
+    def label(self) -> str:
+        return f"{self.release[0]}.{self.release[1]}"
+
+
+_FOREIGN_ISINSTANCE = (
+    "isinstance(obj, C) inside a compiled region is False for a registered class C "
+    "that does not inherit opaque_subclass.OpaqueBase (it sees torch's fake wrapper)"
+)
+
+#: The table. Keep docs/compatibility.md in step (a test compares them).
+RELEASES: Mapping[tuple[int, int], ReleaseSupport] = {
+    row.release: row
+    for row in (
+        ReleaseSupport(
+            (2, 10),
+            "unsupported",
+            None,
+            differences=("no opaque base class (torch._opaque_base); a backport is not written yet",),
+        ),
+        ReleaseSupport(
+            (2, 11),
+            "backport",
+            OPAQUE_OBJECT_API,
+            patches="opaque_subclass.backport.v2_11",
+            differences=(
+                _FOREIGN_ISINSTANCE,
+                "torch 2.11 does not register enum.Enum as a value opaque (2.12 and newer do): "
+                "opaque_kind(AnEnum) is None until register_opaque(AnEnum, kind='value')",
+            ),
+        ),
+        ReleaseSupport(
+            (2, 12),
+            "native",
+            OPAQUE_OBJECT_API,
+            fixes="opaque_subclass.backport.v2_12",
+            differences=(_FOREIGN_ISINSTANCE,),
+        ),
+        ReleaseSupport(
+            (2, 13),
+            "native",
+            OPAQUE_OBJECT_API,
+            differences=(_FOREIGN_ISINSTANCE,),
+        ),
+        ReleaseSupport(
+            (2, 14),
+            "native",
+            CUSTOM_CLASS_API,
+            fixes="opaque_subclass.backport.v2_14",
+            differences=(_FOREIGN_ISINSTANCE,),
+        ),
+        ReleaseSupport(
+            (2, 15),
+            "native",
+            CUSTOM_CLASS_API,
+            fixes="opaque_subclass.backport.v2_14",
+            differences=(_FOREIGN_ISINSTANCE,),
+        ),
+    )
+}
+
+#: The newest release in the table.
+NEWEST: tuple[int, int] = max(RELEASES)
+#: The oldest supported release.
+OLDEST_SUPPORTED: tuple[int, int] = min(r for r, row in RELEASES.items() if row.mode != "unsupported")
+
+
+def parse_release(version: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a torch version string such as ``"2.14.1+cu128"``."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _has_native_opaque_attrs() -> bool:
+    try:
+        from torch._functorch._aot_autograd import schemas
+    except ImportError:  # pragma: no cover - torch without AOTAutograd
+        return False
+    return hasattr(schemas, "OpaqueMeta")
+
+
+def release_support(version: str) -> ReleaseSupport:
+    """The row for a torch version string (``torch.__version__``).
+
+    A listed release that claims native support but lacks the feature (a
+    development build from before it landed) and an unlisted release are
+    reported as unsupported, except a release newer than :data:`NEWEST`, which
+    is native when torch has the feature.
+    """
+    release = parse_release(version)
+    if release is None:
+        return ReleaseSupport((0, 0), "unsupported", None, differences=(f"unparsable version {version!r}",))
+    row = RELEASES.get(release)
+    if row is not None:
+        if row.mode == "native" and not _has_native_opaque_attrs():
+            return ReleaseSupport(release, "unsupported", None, differences=("development build without the feature",))
+        return row
+    if release > NEWEST and _has_native_opaque_attrs():
+        api = next(
+            (a for a in (CUSTOM_CLASS_API, OPAQUE_OBJECT_API) if a.is_available()),
+            None,
+        )
+        if api is not None:
+            return ReleaseSupport(release, "native", api, tested=False)
+    return ReleaseSupport(release, "unsupported", None)
+
+
+@cache
+def current() -> ReleaseSupport:
+    """The row for the running torch."""
+    return release_support(torch.__version__)

@@ -1,0 +1,18 @@
+"""Fixes for torch 2.12, a native release: one module per torch area.
+
+torch 2.12 handles opaque attributes itself (pytorch/pytorch#176457), so
+nothing here provides the feature; each patch fixes an upstream bug of 2.12
+that torch 2.13 fixed, so that the library behaves the same on both. The set
+is applied all or nothing, listed in ``opaque_subclass.support().fixes`` and
+removed by ``opaque_subclass.disable()``.
+"""
+
+from ..patching import PatchSet
+from . import export, registry
+
+__all__ = ["FIX_SET"]
+
+FIX_SET = PatchSet(
+    [*registry.PATCHES, *export.PATCHES],
+    preload=("torch._opaque_base", "torch.export.unflatten", "torch.export._unlift"),
+)

@@ -1,0 +1,128 @@
+"""Native-mode fixes: each fix of the running release's fix set (the version
+table's ``fixes`` module) is listed, documented, and needed: its scenario
+passes with the fix and fails with torch's own error when only that fix is
+suspended. On a release without fixes every test here is skipped."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import opaque_subclass as osc
+from opaque_subclass._versions import current
+from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor
+
+ROW = current()
+FIX_SET = importlib.import_module(ROW.fixes).FIX_SET if ROW.fixes else None
+needs_fixes = pytest.mark.skipif(FIX_SET is None, reason=f"no native fixes for torch {ROW.label}")
+
+
+def _compile_foreign_class_attribute():
+    """A class registered without inheriting OpaqueBase, as an attribute, through
+    compile, backward: the output and gradient carry the call's own object."""
+    f = torch.compile(lambda x: (x * 2).sum(), backend="aot_eager", fullgraph=True)
+    handle = ForeignHandle("fix")
+    x = ForeignTensor(torch.ones(3), handle).requires_grad_(True)
+    f(x).backward()
+    assert x.grad._handle is handle
+
+
+def _export_module_with_opaque_constant():
+    """``ExportedProgram.module()`` of a program whose lifted constant is an opaque."""
+
+    class Scale(torch.nn.Module):
+        def __init__(self, mesh):
+            super().__init__()
+            self.w = torch.nn.Parameter(_Lifted(torch.arange(3.0), mesh))
+
+        def forward(self, x):
+            return self.w * x
+
+    mesh = Mesh("fix-export")
+    module = osc.unwrap_tensor_subclass_parameters(Scale(mesh))
+    ep = torch.export.export(module, (torch.ones(3),), strict=False)
+    assert ep.module()(torch.ones(3))._mesh is mesh
+
+
+def _backward_logs_no_deprecation():
+    """A compiled backward whose graph holds an opaque logs none of torch's
+    deprecation warnings about opaque-object names."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Collect(level=logging.WARNING)
+    logger = logging.getLogger("torch._library.opaque_object")
+    logger.addHandler(handler)
+    try:
+        f = torch.compile(lambda x: (x * x).sum(), backend="aot_eager", fullgraph=True)
+        mesh = Mesh("no-deprecation")
+        x = MeshTensor(torch.ones(3), mesh).requires_grad_(True)
+        f(x).backward()
+    finally:
+        logger.removeHandler(handler)
+    assert x.grad._mesh is mesh
+    logged = [r.getMessage() for r in records if "deprecated" in r.getMessage()]
+    assert not logged, f"torch logged: {logged}"
+
+
+class _Lifted(osc.OpaqueSubclass):
+    tensor_attrs = ("_data",)
+    opaque_attrs = {"_mesh": Mesh}
+
+
+#: target -> (scenario, the stock torch error it fails with when the fix is off)
+NEEDED_BY = {
+    "torch._opaque_base.OpaqueBaseMeta.__instancecheck__": (
+        _compile_foreign_class_attribute,
+        "expected Tensor or OpaqueBase, got <class 'subclasses.ForeignHandle'>",
+    ),
+    "torch.export.unflatten._assign_attr": (
+        _export_module_with_opaque_constant,
+        "expected torch.Tensor or torch.ScriptObject for CONSTANT attr_kind",
+    ),
+    "torch._functorch.partitioners.is_opaque_value": (
+        _backward_logs_no_deprecation,
+        "is_opaque_value is deprecated, use is_custom_class_obj instead",
+    ),
+}
+
+
+@needs_fixes
+def test_support_lists_every_fix():
+    assert osc.support().mode == "native" and osc.support().patched == ()
+    assert osc.support().fixes == tuple(p.target for p in FIX_SET.patches)
+
+
+@needs_fixes
+def test_every_fix_has_a_scenario():
+    assert {p.target for p in FIX_SET.patches} <= set(NEEDED_BY)
+
+
+@needs_fixes
+def test_every_fix_documents_what_it_replaces():
+    for p in FIX_SET.patches:
+        doc = " ".join(p.doc.split())
+        assert f"``{p.target}``" in doc, p.target
+        assert "Replaces" in doc and "torch " in doc and ROW.label in doc, p.target
+        assert "Without it" in doc and "With it" in doc, p.target
+
+
+@needs_fixes
+@pytest.mark.parametrize("target", [p.target for p in FIX_SET.patches] if FIX_SET else [])
+def test_fix_is_needed(target):
+    scenario, stock_error = NEEDED_BY[target]
+    torch._dynamo.reset()
+    scenario()
+    torch._dynamo.reset()
+    with FIX_SET.suspended(target):
+        with pytest.raises(Exception) as info:  # torch's own failure, checked by its message below
+            scenario()
+    assert stock_error in str(info.value), str(info.value)
+    torch._dynamo.reset()
