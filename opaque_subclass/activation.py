@@ -108,4 +108,4 @@ def support() -> Support:
 
 
 if _MODE == "unsupported":
-    _unsupported_warning("no native support and no backport")
+    _unsupported_warning("; ".join(_ROW.differences) or "no native support and no backport")

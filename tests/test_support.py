@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -100,6 +101,59 @@ def test_cli_exits_zero_and_reports():
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"torch           {torch.__version__}" in out.stdout
     assert f"mode            {osc.support().mode}" in out.stdout
+    assert f"fixes           {len(osc.support().fixes)} torch function(s)" in out.stdout
+    for name in osc.support().patched + osc.support().fixes:
+        assert f"  - {name}\n" in out.stdout
     assert "0 failed" in out.stdout
     for check in ("compile: forward", "compile: backward", "compile: shared-opaque guard"):
         assert f"[PASS] {check}" in out.stdout
+
+
+def test_torch_210_gets_a_clear_refusal_without_importing_missing_modules():
+    """torch 2.10 lacks torch._opaque_base (and 2.14's torch._custom_class_base):
+    simulated here by hiding both modules and reporting version 2.10.0. Importing
+    the library, defining an opaque class and running the CLI must not touch
+    them; the CLI says why, what is supported and the fix, and exits 1."""
+    code = textwrap.dedent(
+        """
+        import importlib.abc, sys, warnings
+        MISSING = {"torch._opaque_base", "torch._custom_class_base"}
+
+        class Hide(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name in MISSING:
+                    raise ModuleNotFoundError(f"No module named {name!r}")
+                return None
+
+        import torch  # torch >= 2.11 imports them itself: hidden from here on
+
+        sys.meta_path.insert(0, Hide())
+        for name in MISSING:
+            sys.modules.pop(name, None)
+        torch.__version__ = "2.10.0"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import opaque_subclass as osc
+        assert osc.support().mode == "unsupported", osc.support()
+        assert any("torch 2.10.0 is not supported" in str(w.message) for w in caught), caught
+
+        class Group(osc.OpaqueBase):  # the stand-in base class: defining still works
+            pass
+
+        try:
+            osc.register_opaque(Group)
+        except RuntimeError as e:
+            assert "Fix: python -m pip install 'torch>=2.11'" in str(e), e
+        else:
+            raise AssertionError("register_opaque worked on an unsupported torch")
+        from opaque_subclass.__main__ import main
+        sys.exit(main(["--no-demo"]))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "mode            unsupported" in out.stdout
+    assert "torch 2.10 is not supported: no opaque base class" in out.stdout
+    assert "supported torch releases: 2.11 (backport), 2.12 (native)" in out.stdout
+    assert "Fix: python -m pip install 'torch>=2.11'" in out.stdout
+    assert "checks:" not in out.stdout
