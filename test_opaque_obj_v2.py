@@ -97,13 +97,12 @@ def from_local(data: torch.Tensor, mesh: Any) -> MeshTensor:
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
-    # AOTAutograd's and inductor's caches key graphs without the identity pattern
-    # of opaque inputs (an upstream gap: a graph compiled for shared opaques is
-    # served for unshared ones); every scenario compiles from scratch.
-    with torch._functorch.config.patch(enable_autograd_cache=False), torch._inductor.config.patch(fx_graph_cache=False):
-        torch._dynamo.reset()
-        yield
-        torch._dynamo.reset()
+    # torch's compile caches stay on (the nox legs give each test process its
+    # own empty TORCHINDUCTOR_CACHE_DIR); only Dynamo's in-memory frame cache
+    # is reset, so that each scenario counts its own compilations.
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
 
 
 def _counter(backend: str) -> torch._dynamo.testing.CompileCounterWithBackend:

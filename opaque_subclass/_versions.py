@@ -183,6 +183,7 @@ RELEASES: Mapping[tuple[int, int], ReleaseSupport] = {
             (2, 13),
             "native",
             OPAQUE_OBJECT_API,
+            fixes="opaque_subclass.backport.v2_13",
             differences=(_FOREIGN_ISINSTANCE,),
         ),
         ReleaseSupport(
@@ -196,7 +197,7 @@ RELEASES: Mapping[tuple[int, int], ReleaseSupport] = {
             (2, 15),
             "native",
             CUSTOM_CLASS_API,
-            fixes="opaque_subclass.backport.v2_14",
+            fixes="opaque_subclass.backport.v2_15",
             differences=(_FOREIGN_ISINSTANCE,),
         ),
     )

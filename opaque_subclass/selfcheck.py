@@ -138,58 +138,49 @@ def _compile(fn: Callable[..., Any]) -> tuple[Callable[..., Any], Any]:
     return torch.compile(fn, backend=counter, fullgraph=True), counter
 
 
-def _no_compile_caches() -> Any:
-    import torch._functorch.config
-
-    return torch._functorch.config.patch(enable_autograd_cache=False)
-
-
 def check_compile_forward() -> str:
-    with _no_compile_caches():
-        f, counter = _compile(lambda x: x * 2 + 1)
-        for i in range(5):
-            group = _Group(f"fw{i}")
-            out = f(_GroupTensor(torch.full((3,), float(i)), group))
-            if type(out) is not _GroupTensor or out._group is not group:
-                raise AssertionError(f"call {i}: the output does not carry the call's own opaque")
-            if not torch.equal(out._data, torch.full((3,), 2.0 * i + 1)):
-                raise AssertionError(f"call {i}: wrong values")
-        if counter.frame_count != 1:
-            raise AssertionError(f"{counter.frame_count} compilations for 5 opaques, expected 1")
+    f, counter = _compile(lambda x: x * 2 + 1)
+    for i in range(5):
+        group = _Group(f"fw{i}")
+        out = f(_GroupTensor(torch.full((3,), float(i)), group))
+        if type(out) is not _GroupTensor or out._group is not group:
+            raise AssertionError(f"call {i}: the output does not carry the call's own opaque")
+        if not torch.equal(out._data, torch.full((3,), 2.0 * i + 1)):
+            raise AssertionError(f"call {i}: wrong values")
+    if counter.frame_count != 1:
+        raise AssertionError(f"{counter.frame_count} compilations for 5 opaques, expected 1")
     return "5 calls with 5 opaques, 1 compilation, each output carries its call's opaque"
 
 
 def check_compile_backward() -> str:
-    with _no_compile_caches():
-        f, counter = _compile(lambda x: (x * x).sum())
-        for i in range(2):
-            group = _Group(f"bw{i}")
-            x = _GroupTensor(torch.arange(3.0) + i, group)
-            x.requires_grad_(True)
-            f(x).backward()
-            grad = x.grad
-            if type(grad) is not _GroupTensor or grad._group is not group:
-                raise AssertionError(f"call {i}: x.grad does not carry the input's opaque")
-            if not torch.equal(grad._data, 2 * (torch.arange(3.0) + i)):
-                raise AssertionError(f"call {i}: wrong gradient values")
-        if counter.frame_count != 1:
-            raise AssertionError(f"{counter.frame_count} compilations, expected 1")
+    f, counter = _compile(lambda x: (x * x).sum())
+    for i in range(2):
+        group = _Group(f"bw{i}")
+        x = _GroupTensor(torch.arange(3.0) + i, group)
+        x.requires_grad_(True)
+        f(x).backward()
+        grad = x.grad
+        if type(grad) is not _GroupTensor or grad._group is not group:
+            raise AssertionError(f"call {i}: x.grad does not carry the input's opaque")
+        if not torch.equal(grad._data, 2 * (torch.arange(3.0) + i)):
+            raise AssertionError(f"call {i}: wrong gradient values")
+    if counter.frame_count != 1:
+        raise AssertionError(f"{counter.frame_count} compilations, expected 1")
     return "x.grad carries the runtime opaque, cached graph reused"
 
 
 def check_shared_opaque_guard() -> str:
-    with _no_compile_caches():
-        f, counter = _compile(lambda x, y: (x + y, y * 2))
-        shared = _Group("shared")
-        f(_GroupTensor(torch.ones(2), shared), _GroupTensor(torch.ones(2), shared))
-        a, b = _Group("a"), _Group("b")
-        out = f(_GroupTensor(torch.ones(2), a), _GroupTensor(torch.ones(2), b))
-        if out[0]._group is not a or out[1]._group is not b:
-            raise AssertionError("after sharing broke, outputs carry the wrong opaques")
-        again = _Group("again")
-        f(_GroupTensor(torch.ones(2), again), _GroupTensor(torch.ones(2), again))
-        if counter.frame_count != 2:
-            raise AssertionError(f"{counter.frame_count} compilations, expected 2 (shared, then not shared)")
+    f, counter = _compile(lambda x, y: (x + y, y * 2))
+    shared = _Group("shared")
+    f(_GroupTensor(torch.ones(2), shared), _GroupTensor(torch.ones(2), shared))
+    a, b = _Group("a"), _Group("b")
+    out = f(_GroupTensor(torch.ones(2), a), _GroupTensor(torch.ones(2), b))
+    if out[0]._group is not a or out[1]._group is not b:
+        raise AssertionError("after sharing broke, outputs carry the wrong opaques")
+    again = _Group("again")
+    f(_GroupTensor(torch.ones(2), again), _GroupTensor(torch.ones(2), again))
+    if counter.frame_count != 2:
+        raise AssertionError(f"{counter.frame_count} compilations, expected 2 (shared, then not shared)")
     return "breaking the sharing recompiled once; sharing again reused the first graph"
 
 

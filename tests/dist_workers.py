@@ -58,7 +58,6 @@ def fsdp2_train(rank: int, world: int) -> dict:
     """FSDP2 fully_shard of a model with subclass weights: compiled training equals eager."""
     from torch.distributed.fsdp import fully_shard
 
-    torch._functorch.config.enable_autograd_cache = False
     losses: dict[str, list[float]] = {}
     for label in ("eager", "compiled"):
         mesh = Mesh(f"m{rank}")

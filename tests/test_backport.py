@@ -143,7 +143,12 @@ def test_native_mode_patches_nothing():
     if opaque_subclass.support().mode != "native":
         pytest.skip("native mode only")
     assert opaque_subclass.support().patched == ()
-    assert opaque_subclass.enable().patched == () and opaque_subclass.disable().patched == ()
+    fixes = opaque_subclass.support().fixes
+    try:
+        assert opaque_subclass.disable() == opaque_subclass.Support("native", torch.__version__, (), ())
+        assert opaque_subclass.enable().patched == () and opaque_subclass.enable().fixes == fixes
+    finally:
+        opaque_subclass.enable()
 
 
 # --------------------------------------------------------------------------- backport mode
@@ -535,11 +540,10 @@ def test_every_patch_has_a_scenario():
 @pytest.mark.parametrize("target", sorted(NEEDED_BY))
 def test_patch_is_needed(target):
     scenario = NEEDED_BY[target]
-    with torch._functorch.config.patch(enable_autograd_cache=False):
-        torch._dynamo.reset()
-        scenario()  # passes with every patch
-        torch._dynamo.reset()
-        with PATCH_SET.suspended(target):
-            with pytest.raises((Exception, AssertionError)):
-                scenario()
-        torch._dynamo.reset()
+    torch._dynamo.reset()
+    scenario()  # passes with every patch
+    torch._dynamo.reset()
+    with PATCH_SET.suspended(target):
+        with pytest.raises((Exception, AssertionError)):
+            scenario()
+    torch._dynamo.reset()

@@ -72,12 +72,38 @@ def _backward_logs_no_deprecation():
     assert not logged, f"torch logged: {logged}"
 
 
+def _inductor_cache_keeps_sharing_apart():
+    """With torch's caches on (a fresh cache directory), a call with distinct
+    meshes after one with a shared mesh gets its own meshes back."""
+    import os
+    import shutil
+    import tempfile
+
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    fresh = tempfile.mkdtemp(prefix="opaque-subclass-cache-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh
+    try:
+        f = torch.compile(lambda x, y: (x + y, y * 2), backend="inductor", fullgraph=True)
+        m = Mesh("shared")
+        f(MeshTensor(torch.ones(2), m), MeshTensor(torch.ones(2), m))
+        a, b = Mesh("a"), Mesh("b")
+        o1, o2 = f(MeshTensor(torch.ones(2), a), MeshTensor(torch.ones(2), b))
+        assert o1._mesh is a and o2._mesh is b, f"outputs carry {o1._mesh} and {o2._mesh}, expected Mesh('a') and Mesh('b')"
+    finally:
+        if previous is None:
+            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+        shutil.rmtree(fresh, ignore_errors=True)
+
+
 class _Lifted(osc.OpaqueSubclass):
     tensor_attrs = ("_data",)
     opaque_attrs = {"_mesh": Mesh}
 
 
-#: target -> (scenario, the stock torch error it fails with when the fix is off)
+#: target -> (scenario, the stock torch error it fails with when the fix is off;
+#: for a wrong result, the scenario's own assertion naming it)
 NEEDED_BY = {
     "torch._opaque_base.OpaqueBaseMeta.__instancecheck__": (
         _compile_foreign_class_attribute,
@@ -86,6 +112,10 @@ NEEDED_BY = {
     "torch.export.unflatten._assign_attr": (
         _export_module_with_opaque_constant,
         "expected torch.Tensor or torch.ScriptObject for CONSTANT attr_kind",
+    ),
+    "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key": (
+        _inductor_cache_keeps_sharing_apart,
+        "expected Mesh('a') and Mesh('b')",
     ),
     "torch._functorch.partitioners.is_opaque_value": (
         _backward_logs_no_deprecation,

@@ -60,10 +60,9 @@ def mesh():
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
-    with torch._functorch.config.patch(enable_autograd_cache=False):
-        torch._dynamo.reset()
-        yield
-        torch._dynamo.reset()
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
 
 
 def _other_mesh() -> DeviceMesh:

@@ -1,18 +1,25 @@
 """Fixes for torch 2.12, a native release: one module per torch area.
 
 torch 2.12 handles opaque attributes itself (pytorch/pytorch#176457), so
-nothing here provides the feature; each patch fixes an upstream bug of 2.12
-that torch 2.13 fixed, so that the library behaves the same on both. The set
+nothing here provides the feature; each patch fixes an upstream bug of 2.12:
+two that torch 2.13 fixed, so that the library behaves the same on both, and
+the AOTAutograd cache key that ignores opaque sharing (every native release). The set
 is applied all or nothing, listed in ``opaque_subclass.support().fixes`` and
 removed by ``opaque_subclass.disable()``.
 """
 
+from ..native import autograd_cache
 from ..patching import PatchSet
 from . import export, registry
 
 __all__ = ["FIX_SET"]
 
 FIX_SET = PatchSet(
-    [*registry.PATCHES, *export.PATCHES],
-    preload=("torch._opaque_base", "torch.export.unflatten", "torch.export._unlift"),
+    [*registry.PATCHES, *export.PATCHES, autograd_cache.patch("b842f9aaedf60094")],
+    preload=(
+        "torch._opaque_base",
+        "torch.export.unflatten",
+        "torch.export._unlift",
+        "torch._functorch._aot_autograd.autograd_cache",
+    ),
 )

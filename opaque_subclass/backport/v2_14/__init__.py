@@ -1,15 +1,19 @@
-"""Fixes for torch 2.14 and 2.15, native releases: one module per torch area.
+"""Fixes for torch 2.14, a native release: one module per torch area.
 
-torch 2.14 renamed opaque objects to "custom classes" and made every use of
+The AOTAutograd cache key ignores which inputs share one opaque (see
+:mod:`opaque_subclass.backport.native.autograd_cache`). And torch 2.14 renamed opaque objects to "custom classes" and made every use of
 the old names log a deprecation warning, but left one of its own call sites on
 an old name. The library hides that rename from its users, torch's own
 leftovers included. Applied all or nothing, listed in
 ``opaque_subclass.support().fixes``, removed by ``opaque_subclass.disable()``.
 """
 
+from ..native import autograd_cache
 from ..patching import PatchSet
 from . import aot_autograd
 
-__all__ = ["FIX_SET"]
+__all__ = ["FIX_SET", "PRELOAD"]
 
-FIX_SET = PatchSet([*aot_autograd.PATCHES], preload=("torch._functorch.partitioners",))
+PRELOAD = ("torch._functorch.partitioners", "torch._functorch._aot_autograd.autograd_cache")
+
+FIX_SET = PatchSet([*aot_autograd.PATCHES, autograd_cache.patch("ec0906f362c21ef6")], preload=PRELOAD)

@@ -1,0 +1,11 @@
+"""Fixes for torch 2.15, a native release: torch 2.14's fixes (its partitioner
+still calls the deprecated ``is_opaque_value``, unchanged), and the AOTAutograd
+cache-key fix written against 2.15's own ``autograd_cache_key``."""
+
+from ..native import autograd_cache
+from ..patching import PatchSet
+from ..v2_14 import PRELOAD, aot_autograd
+
+__all__ = ["FIX_SET"]
+
+FIX_SET = PatchSet([*aot_autograd.PATCHES, autograd_cache.patch("26aa5a210e4eaa85")], preload=PRELOAD)
