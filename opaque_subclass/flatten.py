@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .errors import describe_type, import_fix, qualified_name
-from .registry import opaque_kind, opaque_type_of
+from .registry import is_torch_handled_type, opaque_kind, opaque_type_of
 from .schema import (
     OpaqueMeta,
     PlainTensorMeta,
@@ -92,6 +92,13 @@ def _bad_attribute(owner: torch.Tensor, name: str, path: str, value: object) -> 
         # Read by callers that must raise torch's exception type for this case.
         error.opaque_kind = kind  # type: ignore[attr-defined]  # a plain attribute on the instance
         return error
+    if is_torch_handled_type(value_cls):
+        return TypeError(
+            f"{where}, one of torch's own value types, which torch.compile handles itself "
+            "and which cannot be an opaque. Fix: move "
+            f"{name!r} into the flatten context (second return value of __tensor_flatten__) "
+            "and read it back in __tensor_unflatten__."
+        )
     if value_cls.__module__ == "builtins" or value_cls is type(None):
         return TypeError(
             f"{where}. Only tensors and registered reference opaques may be listed. "

@@ -43,6 +43,7 @@ __all__ = [
     "OpaqueBase",
     "OpaqueKind",
     "is_opaque",
+    "is_torch_handled_type",
     "opaque_kind",
     "opaque_type_of",
     "register_opaque",
@@ -154,6 +155,31 @@ def opaque_kind(obj: object) -> OpaqueKind | None:
 def is_opaque(obj: object) -> bool:
     """Whether ``obj`` (an instance or a class) is a registered opaque of either kind."""
     return opaque_kind(obj) is not None
+
+
+#: Types torch.compile treats itself (constants it specializes on, or objects
+#: with their own Dynamo handling); never opaque.
+_TORCH_HANDLED: tuple[type, ...] = tuple(
+    t
+    for t in (
+        torch.dtype,
+        torch.device,
+        torch.layout,
+        torch.memory_format,
+        torch.Size,
+        getattr(torch, "qscheme", None),
+        torch.nn.Module,
+        torch.nn.Parameter,
+    )
+    if isinstance(t, type)
+)
+
+
+def is_torch_handled_type(cls: type) -> bool:
+    """Whether ``cls`` is one of torch's own value types (``torch.dtype``,
+    ``torch.device``, ...) or a module: torch.compile handles those itself, so
+    they can be neither registered nor listed as opaque attributes."""
+    return issubclass(cls, _TORCH_HANDLED)
 
 
 def _check_value_type_protocol(cls: type) -> None:
@@ -270,9 +296,18 @@ def register_opaque(cls: type, kind: str = "reference") -> None:
             "are handled by torch directly. Fix: wrap the value in a class of your own "
             "and register that class."
         )
+    if is_torch_handled_type(cls):
+        raise TypeError(
+            f"cannot register {qualified_name(cls)} as an opaque type: torch.compile handles "
+            f"{cls.__qualname__} values itself (as constants it specializes on), and an "
+            "opaque registration would change that for every compiled program in the process, "
+            "irreversibly. Fix: keep such a value in the flatten context (the second value "
+            "__tensor_flatten__ returns), or as a plain Python attribute read outside the "
+            "compiled region."
+        )
     from torch.utils import _pytree as pytree
 
-    if cls in pytree.SUPPORTED_NODES:
+    if cls in pytree.SUPPORTED_NODES or (issubclass(cls, tuple) and hasattr(cls, "_fields")):
         raise TypeError(
             f"cannot register {qualified_name(cls)} as an opaque type: it is a pytree node, "
             "so torch would flatten it instead of passing it as one object. Fix: "
@@ -280,16 +315,17 @@ def register_opaque(cls: type, kind: str = "reference") -> None:
         )
     _run_torch_registration_hooks(cls)
     with _LOCK:
-        existing = _torch_kind(cls) if cls in api.torch_module()._OPAQUE_TYPES else None
-        if existing is None:
-            existing = _KIND_BY_TYPE.get(cls)
-        if existing is not None:
-            if existing != kind:
-                raise ValueError(
-                    f"{qualified_name(cls)} is already registered as a {existing} opaque; it "
-                    f"cannot also be a {kind} opaque. Fix: keep one registration, "
-                    f'register_opaque({cls.__qualname__}, kind="{existing}").'
-                )
+        # The kind of a class is fixed by its first registration, and a subclass
+        # has the kind of its registered base: torch answers lookups through the MRO.
+        existing = _torch_kind(cls) or _KIND_BY_TYPE.get(cls)
+        if existing is not None and existing != kind:
+            raise ValueError(
+                f"{qualified_name(cls)} is already registered as a {existing} opaque"
+                + ("" if cls in api.torch_module()._OPAQUE_TYPES else " (through a base class)")
+                + f"; it cannot also be a {kind} opaque. Fix: keep one registration, "
+                f'register_opaque({cls.__qualname__}, kind="{existing}").'
+            )
+        if existing is not None and cls in api.torch_module()._OPAQUE_TYPES:
             _KIND_BY_TYPE[cls] = kind
             return
         if kind == "value":

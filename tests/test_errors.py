@@ -171,3 +171,16 @@ def test_joint_structure_shape_errors():
         osc.unwrap_tensor_subclasses([torch.ones(1)], is_joint_structure=True)
     with pytest.raises(ValueError, match="needs tangent_metas"):
         osc.wrap_tensor_subclasses_maybe_joint(([], []), is_joint_structure=True, inp_metas=[])
+
+
+@pytest.mark.parametrize("value", [torch.float64, torch.device("cpu")])
+def test_torch_value_type_attribute_suggests_the_context_not_registration(value):
+    """Registering torch.dtype would break every compiled .to(dtype) in the
+    process: the fix for a dtype attribute is the flatten context."""
+    with pytest.raises(TypeError) as info:
+        osc.flatten_subclass(_broken(value))
+    msg = str(info.value)
+    assert "MeshTensor.__tensor_flatten__()" in msg and "'x._mesh'" in msg
+    assert f"torch.{type(value).__qualname__}" in msg
+    assert "Fix: move '_mesh' into the flatten context" in msg
+    assert "register_opaque" not in msg

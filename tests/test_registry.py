@@ -206,3 +206,45 @@ def test_enum_registration_by_torch_matches_the_version_table():
         assert osc.opaque_kind(Fresh.A) is None and documented
         osc.register_opaque(Fresh, kind="value")
         assert osc.opaque_kind(Fresh.A) == "value"
+
+
+@pytest.mark.parametrize("cls", [torch.dtype, torch.device, torch.layout, torch.Size, torch.nn.Linear])
+def test_torchs_own_types_are_refused(cls):
+    """Registering torch.dtype used to succeed, after which every compiled
+    x.to(torch.float64) in the process failed, irreversibly."""
+    with pytest.raises(TypeError, match="torch.compile handles") as info:
+        osc.register_opaque(cls)
+    assert "Fix: keep such a value in the flatten context" in str(info.value)
+    assert not osc.is_opaque(cls)
+    f = torch.compile(lambda x: x.to(torch.float64) * 2, backend="aot_eager", fullgraph=True)
+    assert f(torch.ones(2)).dtype == torch.float64
+
+
+def test_namedtuple_is_refused_as_a_pytree_node():
+    import collections
+
+    Pair = collections.namedtuple("Pair", "a b")
+    with pytest.raises(TypeError, match="pytree node"):
+        osc.register_opaque(Pair)
+
+
+def test_subclass_of_registered_class_keeps_its_kind_whatever_was_looked_up():
+    """The kind of a subclass follows its registered base, whether or not
+    opaque_kind was asked about it first."""
+
+    class Fresh(OpaqueBase):
+        pass
+
+    class SubA(Fresh):
+        pass
+
+    class SubB(Fresh):
+        pass
+
+    osc.register_opaque(Fresh)
+    assert osc.opaque_kind(SubA) == "reference"  # looked up first (cached)
+    for sub in (SubA, SubB):  # SubB never looked up
+        with pytest.raises(ValueError, match="already registered as a reference opaque"):
+            osc.register_opaque(sub, kind="value")
+        osc.register_opaque(sub, kind="reference")
+        assert osc.opaque_kind(sub) == "reference"
