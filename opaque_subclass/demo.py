@@ -25,6 +25,7 @@ import importlib.util
 import json
 import logging
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -187,43 +188,85 @@ def run_local_workers(
                             stdout=out, stderr=subprocess.STDOUT, env=env,
                         )
                     )
-            failed_at: float | None = None
-            while any(p.poll() is None for p in procs):
-                now = time.monotonic()
-                if now > deadline:
-                    raise DemoError(f"{target}: {world_size} workers did not finish within {timeout:.0f} s" + _logs_text(procs, logs))
-                if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
-                    failed_at = now  # a peer failed: the others get a moment to report, then go
-                if failed_at is not None and now - failed_at > 5.0:
-                    break
-                time.sleep(0.05)
+            exited_at = _watch(procs, deadline, on_timeout=lambda: DemoError(
+                f"{target}: {world_size} workers did not finish within {timeout:.0f} s" + _logs_text(procs, logs)
+            ))
         finally:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
                     p.wait(timeout=10)
         reports: list[dict[str, Any] | None] = []
-        failed: list[tuple[float, int]] = []
         for rank in range(world_size):
             path = Path(workdir, f"result{rank}.json")
-            report = json.loads(path.read_text()) if path.exists() else None
-            reports.append(report)
-            if report is not None and not report["ok"]:
-                failed.append((path.stat().st_mtime, rank))
-        if failed:  # the first rank to fail is the cause; its peers often only lost their connection to it
-            first = min(failed)[1]
-            error = reports[first]["error"]  # type: ignore[index]  # failed ranks have reports
-            others = "".join(
-                f"\nthen rank {r} failed: {reports[r]['error'].strip().splitlines()[-1]}"  # type: ignore[index]
-                for _, r in sorted(failed) if r != first
+            reports.append(json.loads(path.read_text()) if path.exists() else None)
+        failed = [
+            rank
+            for rank, (report, proc) in enumerate(zip(reports, procs))
+            if report is None or not report["ok"] or proc.returncode != 0
+        ]
+        if failed:
+            # The first rank seen to exit is the cause; its peers often only lost
+            # their connection to it. Ranks still running when the launcher
+            # stopped them come last.
+            order = sorted(failed, key=lambda r: (exited_at.get(r, float("inf")), reports[r] is not None, r))
+            first = order[0]
+            def how(r: int, brief: bool) -> str:
+                if r not in exited_at:
+                    return "was still running and was stopped by the launcher"
+                return _how_it_ended(procs[r], reports[r], brief=brief)
+
+            others = "".join(f"\nthen rank {r} {how(r, True)}" for r in order[1:])
+            raise DemoError(
+                f"{target}: rank {first} {how(first, False)}"
+                f"{others}\noutput of rank {first}:\n{_tail(logs[first])}"
             )
-            raise DemoError(f"{target}: rank {first} failed:\n{error}{others}\noutput:\n{_tail(logs[first])}")
-        for rank, (report, proc) in enumerate(zip(reports, procs)):
-            if report is None or proc.returncode != 0:
-                what = "without a result" if report is None else "after finishing its work"
-                raise DemoError(f"{target}: rank {rank} exited with code {proc.returncode} {what}" + _logs_text(procs, logs))
         results = [report["value"] for report in reports if report is not None]
         return results
+
+
+#: After the first rank fails, how long its peers get to write their own
+#: reports before the launcher stops them.
+_GRACE_S = 1.0
+_POLL_S = 0.02
+
+
+def _watch(
+    procs: Sequence[subprocess.Popen[bytes]], deadline: float, *, on_timeout: Callable[[], Exception]
+) -> dict[int, float]:
+    """Poll every rank until all have exited, or one failed and the grace period
+    passed; returns when each rank was first seen to have exited. A death is seen
+    within one poll interval, whichever rank it is."""
+    exited_at: dict[int, float] = {}
+    while True:
+        now = time.monotonic()
+        for rank, p in enumerate(procs):
+            if rank not in exited_at and p.poll() is not None:
+                exited_at[rank] = now
+        if len(exited_at) == len(procs):
+            return exited_at
+        failures = [exited_at[r] for r in exited_at if procs[r].returncode != 0]
+        if failures and now - min(failures) > _GRACE_S:
+            return exited_at
+        if now > deadline:
+            raise on_timeout()
+        time.sleep(_POLL_S)
+
+
+def _how_it_ended(proc: subprocess.Popen[bytes], report: Mapping[str, Any] | None, *, brief: bool) -> str:
+    code = proc.returncode
+    if report is not None and not report["ok"]:
+        error = str(report["error"])
+        return "failed: " + error.strip().splitlines()[-1] if brief else "failed:\n" + error
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}" + ("" if report is None else " after finishing its work")
+    if report is None:
+        return f"exited with code {code} without a result"
+    return f"exited with code {code} after finishing its work"
 
 
 def _logs_text(procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path]) -> str:

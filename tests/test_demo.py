@@ -72,6 +72,53 @@ def test_launcher_reports_the_failing_rank_without_waiting_for_its_peers():
     assert time.monotonic() - t0 < 40  # the peer stuck in a barrier was stopped, not waited for
 
 
+TARGETS = str(__import__("pathlib").Path(__file__).with_name("launcher_targets.py"))
+
+
+def test_launcher_sees_a_rank_dying_before_the_rendezvous_at_once():
+    # Rank 0 waits at the rendezvous (its store would time out after 60 s);
+    # the launcher must see rank 1's exit, blame rank 1, and stop rank 0.
+    t0 = time.monotonic()
+    with pytest.raises(demo.DemoError) as info:
+        demo.run_local_workers(f"{TARGETS}:die_at_import", 2, timeout=100)
+    elapsed = time.monotonic() - t0
+    msg = str(info.value)
+    assert msg.startswith(f"{TARGETS}:die_at_import: rank 1 exited with code 3 without a result"), msg
+    assert "then rank 0 was still running and was stopped by the launcher" in msg
+    assert elapsed < 20, elapsed  # start-up of two interpreters plus 1 s of grace; was 62-78 s
+
+
+def test_launcher_names_a_rank_killed_mid_run_and_its_signal():
+    with pytest.raises(demo.DemoError) as info:
+        demo.run_local_workers(f"{TARGETS}:killed_mid_run", 2, timeout=100)
+    msg = str(info.value)
+    assert msg.startswith(f"{TARGETS}:killed_mid_run: rank 1 was killed by SIGKILL"), msg
+    assert "rank 0 failed" not in msg.splitlines()[0]
+
+
+def _workers_alive(marker: str) -> list[str]:
+    """Command lines of running launcher workers whose target contains ``marker``."""
+    import pathlib
+
+    alive = []
+    for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        text = b" ".join(args).decode(errors="replace")
+        if "--worker" in text and marker in text:
+            alive.append(text)
+    return alive
+
+
+@pytest.mark.parametrize("target", ["die_at_import", "killed_mid_run"])
+def test_launcher_leaves_no_process_behind(target):
+    with pytest.raises(demo.DemoError):
+        demo.run_local_workers(f"{TARGETS}:{target}", 2, timeout=100)
+    assert _workers_alive(f"launcher_targets.py:{target}") == []
+
+
 def test_launcher_bounds_the_run():
     t0 = time.monotonic()
     with pytest.raises(demo.DemoError, match="2 workers did not finish within 8 s"):
