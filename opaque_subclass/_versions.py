@@ -170,6 +170,9 @@ RELEASES: Mapping[tuple[int, int], ReleaseSupport] = {
                 _FOREIGN_ISINSTANCE,
                 "torch 2.11 does not register enum.Enum as a value opaque (2.12 and newer do): "
                 "opaque_kind(AnEnum) is None until register_opaque(AnEnum, kind='value')",
+                "torch 2.11's CUDA build without a GPU crashes (SIGSEGV in FakeTensorMode.__enter__) "
+                "when a thread compiles after another compiling thread has exited, with or without "
+                "the library: compile from one long-lived thread",
             ),
         ),
         ReleaseSupport(

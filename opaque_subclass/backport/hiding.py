@@ -1,19 +1,35 @@
-"""Presenting tensor-only ``__tensor_flatten__`` results to torch code that
-walks inner *tensors*.
+"""Routing opaques past torch 2.11 helpers that walk inner *tensors*.
 
 Many torch 2.11 helpers walk the names returned by ``__tensor_flatten__`` and
-treat every attribute as a tensor (``is_fun``, ``has_data_mutation``, the
-shape-guard builder, ...). For them an opaque attribute is irrelevant: it has
-no storage, no shape and no functional wrapper. :func:`tensor_only_flatten`
-shadows ``__tensor_flatten__`` on the *instance* (never on the class) for the
-duration of a call, so those helpers see only the tensor attributes; the
-patches built with :func:`hide_in_first_arg` and :func:`hide_in_all_args` use
-it. Helpers that call ``type(t).__tensor_flatten__(t)`` bypass an instance
-shadow and get a replacement of their own instead.
+treat every attribute as a tensor (``is_fun``, ``sync_functional_tensor``, the
+meta describer, the shape-guard builder, FSDP's state sync, ...). For them an
+opaque attribute is irrelevant: it has no storage, no shape and no functional
+wrapper. The patches route opaques themselves, never by changing the objects
+torch walks:
+
+* :func:`tensor_attrs` and :func:`tensor_leaves` give the tensor part of a
+  subclass (one ``__tensor_flatten__`` call per level), so a patch can compute
+  what the helper computes over tensors only;
+* :func:`skip_opaque_leaves` wraps a helper that recurses through its own
+  module-level name: the recursion reaches the replacement, which answers for
+  an opaque leaf with a neutral value instead of descending into it;
+* :func:`hide_in_fake_args` presents tensor-only flatten results for *fake*
+  subclass instances, which torch builds privately for one compilation in the
+  compiling thread; a user's tensor (real, or shared between threads) is never
+  touched (see Note [No writes to user objects]).
 
 Every non-tensor attribute found here is validated: an object that is not a
 registered reference opaque raises the core's error (subclass, attribute path,
-type, fix) instead of being hidden.
+type, fix) instead of being skipped.
+
+Note [No writes to user objects]
+--------------------------------
+An earlier version shadowed ``__tensor_flatten__`` in the ``__dict__`` of the
+instance being walked, user inputs and parameters included. Another thread
+reading ``x.__tensor_flatten__()``, deep-copying ``x`` or converting it to a
+fake tensor at that moment saw the opaque missing (measured: thousands of wrong
+reads per million, and deep copies that stayed wrong). Nothing here writes to a
+tensor the compilation did not create itself.
 """
 
 from __future__ import annotations
@@ -29,11 +45,12 @@ from ..flatten import _bad_attribute, is_wrapper_subclass
 from ..registry import opaque_kind
 
 __all__ = [
-    "hide_in_all_args",
-    "hide_in_first_arg",
+    "hide_in_fake_args",
+    "is_opaque_leaf",
     "opaque_attrs",
-    "subclasses_with_opaques",
-    "tensor_only_flatten",
+    "skip_opaque_leaves",
+    "tensor_attrs",
+    "tensor_leaves",
     "validate_attrs",
 ]
 
@@ -42,50 +59,111 @@ _MISSING = object()
 _Tensor = torch.Tensor
 
 
+def is_opaque_leaf(value: object) -> bool:
+    """Whether ``value`` is a reference opaque (or torch's fake wrapper of one)."""
+    return not isinstance(value, _Tensor) and opaque_kind(value) == "reference"
+
+
+def _split(t: _Tensor, path: str) -> tuple[list[tuple[str, _Tensor]], dict[str, Any]]:
+    """``(tensor attributes, opaque attributes)`` of one level, validated."""
+    names = t.__tensor_flatten__()[0]  # type: ignore[attr-defined]  # a wrapper subclass
+    tensors: list[tuple[str, _Tensor]] = []
+    opaques: dict[str, Any] = {}
+    for name in names:
+        value = getattr(t, name)
+        if isinstance(value, _Tensor):
+            tensors.append((name, value))
+        elif opaque_kind(value) == "reference":
+            opaques[name] = value
+        else:
+            raise _bad_attribute(t, name, f"{path}.{name}", value)
+    return tensors, opaques
+
+
 def opaque_attrs(t: object, path: str = "x") -> dict[str, Any]:
     """The opaque attributes ``{name: object}`` of a wrapper subclass (empty for
     anything else), validated: every non-tensor must be a reference opaque.
     ``path`` names ``t`` in the error for one that is not."""
     if not is_wrapper_subclass(t):
         return {}
-    names = t.__tensor_flatten__()[0]  # type: ignore[attr-defined]  # a wrapper subclass
-    found: dict[str, Any] = {}
-    for name in names:
-        value = getattr(t, name)
-        if isinstance(value, _Tensor):
-            continue
-        if opaque_kind(value) != "reference":
-            raise _bad_attribute(t, name, f"{path}.{name}", value)  # type: ignore[arg-type]  # t is a tensor
-        found[name] = value
-    return found
+    return _split(t, path)[1]  # type: ignore[arg-type]  # a wrapper subclass is a tensor
+
+
+def tensor_attrs(t: object, path: str = "x") -> list[tuple[str, _Tensor]]:
+    """``[(name, inner tensor)]`` of one level of a wrapper subclass, in flatten
+    order, opaques left out (validated); ``[]`` for anything else."""
+    if not is_wrapper_subclass(t):
+        return []
+    return _split(t, path)[0]  # type: ignore[arg-type]  # a wrapper subclass is a tensor
+
+
+def tensor_leaves(t: _Tensor, path: str = "x") -> list[_Tensor]:
+    """The innermost tensors of ``t`` (``[t]`` for a tensor that is not a
+    wrapper subclass), depth first in flatten order; opaques left out."""
+    if not is_wrapper_subclass(t):
+        return [t]
+    out: list[_Tensor] = []
+    for name, inner in _split(t, path)[0]:
+        out.extend(tensor_leaves(inner, f"{path}.{name}"))
+    return out
 
 
 def validate_attrs(t: object, path: str) -> None:
     """Check every level of a (nested) wrapper subclass: each non-tensor
     attribute must be a reference opaque; errors name ``path`` + attribute."""
-    if not is_wrapper_subclass(t):
-        return
-    opaque_attrs(t, path)
-    for name in t.__tensor_flatten__()[0]:  # type: ignore[attr-defined]  # a wrapper subclass
-        value = getattr(t, name)
-        if isinstance(value, _Tensor):
-            validate_attrs(value, f"{path}.{name}")
+    for name, inner in tensor_attrs(t, path):
+        validate_attrs(inner, f"{path}.{name}")
+
+
+def skip_opaque_leaves(original: F, *, result: Any = None) -> F:
+    """Wrap a helper ``original(t, ...)`` that recurses into inner attributes by
+    calling its own module-level name: called on an opaque, the wrapper returns
+    ``result`` (neutral for the helper's reduction) instead of descending."""
+
+    @functools.wraps(original)
+    def wrapper(t: Any, *args: Any, **kwargs: Any) -> Any:
+        if is_opaque_leaf(t):
+            return result
+        return original(t, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]  # same signature as original
+
+
+def _is_fake_instance(t: _Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return all(isinstance(leaf, FakeTensor) for leaf in tensor_leaves(t))
+
+
+def _fake_subclasses_with_opaques(obj: object, out: list[_Tensor]) -> list[_Tensor]:
+    if isinstance(obj, (list, tuple)):
+        for o in obj:
+            _fake_subclasses_with_opaques(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _fake_subclasses_with_opaques(o, out)
+    elif is_wrapper_subclass(obj):
+        assert isinstance(obj, _Tensor)  # for type checkers: implied by is_wrapper_subclass
+        tensors, opaques = _split(obj, "x")
+        if opaques and _is_fake_instance(obj):
+            out.append(obj)
+        for _, inner in tensors:
+            _fake_subclasses_with_opaques(inner, out)
+    return out
 
 
 @contextlib.contextmanager
-def tensor_only_flatten(t: torch.Tensor) -> Iterator[dict[str, Any]]:
-    """While active, ``t.__tensor_flatten__()`` lists only tensor attributes.
-
-    Yields the hidden opaques. Re-entrant; restores the instance exactly.
-    """
+def _tensor_only_flatten(t: _Tensor) -> Iterator[None]:
+    """While active, ``t.__tensor_flatten__()`` of this compile-private fake
+    instance lists only tensor attributes. Re-entrant; restores it exactly."""
     names, ctx = t.__tensor_flatten__()  # type: ignore[attr-defined]  # a wrapper subclass
-    hidden = opaque_attrs(t)
-    tensor_names = [n for n in names if n not in hidden]
+    opaques = _split(t, "x")[1]
+    tensor_names = [n for n in names if n not in opaques]
     state = t.__dict__
     previous = state.get("__tensor_flatten__", _MISSING)
     state["__tensor_flatten__"] = lambda: (tensor_names, ctx)
     try:
-        yield hidden
+        yield
     finally:
         if previous is _MISSING:
             del state["__tensor_flatten__"]
@@ -93,57 +171,20 @@ def tensor_only_flatten(t: torch.Tensor) -> Iterator[dict[str, Any]]:
             state["__tensor_flatten__"] = previous
 
 
-def subclasses_with_opaques(obj: object, out: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Every wrapper subclass with opaque attributes reachable from ``obj``
-    (through lists, tuples, dicts and inner tensors), appended to ``out``."""
-    if isinstance(obj, (list, tuple)):
-        for o in obj:
-            subclasses_with_opaques(o, out)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            subclasses_with_opaques(o, out)
-    elif is_wrapper_subclass(obj):
-        assert isinstance(obj, _Tensor)  # for type checkers: implied by is_wrapper_subclass
-        if opaque_attrs(obj):
-            out.append(obj)
-        for name in obj.__tensor_flatten__()[0]:  # type: ignore[attr-defined]  # a wrapper subclass
-            value = getattr(obj, name)
-            if isinstance(value, _Tensor):
-                subclasses_with_opaques(value, out)
-    return out
-
-
-def hide_in_first_arg(original: F) -> F:
-    """Wrap ``original(t, ...)`` so that ``t`` and every subclass nested in it
-    show only their tensor attributes while it runs."""
-
-    @functools.wraps(original)
-    def wrapper(t: Any, *args: Any, **kwargs: Any) -> Any:
-        if not is_wrapper_subclass(t):
-            return original(t, *args, **kwargs)
-        found = subclasses_with_opaques(t, [])
-        if not found:
-            return original(t, *args, **kwargs)
-        with contextlib.ExitStack() as stack:
-            for s in found:
-                stack.enter_context(tensor_only_flatten(s))
-            return original(t, *args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]  # same signature as original
-
-
-def hide_in_all_args(original: F) -> F:
-    """Wrap ``original`` so that every subclass reachable from its arguments
-    shows only tensor attributes while it runs."""
+def hide_in_fake_args(original: F) -> F:
+    """Wrap ``original`` so that every *fake* subclass instance reachable from
+    its arguments shows only tensor attributes while it runs. Fake instances
+    are built by torch for one compilation and used by the compiling thread
+    only; real tensors reaching ``original`` are passed as they are."""
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        found = subclasses_with_opaques([args, kwargs], [])
+        found = _fake_subclasses_with_opaques([args, kwargs], [])
         if not found:
             return original(*args, **kwargs)
         with contextlib.ExitStack() as stack:
             for t in found:
-                stack.enter_context(tensor_only_flatten(t))
+                stack.enter_context(_tensor_only_flatten(t))
             return original(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]  # same signature as original

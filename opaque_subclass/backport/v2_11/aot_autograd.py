@@ -23,8 +23,9 @@ from typing import Any
 import torch
 from torch._functorch._aot_autograd.schemas import PlainTensorMeta
 
+from ...flatten import is_wrapper_subclass
 from ...registry import opaque_kind
-from ..hiding import hide_in_first_arg
+from ..hiding import opaque_attrs, skip_opaque_leaves, tensor_attrs, tensor_leaves
 from ..patching import Patch
 
 __all__ = ["OpaqueSlotMeta", "PATCHES", "fake_opaque", "fake_opaque_always"]
@@ -111,15 +112,41 @@ def make_unwrap_tensor_subclasses(original: Callable[..., Any]) -> Callable[...,
     return unwrap_tensor_subclasses
 
 
-def _hide_first(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Replaces a torch 2.11 functionalization helper of one tensor.
+def make_is_fun(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._functorch._aot_autograd.functional_utils.is_fun`` (torch 2.11).
+
+    Without it, ``is_fun`` treats an opaque attribute as an inner tensor that
+    is not functional and fails with "mixed functional/non-functional inner
+    tensors". With it, only the subclass's tensor attributes decide. Unnecessary
+    since torch 2.12 (pytorch/pytorch#176457).
+    """
+
+    def is_fun(t: object) -> bool:
+        if not opaque_attrs(t):
+            return bool(original(t))
+        flags = [is_fun(x) for _, x in tensor_attrs(t)]
+        if any(flags) != all(flags):
+            raise AssertionError(
+                f"mixed functional/non-functional inner tensors: any_fun={any(flags)}, all_fun={all(flags)}"
+            )
+        return any(flags)
+
+    return is_fun
+
+
+def make_skip_opaque(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces a torch 2.11 functionalization helper that recurses into every
+    attribute of a subclass by calling itself (``sync_functional_tensor``,
+    ``are_all_mutations_under_no_grad_or_inference_mode``).
 
     Without it, the helper treats an opaque attribute as an inner tensor and
-    fails (for example "mixed functional/non-functional inner tensors"). With
-    it, the helper walks only the subclass's tensor attributes; opaques have no
-    data and no mutations. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    fails (``torch._sync`` of a non-tensor; "expected FunctionalTensor"). With
+    it, the recursion reaching an opaque answers neutrally (no sync to do; no
+    mutation), so only tensor attributes count. Unnecessary since torch 2.12
+    (pytorch/pytorch#176457).
     """
-    return hide_in_first_arg(original)
+    neutral = True if original.__name__ == "are_all_mutations_under_no_grad_or_inference_mode" else None
+    return skip_opaque_leaves(original, result=neutral)
 
 
 def make_sc_visit(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -128,10 +155,20 @@ def make_sc_visit(original: Callable[..., Any]) -> Callable[..., Any]:
 
     Without it, a compiled function that mutates a subclass input holding an
     opaque under ``torch.no_grad()`` fails reading ``.elem`` of the opaque's
-    fake script object. With it, only tensor attributes are visited.
-    Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    fake script object. With it, the reduction runs over the tensor leaves
+    only, in torch's order. Unnecessary since torch 2.12
+    (pytorch/pytorch#176457).
     """
-    return hide_in_first_arg(original)
+
+    def sc_visit(t: Any, fn: Callable[[Any], Any], reduce_fn: Callable[[Any, Any], Any], accum_init: Any) -> Any:
+        if not is_wrapper_subclass(t):
+            return original(t, fn, reduce_fn, accum_init)
+        accum = accum_init
+        for leaf in tensor_leaves(t):
+            accum = reduce_fn(accum, fn(leaf))
+        return accum
+
+    return sc_visit
 
 
 def make_set_proxy_slot(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -171,7 +208,7 @@ PATCHES = [
     Patch(_SU + "create_subclass_metadata", "7b4c0b5f0341af60", make_create_subclass_metadata),
     Patch(_SU + "unwrap_tensor_subclasses", "11cc3ee45d7806e6", make_unwrap_tensor_subclasses),
     Patch("torch._functorch._aot_autograd.graph_capture_wrappers.sc_visit", "985398e20c16d699", make_sc_visit),
-    Patch(_FU + "is_fun", "717e7e67d125a4d1", _hide_first),
-    Patch(_FU + "sync_functional_tensor", "a32ff6debc413a1d", _hide_first),
-    Patch(_FU + "are_all_mutations_under_no_grad_or_inference_mode", "4c753f6f262dbd37", _hide_first),
+    Patch(_FU + "is_fun", "717e7e67d125a4d1", make_is_fun),
+    Patch(_FU + "sync_functional_tensor", "a32ff6debc413a1d", make_skip_opaque),
+    Patch(_FU + "are_all_mutations_under_no_grad_or_inference_mode", "4c753f6f262dbd37", make_skip_opaque),
 ]

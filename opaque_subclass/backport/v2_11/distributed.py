@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ...flatten import flatten_subclass, is_wrapper_subclass
-from ..hiding import hide_in_first_arg
+from ..hiding import tensor_leaves
 from ..patching import Patch
 
 __all__ = ["PATCHES"]
@@ -64,10 +64,19 @@ def make_get_untyped_storages(original: Callable[..., Any]) -> Callable[..., Any
 
     Without it, tracking memory of a subclass listing an opaque treats the
     opaque as a tensor (it has no ``untyped_storage``; torch warns and the
-    walk breaks). With it, only tensor attributes are walked. Unnecessary since
-    torch 2.12 (pytorch/pytorch#176457).
+    walk breaks). With it, the storages of the tensor leaves are collected and
+    opaques are left out. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
-    return hide_in_first_arg(original)
+
+    def get_untyped_storages(t: torch.Tensor) -> set[torch.UntypedStorage]:
+        if not is_wrapper_subclass(t):
+            return original(t)  # type: ignore[no-any-return]  # torch's own result
+        storages: set[torch.UntypedStorage] = set()
+        for leaf in tensor_leaves(t):
+            storages |= original(leaf)
+        return storages
+
+    return get_untyped_storages
 
 
 PATCHES = [

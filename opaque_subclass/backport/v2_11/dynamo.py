@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ..hiding import hide_in_all_args, opaque_attrs, validate_attrs
+from ..hiding import hide_in_fake_args, opaque_attrs, validate_attrs
 from ..patching import Patch
 
 __all__ = ["PATCHES"]
@@ -56,10 +56,12 @@ def make_produce_guards_verbose(original: Callable[..., Any]) -> Callable[..., A
 
     Without it, building shape guards for a subclass input listing an opaque
     fails (``KeyError`` on the opaque's missing inner context). With it, the
-    walk over each subclass input sees only its tensor attributes. Unnecessary
-    since torch 2.12 (pytorch/pytorch#176457).
+    walk over each subclass input sees only its tensor attributes: the inputs
+    here are the compilation's own fake tensors, never the user's (see
+    Note [No writes to user objects]). Unnecessary since torch 2.12
+    (pytorch/pytorch#176457).
     """
-    return hide_in_all_args(original)
+    return hide_in_fake_args(original)
 
 
 def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:

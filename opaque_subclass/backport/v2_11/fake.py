@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..hiding import hide_in_first_arg, opaque_attrs, tensor_only_flatten
+from ..hiding import is_opaque_leaf, opaque_attrs, tensor_attrs
 from ..patching import Patch
 
 __all__ = ["PATCHES"]
@@ -40,21 +40,39 @@ class _OpaqueRestoringType:
         return repr(self.cls)
 
 
+@dataclasses.dataclass(frozen=True)
+class _OpaqueSlot:
+    """What the patched describer returns for an opaque attribute: the object
+    itself, taken out of the description one level up. ``id`` is what torch's
+    structured trace prints for it (``-1``: not a tensor)."""
+
+    value: Any
+    id: int = -1
+
+
 def make_describe_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``MetaTensorDescriber.describe_tensor`` (torch 2.11).
 
-    Without it, describing a subclass that lists an opaque attribute fails.
-    With it, opaques are hidden from the description of the tensor structure
-    and re-inserted, as the same objects, when the fake subclass is built.
-    Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    Without it, describing a subclass that lists an opaque attribute fails
+    (torch describes every attribute as a tensor). With it, torch's recursion
+    over the attributes gets a placeholder for each opaque (the method calls
+    itself through ``self``, so it reaches the replacement), the subclass's
+    description keeps only its tensor attributes, and the opaques are put back,
+    as the same objects, when the fake subclass is built. Nothing is written to
+    the tensor being described. Unnecessary since torch 2.12
+    (pytorch/pytorch#176457).
     """
 
-    def describe_tensor(self: Any, t: torch.Tensor, *, recurse: bool = True, trace: bool = False) -> Any:
-        if not opaque_attrs(t):
-            return original(self, t, recurse=recurse, trace=trace)
-        with tensor_only_flatten(t) as opaques:
+    def describe_tensor(self: Any, t: Any, *, recurse: bool = True, trace: bool = False) -> Any:
+        if is_opaque_leaf(t):
+            return _OpaqueSlot(t)
+        if opaque_attrs(t):  # validates every attribute of this level first
             desc = original(self, t, recurse=recurse, trace=trace)
-        return dataclasses.replace(desc, type=_OpaqueRestoringType(type(t), opaques))
+            attrs = desc.attrs or {}
+            opaques = {k: v.value for k, v in attrs.items() if isinstance(v, _OpaqueSlot)}
+            tensors = {k: v for k, v in attrs.items() if not isinstance(v, _OpaqueSlot)}
+            return dataclasses.replace(desc, attrs=tensors, type=_OpaqueRestoringType(type(t), opaques))
+        return original(self, t, recurse=recurse, trace=trace)
 
     return describe_tensor
 
@@ -68,11 +86,9 @@ def make_is_fake(original: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def is_fake(x: object) -> bool:
-        opaques = opaque_attrs(x)
-        if not opaques:
+        if not opaque_attrs(x):
             return bool(original(x))
-        names = x.__tensor_flatten__()[0]  # type: ignore[attr-defined]  # a wrapper subclass
-        flags = [is_fake(getattr(x, n)) for n in names if n not in opaques]
+        flags = [is_fake(inner) for _, inner in tensor_attrs(x)]
         if any(flags) != all(flags):
             raise AssertionError("got mixed fake and real tensors!")
         return all(flags)
@@ -88,7 +104,16 @@ def make_maybe_get_fake_mode(original: Callable[..., Any]) -> Callable[..., Any]
     be the same". With it, only tensor attributes are consulted. Unnecessary
     since torch 2.12 (pytorch/pytorch#176457).
     """
-    return hide_in_first_arg(original)
+
+    def maybe_get_fake_mode(t: object) -> Any:
+        if not opaque_attrs(t):
+            return original(t)
+        modes = [maybe_get_fake_mode(inner) for _, inner in tensor_attrs(t)]
+        if any(m is not modes[0] for m in modes):
+            raise AssertionError("All fake tensor modes must be the same")
+        return modes[0] if modes else None
+
+    return maybe_get_fake_mode
 
 
 PATCHES = [
