@@ -67,8 +67,10 @@ def _split(result: Any, owner: str) -> tuple[Any, dict[int, Any]]:
         if isinstance(value, torch.Tensor):
             continue
         kind = opaque_kind(value)
-        if kind != "reference":
+        if kind == "value":
             raise _opaque_error(owner, i, value, kind)
+        if kind is None:
+            continue  # not ours: torch's own check reports it, with torch's message
         opaques[i] = value
         out[i] = torch.empty(0)
     return (type(result)(out) if isinstance(result, tuple) else out), opaques

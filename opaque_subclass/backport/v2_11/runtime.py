@@ -69,6 +69,21 @@ def translate(torch_meta: Any, start: int | None = None, attr: str | None = None
     return result
 
 
+def _has_opaque_slot(torch_metas: list[Any]) -> bool:
+    """Whether any of torch 2.11's runtime metas (recursively) has an opaque slot."""
+    from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
+
+    todo = [m for m in torch_metas if type(m) is TorchSCM]
+    while todo:
+        meta = todo.pop()
+        for sub in meta.attrs.values():
+            if isinstance(sub, OpaqueSlotMeta):
+                return True
+            if isinstance(sub, TorchSCM):
+                todo.append(sub)
+    return False
+
+
 def plan_for(torch_metas: list[Any]) -> ArgumentsPlan:
     """The generated plan for a torch 2.11 list of runtime metas."""
     from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
@@ -90,19 +105,17 @@ def make_subclass_wrapper_post_compile(original: Callable[..., Any]) -> Callable
     runs two straight-line functions generated once per graph (the inputs'
     unwrap, the outputs' wrap), as torch 2.12+ does with its generated subclass
     wrappers (opaque slots as in pytorch/pytorch#176457). Results are
-    identical; with ``TORCH_LOGS=aot_graphs`` at DEBUG level torch's own
-    function runs, so its logs are unchanged.
+    identical. Graphs without any opaque keep torch's own function, and so does
+    a call that passes ``None`` for frozen parameters (inductor's freezing).
     """
     import functools
-    import logging
-
-    from torch._functorch._aot_autograd import runtime_wrappers
 
     def post_compile(self: Any, compiled_fn: Callable[..., Any], aot_config: Any, *, runtime_metadata: Any) -> Any:
         generic = original(self, compiled_fn, aot_config, runtime_metadata=runtime_metadata)
-        if self.maybe_subclass_meta is None:
-            return generic
-        log = runtime_wrappers.aot_graphs_log
+        if self.maybe_subclass_meta is None or not _has_opaque_slot(
+            [*runtime_metadata.subclass_inp_meta, *runtime_metadata.subclass_fw_graph_out_meta]
+        ):
+            return generic  # no opaque anywhere: torch's own per-call function, unchanged
         saved = self.num_fw_outs_saved_for_bw
         built: list[Any] = []
 
@@ -117,7 +130,9 @@ def make_subclass_wrapper_post_compile(original: Callable[..., Any]) -> Callable
 
         @functools.wraps(compiled_fn)
         def inner_fn(args: list[Any]) -> Any:
-            if log.isEnabledFor(logging.DEBUG):
+            if any(a is None for a in args):
+                # Inductor's freezing passes frozen parameters as None; torch's
+                # function knows how to skip them.
                 return generic(args)
             unwrap, wrap, width = built[0] if built else build()
             flat = unwrap(args)
