@@ -502,7 +502,47 @@ def _fsdp_sync_skips_opaques():
     test_fsdp1_module_state_sync_keeps_opaques()
 
 
+def _backport_cache_entries_keyed_apart():
+    """An inductor compile of a graph with an opaque input looks its AOTAutograd
+    cache entry up under a key stock torch never computes."""
+    import logging
+    import os
+    import shutil
+    import tempfile
+
+    from test_opaque_obj_v2 import Mesh, MeshTensor
+
+    keys: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "cache miss for key" in record.getMessage() or "cache hit for key" in record.getMessage():
+                keys.append(record.getMessage())
+
+    logger = logging.getLogger("torch._functorch._aot_autograd.autograd_cache")
+    handler, level = Collect(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    fresh = tempfile.mkdtemp(prefix="opaque-subclass-cache-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh
+    try:
+        f = torch.compile(lambda x: x * 2, backend="inductor", fullgraph=True)
+        m = Mesh("keyed")
+        assert f(MeshTensor(torch.ones(2), m))._mesh is m
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        if previous is None:
+            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+        shutil.rmtree(fresh, ignore_errors=True)
+    assert keys and all("-opaque-sharing-" in k for k in keys), keys
+
+
 NEEDED_BY = {
+    "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key": _backport_cache_entries_keyed_apart,
     "torch._functorch._aot_autograd.subclass_parametrization.UnwrapTensorSubclass.right_inverse": _torch_unwrap_parametrization_keeps_opaque,
     "torch._functorch._aot_autograd.subclass_parametrization.UnwrapTensorSubclass.forward": _torch_unwrap_parametrization_keeps_opaque,
     "torch._dynamo.convert_frame.fullgraph_capture": _strict_export_reads_captured_opaque,

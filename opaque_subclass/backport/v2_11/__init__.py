@@ -14,6 +14,7 @@ PRELOAD = (
     "torch._functorch._aot_autograd.runtime_wrappers",
     "torch._functorch._aot_autograd.graph_capture_wrappers",
     "torch._functorch._aot_autograd.collect_metadata_analysis",
+    "torch._functorch._aot_autograd.autograd_cache",
     "torch._dynamo.variables.builder",
     "torch._dynamo.output_graph",
     "torch._dynamo.guards",

@@ -203,11 +203,32 @@ def make_set_proxy_slot(original: Callable[..., Any]) -> Callable[..., Any]:
 _FU = "torch._functorch._aot_autograd.functional_utils."
 _SU = "torch._functorch._aot_autograd.subclass_utils."
 
+def make_autograd_cache_key(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._functorch._aot_autograd.autograd_cache.autograd_cache_key``
+    (torch 2.11).
+
+    Without it, an AOTAutograd cache entry compiled in backport mode for a
+    graph with opaque inputs is stored under the key stock torch computes for
+    the same graph; the entry pickles the backport's own metadata classes, so
+    a process that never imported the library could load it and, unpickling
+    it, import the library and run with every patch applied. With it, the key
+    of such a graph ends in the opaques' sharing pattern (the same suffix as
+    the native releases' fix), so a process without the backport never looks
+    it up; graphs without opaques keep torch's key. torch 2.12 needs no
+    backport entries (pytorch/pytorch#176457), but gets the same suffix from
+    its own fix.
+    """
+    from ..native.autograd_cache import make_autograd_cache_key as keyed
+
+    return keyed(original)
+
+
 PATCHES = [
     Patch("torch.fx.experimental.proxy_tensor.set_proxy_slot", "5fbc7c5250caf5b6", make_set_proxy_slot),
     Patch(_SU + "create_subclass_metadata", "7b4c0b5f0341af60", make_create_subclass_metadata),
     Patch(_SU + "unwrap_tensor_subclasses", "11cc3ee45d7806e6", make_unwrap_tensor_subclasses),
     Patch("torch._functorch._aot_autograd.graph_capture_wrappers.sc_visit", "985398e20c16d699", make_sc_visit),
+    Patch("torch._functorch._aot_autograd.autograd_cache.autograd_cache_key", "e7516ac495df56aa", make_autograd_cache_key),
     Patch(_FU + "is_fun", "717e7e67d125a4d1", make_is_fun),
     Patch(_FU + "sync_functional_tensor", "a32ff6debc413a1d", make_skip_opaque),
     Patch(_FU + "are_all_mutations_under_no_grad_or_inference_mode", "4c753f6f262dbd37", make_skip_opaque),
