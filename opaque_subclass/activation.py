@@ -8,9 +8,12 @@ leaves torch untouched.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import sys
 import threading
 import warnings
+from collections.abc import Iterator
 
 import torch
 
@@ -48,14 +51,25 @@ def _load(module_name: str | None, attribute: str) -> PatchSet | None:
     return getattr(importlib.import_module(module_name), attribute)  # type: ignore[no-any-return]  # a PatchSet by convention
 
 
+@contextlib.contextmanager
+def _no_compile_in_flight() -> Iterator[None]:
+    """Hold Dynamo's compile lock (when Dynamo is loaded): torch.compile compiles
+    a frame under it, so patches and fixes change only between compilations
+    and a graph is never compiled half with, half without them."""
+    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
+    compile_lock = getattr(convert_frame, "compile_lock", None)
+    with compile_lock if compile_lock is not None else contextlib.nullcontext(), _LOCK:
+        yield
+
+
 def enable() -> Support:
     """Apply the release's backport patches or native fixes, all or nothing.
 
-    A no-op when already enabled or on an unsupported torch. Returns
-    :func:`support`.
+    A no-op when already enabled or on an unsupported torch. Waits for a
+    compilation in flight in another thread to finish. Returns :func:`support`.
     """
     global _MODE, _PATCH_SET, _FIX_SET, _REFUSED
-    with _LOCK:
+    with _no_compile_in_flight():
         if _MODE == "backport" and _PATCH_SET is None:
             _PATCH_SET = _load(_ROW.patches, "PATCH_SET")
             if _PATCH_SET is None:
@@ -91,8 +105,11 @@ def enable() -> Support:
 
 
 def disable() -> Support:
-    """Restore every patched torch function to the original object. Idempotent."""
-    with _LOCK:
+    """Restore every patched torch function to the original object. Idempotent.
+
+    Waits for a compilation in flight in another thread (``torch.compile``)
+    to finish, so no graph is compiled across the change."""
+    with _no_compile_in_flight():
         if _PATCH_SET is not None:
             _PATCH_SET.disable()
         if _FIX_SET is not None:

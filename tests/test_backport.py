@@ -84,6 +84,25 @@ def test_patch_set_replaces_aliases_and_restores_exactly(dummy_module):
     assert not ps.enabled and ps.targets == ()
 
 
+def test_disable_restores_modules_imported_while_enabled(dummy_module):
+    """A torch module imported after enable() takes the replacement by name;
+    disable() puts the original back there too."""
+    mod, alias = dummy_module
+    orig = mod.double
+    ps = PatchSet([Patch(f"{mod.__name__}.double", fingerprint(orig), _plus_one)])
+    ps.enable()
+    late = types.ModuleType("torch._opaque_subclass_test_late")
+    late.double = mod.double  # `from ..dummy import double`, run while patched
+    sys.modules[late.__name__] = late
+    try:
+        assert late.double is not orig and late.double(2) == 5
+        ps.disable()
+        assert late.double is orig and mod.double is orig and alias.double is orig
+    finally:
+        ps.disable()
+        del sys.modules[late.__name__]
+
+
 def test_patch_scoped_here_rebinds_only_that_module(dummy_module):
     mod, alias = dummy_module
     orig = mod.double
@@ -587,3 +606,25 @@ def test_patch_is_needed(target):
         with pytest.raises((Exception, AssertionError)):
             scenario()
     torch._dynamo.reset()
+
+
+@needs_backport
+def test_disable_restores_torch_modules_imported_after_enable():
+    code = textwrap.dedent(
+        """
+        import sys
+        import opaque_subclass
+        import torch._subclasses.fake_tensor as ft
+        patched = ft.is_fake
+        assert "torch.testing._internal.subclasses" not in sys.modules
+        import torch.testing._internal.subclasses as late  # imports is_fake by name, now
+        assert late.is_fake is patched
+        opaque_subclass.disable()
+        assert ft.is_fake is not patched and late.is_fake is ft.is_fake, (late.is_fake, ft.is_fake)
+        opaque_subclass.enable()
+        assert late.is_fake is ft.is_fake is not None
+        print("RESTORED")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "RESTORED" in out.stdout, out.stdout + out.stderr[-3000:]

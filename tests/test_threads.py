@@ -98,3 +98,45 @@ def test_fake_conversion_in_another_thread_keeps_the_opaque():
 
     seen, wrong = _run_against_compiles(x, observe)
     assert seen > 10 and wrong == 0, (seen, wrong)
+
+
+def test_toggling_support_while_another_thread_compiles_never_gives_a_wrong_graph():
+    """disable()/enable() every few milliseconds while another thread compiles:
+    a compilation sees all patches and fixes or none, and every function that
+    compiled returns each call's own opaque afterwards (before: 3 of 205
+    returned torch's fake wrapper for good)."""
+    import opaque_subclass as osc
+
+    stop = threading.Event()
+    compiled: list = []
+
+    def compile_loop() -> None:
+        while not stop.is_set():
+            torch._dynamo.reset()
+            f = torch.compile(lambda t: t * 2 + 1, backend="aot_eager", fullgraph=True)
+            try:
+                f(MeshTensor(torch.ones(2), Mesh("during")))
+            except Exception:  # noqa: BLE001 - stock torch 2.11 cannot compile it while disabled
+                continue
+            compiled.append(f)
+
+    worker = _COMPILER.submit(compile_loop)
+    toggles = 0
+    deadline = time.monotonic() + 60
+    try:
+        while (toggles < 8 or len(compiled) < 3) and time.monotonic() < deadline:
+            osc.disable()
+            time.sleep(0.003)
+            osc.enable()
+            time.sleep(0.003)
+            toggles += 1
+    finally:
+        osc.enable()
+        stop.set()
+        worker.result(timeout=120)
+    # each toggle waits for the compilation in flight
+    assert toggles >= 8 and len(compiled) >= 3, (toggles, len(compiled))
+    for f in compiled:
+        mesh = Mesh("after")
+        out = f(MeshTensor(torch.ones(2), mesh))
+        assert out._mesh is mesh and torch.equal(out._data, torch.full((2,), 3.0))

@@ -210,21 +210,13 @@ class PatchSet:
             record.places.append((_ClassAttr(owner), attr))
             setattr(owner, attr, record.replacement)
             return
-        original = record.original
         if record.patch.scope == "here":
             record.places.append((vars(owner), attr))
             vars(owner)[attr] = record.replacement
             return
-        for name, module in list(sys.modules.items()):
-            if module is None or not (name == "torch" or name.startswith("torch.")):
-                continue
-            namespace = getattr(module, "__dict__", None)
-            if not namespace:
-                continue
-            for key, value in list(namespace.items()):
-                if value is original:
-                    namespace[key] = record.replacement
-                    record.places.append((namespace, key))
+        for _, namespace, key in _torch_namespaces_holding(record.original):
+            namespace[key] = record.replacement
+            record.places.append((namespace, key))
         if not record.places:
             raise AssertionError(f"{record.patch.target}: original not found in any torch module")
 
@@ -234,6 +226,26 @@ class PatchSet:
             for d, k in record.places:
                 d[k] = record.original
             record.places.clear()
+            if record.patch.scope == "everywhere" and not isinstance(record.replacement, (staticmethod, classmethod)):
+                # torch modules imported while the patch was on took the
+                # replacement by name (``from .x import f``): restore those too.
+                for _, namespace, key in _torch_namespaces_holding(record.replacement):
+                    namespace[key] = record.original
+
+
+def _torch_namespaces_holding(obj: Any) -> list[tuple[str, dict[str, Any], str]]:
+    """``(module name, namespace, key)`` of every torch module global that is ``obj``."""
+    found = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "torch" or name.startswith("torch.")):
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if not namespace:
+            continue
+        for key, value in list(namespace.items()):
+            if value is obj:
+                found.append((name, namespace, key))
+    return found
 
 
 class _ClassAttr:
