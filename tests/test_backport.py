@@ -472,6 +472,32 @@ def _device_mesh_is_a_graph_input():
         dist.destroy_process_group()
 
 
+def _dtensor_mesh_stays_constant():
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=30))
+    try:
+        opaque_subclass.register_opaque(DeviceMesh)
+        mesh = init_device_mesh("cpu", (1,))
+
+        def f(x):
+            y = x.redistribute(x.device_mesh, [Replicate()])
+            return DTensor.from_local(y.to_local() * 2, x.device_mesh, [Replicate()])
+
+        out = torch.compile(f, backend="aot_eager", fullgraph=True)(distribute_tensor(torch.arange(4.0), mesh, [Shard(0)]))
+        assert torch.equal(out.to_local(), torch.arange(4.0) * 2)
+    finally:
+        dist.destroy_process_group()
+
+
 def _export_after_unwrap(strict):
     from opaque_subclass import OpaqueSubclass, unwrap_tensor_subclass_parameters
 
@@ -561,6 +587,7 @@ def _backport_cache_entries_keyed_apart():
 
 
 NEEDED_BY = {
+    "torch._dynamo.variables.builder.VariableBuilder._wrap": _dtensor_mesh_stays_constant,
     "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key": _backport_cache_entries_keyed_apart,
     "torch._functorch._aot_autograd.subclass_parametrization.UnwrapTensorSubclass.right_inverse": _torch_unwrap_parametrization_keeps_opaque,
     "torch._functorch._aot_autograd.subclass_parametrization.UnwrapTensorSubclass.forward": _torch_unwrap_parametrization_keeps_opaque,

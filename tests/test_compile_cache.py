@@ -54,7 +54,7 @@ _SCRIPT = textwrap.dedent(
 
 
 def _run(calls: str, cache_dir: Path, *flags: str) -> list[str]:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT / "tests")}
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
     out = subprocess.run(
         [sys.executable, "-c", _SCRIPT, calls, *flags], capture_output=True, text=True, timeout=600, env=env
     )

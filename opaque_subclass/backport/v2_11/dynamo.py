@@ -10,9 +10,11 @@ patches skip them, as torch 2.12 does (pytorch/pytorch#176457).
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from typing import Any
 
+from ...flatten import is_wrapper_subclass
 from ..hiding import hide_in_fake_args, opaque_attrs, validate_attrs
 from ..patching import Patch
 
@@ -95,6 +97,78 @@ PATCHES = [
 ]
 
 
+_CONSTANT_MESH = threading.local()
+
+
+def _resolve(source: Any, root_locals: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """``[(source, value)]`` from the root frame's local to ``source``, read from
+    the real objects; raises ``LookupError`` for a source kind it does not know."""
+    from torch._dynamo.source import AttrSource, GetItemSource, LocalSource
+
+    if isinstance(source, LocalSource):
+        if source.is_derefed_cell_contents or source.local_name not in root_locals:
+            raise LookupError(source)
+        return [(source, root_locals[source.local_name])]
+    if isinstance(source, AttrSource):
+        chain = _resolve(source.base, root_locals)
+        return [*chain, (source, getattr(chain[-1][1], source.member))]
+    if isinstance(source, GetItemSource) and not source.index_is_slice:
+        chain = _resolve(source.base, root_locals)
+        return [*chain, (source, chain[-1][1][source.index])]
+    raise LookupError(source)
+
+
+def _reached_through_tensor_context(source: Any, tx: Any) -> bool:
+    """Whether the object at ``source`` is reached from a tensor subclass through
+    an attribute its ``__tensor_flatten__`` does not list (DTensor's
+    ``x.device_mesh``, ``x._spec.mesh``): part of the subclass's flatten context,
+    which torch.compile specializes on, not an opaque attribute."""
+    from torch._dynamo.source import AttrSource
+
+    try:
+        chain = _resolve(source, tx.output.root_tx.f_locals)
+    except (LookupError, AttributeError, KeyError, IndexError, TypeError):
+        return False
+    for (_, base), (hop, _) in zip(chain, chain[1:]):
+        if isinstance(hop, AttrSource) and is_wrapper_subclass(base):
+            if hop.member not in base.__tensor_flatten__()[0]:  # type: ignore[attr-defined]  # a wrapper subclass
+                return True
+    return False
+
+
+def make_wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``VariableBuilder._wrap`` (torch 2.11), where Dynamo picks the
+    variable kind of an object it reads from a source; it works with the patch
+    of ``DeviceMeshVariable.is_device_mesh`` below.
+
+    Without it, once ``DeviceMesh`` is registered as a reference opaque, every
+    mesh becomes an opaque graph input, also the mesh of a ``DTensor``
+    (``x.device_mesh``), which DTensor's own code needs as a compile-time
+    constant: ``x.redistribute(x.device_mesh, ...)`` and
+    ``DTensor.from_local(..., x.device_mesh, ...)`` fail with
+    "TorchScriptObjectVariable(FakeScriptObject) is self-referential". With it,
+    a mesh reached from a tensor subclass through an attribute its
+    ``__tensor_flatten__`` does not list (DTensor keeps its mesh in the flatten
+    context) stays Dynamo's ``DeviceMeshVariable``, as without the registration;
+    a mesh passed as an argument or listed as an opaque attribute is a graph
+    input. torch 2.12 handles DTensor meshes as opaques of its own
+    (pytorch/pytorch#176457 and follow-ups).
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+
+    def _wrap(self: Any, value: Any) -> Any:
+        if not isinstance(value, DeviceMesh) or self.source is None:
+            return original(self, value)
+        previous = getattr(_CONSTANT_MESH, "value", None)
+        _CONSTANT_MESH.value = value if _reached_through_tensor_context(self.source, self.tx) else None
+        try:
+            return original(self, value)
+        finally:
+            _CONSTANT_MESH.value = previous
+
+    return _wrap
+
+
 def make_is_device_mesh(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``DeviceMeshVariable.is_device_mesh`` (torch 2.11).
 
@@ -106,19 +180,23 @@ def make_is_device_mesh(original: Callable[..., Any]) -> Callable[..., Any]:
     ("Failed to convert args/kwargs to proxy ... DeviceMeshVariable"). With it,
     a registered ``DeviceMesh`` takes Dynamo's reference-opaque path (a graph
     input guarded by identity), as in torch 2.12+, where ``DeviceMeshVariable``
-    no longer exists (pytorch/pytorch#176457 and its follow-ups). Unregistered,
-    torch's behaviour is unchanged.
+    no longer exists (pytorch/pytorch#176457 and its follow-ups), except a mesh
+    that the ``VariableBuilder._wrap`` patch found in a tensor subclass's
+    flatten context (a DTensor's). Unregistered, torch's behaviour is unchanged.
     """
     from ...registry import opaque_kind
 
     def is_device_mesh(value: object) -> bool:
         if not original(value):
             return False
+        if getattr(_CONSTANT_MESH, "value", None) is value:
+            return True
         return opaque_kind(type(value)) != "reference"
 
     return is_device_mesh
 
 
+PATCHES.append(Patch("torch._dynamo.variables.builder.VariableBuilder._wrap", "9d1bd3172bb5c702", make_wrap))
 PATCHES.append(
     Patch("torch._dynamo.variables.distributed.DeviceMeshVariable.is_device_mesh", "f6951f04a46572a5", make_is_device_mesh)
 )
