@@ -358,6 +358,11 @@ def create_subclass_meta(
     other arguments a :class:`PlainTensorMeta`. With ``count_symints``, each
     subclass's symbolic sizes/strides take slots after its attributes.
     """
+    if isinstance(args, torch.Tensor) or not isinstance(args, Sequence):
+        raise TypeError(
+            f"create_subclass_meta expects a list or tuple of arguments, got {describe_type(args)}. "
+            "Fix: wrap a single argument in a list, create_subclass_meta([x])."
+        )
     metas: list[SlotMeta] = []
     idx = 0
     for i, a in enumerate(args):

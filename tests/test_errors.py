@@ -184,3 +184,10 @@ def test_torch_value_type_attribute_suggests_the_context_not_registration(value)
     assert f"torch.{type(value).__qualname__}" in msg
     assert "Fix: move '_mesh' into the flatten context" in msg
     assert "register_opaque" not in msg
+
+
+def test_create_subclass_meta_refuses_a_bare_tensor():
+    x = MeshTensor(torch.randn(2), Mesh())
+    with pytest.raises(TypeError, match=r"expects a list or tuple of arguments, got .*MeshTensor.*create_subclass_meta\(\[x\]\)"):
+        osc.create_subclass_meta(x)
+    assert len(osc.create_subclass_meta([x])) == 1
