@@ -7,6 +7,7 @@ when just that patch is suspended.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -449,14 +450,15 @@ def _export_subclass_input_non_strict():
     assert ep.module()(other)._mesh is other._mesh
 
 
-def _device_mesh_is_a_graph_input():
+@contextlib.contextmanager
+def _registered_mesh_world_of_one():
+    """A gloo process group of one rank on 127.0.0.1 and its 1-D mesh, with
+    ``DeviceMesh`` registered as a reference opaque; destroyed on exit."""
     import socket
     from datetime import timedelta
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-    from opaque_subclass.collectives import all_reduce_sum
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -464,38 +466,30 @@ def _device_mesh_is_a_graph_input():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=30))
     try:
         opaque_subclass.register_opaque(DeviceMesh)
-        mesh = init_device_mesh("cpu", (1,))
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _device_mesh_is_a_graph_input():
+    from opaque_subclass.collectives import all_reduce_sum
+
+    with _registered_mesh_world_of_one() as mesh:
         f = torch.compile(lambda x, m: (all_reduce_sum(x, m) * 2, m), backend="aot_eager", fullgraph=True)
         out, got = f(torch.ones(2), mesh)
         assert got is mesh and torch.equal(out, torch.full((2,), 2.0))
-    finally:
-        dist.destroy_process_group()
 
 
 def _dtensor_mesh_stays_constant():
-    import socket
-    from datetime import timedelta
-
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=30))
-    try:
-        opaque_subclass.register_opaque(DeviceMesh)
-        mesh = init_device_mesh("cpu", (1,))
+    def f(x):
+        y = x.redistribute(x.device_mesh, [Replicate()])
+        return DTensor.from_local(y.to_local() * 2, x.device_mesh, [Replicate()])
 
-        def f(x):
-            y = x.redistribute(x.device_mesh, [Replicate()])
-            return DTensor.from_local(y.to_local() * 2, x.device_mesh, [Replicate()])
-
+    with _registered_mesh_world_of_one() as mesh:
         out = torch.compile(f, backend="aot_eager", fullgraph=True)(distribute_tensor(torch.arange(4.0), mesh, [Shard(0)]))
         assert torch.equal(out.to_local(), torch.arange(4.0) * 2)
-    finally:
-        dist.destroy_process_group()
 
 
 def _export_after_unwrap(strict):
