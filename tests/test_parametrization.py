@@ -95,3 +95,28 @@ def test_value_opaque_in_right_inverse_is_rejected():
     if BACKPORT:
         msg = str(info.value)
         assert "value-type opaque (subclasses.Config)" in msg and "element 1" in msg and "Fix:" in msg
+
+
+class _WatchfulSplit(torch.nn.Module):
+    """right_inverse returns [tensor, reference opaque] and checks that nobody
+    has written a right_inverse of their own onto this instance."""
+
+    def forward(self, data, mesh):
+        return MeshTensor(data, mesh)
+
+    def right_inverse(self, value):
+        assert "right_inverse" not in vars(self), "the library wrote to the user's parametrization module"
+        return [value._data, value._mesh]
+
+
+def test_registering_never_writes_to_the_users_parametrization_module():
+    from torch.nn.utils import parametrize
+
+    lin = torch.nn.Linear(2, 2)
+    mesh = Mesh("watch")
+    lin.weight = torch.nn.Parameter(MeshTensor(torch.ones(2, 2), mesh))
+    split = _WatchfulSplit()
+    before = dict(vars(split))
+    parametrize.register_parametrization(lin, "weight", split, unsafe=True)
+    assert lin.parametrizations.weight[0] is split and vars(split).keys() == before.keys()
+    assert lin.weight._mesh is mesh

@@ -76,12 +76,30 @@ def _split(result: Any, owner: str) -> tuple[Any, dict[int, Any]]:
     return (type(result)(out) if isinstance(result, tuple) else out), opaques
 
 
+class _RightInverseStandIn(torch.nn.Module):
+    """Takes a parametrization module's place while ``ParametrizationList``
+    is built: ``forward`` is the module's, ``right_inverse`` the library's."""
+
+    def __init__(self, module: torch.nn.Module, right_inverse: Callable[[Any], Any]) -> None:
+        super().__init__()
+        object.__setattr__(self, "_module", module)  # not a submodule: never registered anywhere
+        object.__setattr__(self, "_right_inverse", right_inverse)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._module(*args, **kwargs)
+
+    def right_inverse(self, value: Any) -> Any:
+        return self._right_inverse(value)
+
+
 def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``ParametrizationList.__init__`` (torch 2.11).
 
     Without it, registering a parametrization whose ``right_inverse`` returns
     a reference opaque fails ("must return a Tensor or a Sequence of
-    tensors"). With it, the opaque is stored as a plain attribute
+    tensors"). With it (and without writing to the user's parametrization
+    module, which a stand-in replaces while torch's constructor runs), the
+    opaque is stored as a plain attribute
     ``original{i}`` (not a parameter or buffer, so it stays out of the state
     dict and the optimizer) and the registration-time consistency check runs
     on the rebuilt value. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
@@ -104,15 +122,16 @@ def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
             return result
 
         shape, dtype = original_value.shape, original_value.dtype
-        had_own = "right_inverse" in vars(last)
-        object.__setattr__(last, "right_inverse", right_inverse)
+        # torch's __init__ calls right_inverse on the modules it is given: give
+        # it a stand-in for the user's module (never written to), then put the
+        # user's module in the stand-in's place.
+        stand_in = _RightInverseStandIn(last, right_inverse)
         try:
-            original(self, modules, original_value, unsafe)
+            original(self, [stand_in, *modules[1:]], original_value, unsafe)
         finally:
-            if had_own:
-                object.__setattr__(last, "right_inverse", inverse)
-            else:
-                object.__delattr__(last, "right_inverse")
+            for key, module in list(self._modules.items()):
+                if module is stand_in:
+                    self._modules[key] = last
         if not found:
             return
         for i, opaque in found.items():
