@@ -191,3 +191,21 @@ def test_create_subclass_meta_refuses_a_bare_tensor():
     with pytest.raises(TypeError, match=r"expects a list or tuple of arguments, got .*MeshTensor.*create_subclass_meta\(\[x\]\)"):
         osc.create_subclass_meta(x)
     assert len(osc.create_subclass_meta([x])) == 1
+
+
+@pytest.mark.xfail(
+    osc.support().mode == "native",
+    strict=True,
+    reason="native torch raises its bare 'expected Tensor or OpaqueBase' here; a diagnostic hook "
+    "that names the subclass, path and fix is issue 13's work",
+)
+def test_non_strict_export_names_a_bad_attribute():
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    with pytest.raises(TypeError) as info:
+        torch.export.export(Double(), (_broken(3),), strict=False)
+    msg = str(info.value)
+    assert "MeshTensor.__tensor_flatten__()" in msg and "L['x']._mesh" in msg
+    assert "holds int" in msg and "Fix: move '_mesh' into the flatten context" in msg

@@ -23,7 +23,9 @@ from typing import Any
 
 import torch
 
+from ...flatten import is_wrapper_subclass
 from ...registry import opaque_kind
+from ..hiding import validate_attrs
 from ..patching import Patch
 
 __all__ = ["PATCHES"]
@@ -36,13 +38,19 @@ def make_symbolic_context(original: Callable[..., Any]) -> Callable[..., Any]:
     Without it, ``torch.export.export(module, (subclass_with_opaque,), strict=False)``
     fails while building the input's shape context. With it, an opaque
     attribute gets no context (it has no shape) and the tensor attributes get
-    theirs as before. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    theirs as before; an attribute that is neither a tensor nor a reference
+    opaque raises the library's error with the input's path (stock torch and
+    the patch before it: ``'int' object has no attribute 'shape'``).
+    Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
 
-    def _create_symbolic_context_for_tensor(t: Any, *args: Any, **kwargs: Any) -> Any:
+    def _create_symbolic_context_for_tensor(t: Any, source: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(t, torch.Tensor) and opaque_kind(t) == "reference":
             return None
-        return original(t, *args, **kwargs)
+        if is_wrapper_subclass(t):
+            name = getattr(source, "name", "x")
+            validate_attrs(t, str(name() if callable(name) else name))
+        return original(t, source, *args, **kwargs)
 
     return _create_symbolic_context_for_tensor
 
