@@ -14,7 +14,8 @@ minor)`` release:
 * the **patch set** that provides the feature on a release without it
   (backport mode), as the name of the module holding its ``PATCH_SET``;
 * the **fix set** for upstream bugs of a native release, as the name of the
-  module holding its ``FIX_SET`` (see ``opaque_subclass.backport.fixes``);
+  module holding its ``FIX_SET`` (``opaque_subclass.backport.v2_12`` and on;
+  fixes shared by several releases live in ``opaque_subclass.backport.native``);
 * the **known differences** that are torch's own and that the library does not
   hide; docs/compatibility.md is checked against them by a test.
 
@@ -30,7 +31,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
 
@@ -75,13 +76,10 @@ class RegistryAPI:
     base_module: str
     base: str
     base_meta: str
-    #: torch's ``typ`` string -> the library's kind (derived).
-    from_torch: Mapping[str, OpaqueKind] = field(init=False)
 
     def __post_init__(self) -> None:
         if set(self.kinds) != {"reference", "value"}:
             raise AssertionError(f"RegistryAPI.kinds must name both kinds, got {dict(self.kinds)}")
-        object.__setattr__(self, "from_torch", {v: k for k, v in self.kinds.items()})
 
     def torch_module(self) -> Any:
         """``torch._library.opaque_object``."""

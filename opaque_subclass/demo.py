@@ -211,6 +211,7 @@ def run_local_workers(
             # stopped them come last.
             order = sorted(failed, key=lambda r: (exited_at.get(r, float("inf")), reports[r] is not None, r))
             first = order[0]
+
             def how(r: int, brief: bool) -> str:
                 if r not in exited_at:
                     return "was still running and was stopped by the launcher"

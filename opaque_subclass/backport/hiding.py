@@ -49,6 +49,8 @@ __all__ = [
     "is_opaque_leaf",
     "opaque_attrs",
     "skip_opaque_leaves",
+    "source_name",
+    "split_attrs",
     "tensor_attrs",
     "tensor_leaves",
     "validate_attrs",
@@ -80,21 +82,30 @@ def _split(t: _Tensor, path: str) -> tuple[list[tuple[str, _Tensor]], dict[str, 
     return tensors, opaques
 
 
-def opaque_attrs(t: object, path: str = "x") -> dict[str, Any]:
-    """The opaque attributes ``{name: object}`` of a wrapper subclass (empty for
-    anything else), validated: every non-tensor must be a reference opaque.
-    ``path`` names ``t`` in the error for one that is not."""
+def split_attrs(t: object, path: str = "x") -> tuple[list[tuple[str, _Tensor]], dict[str, Any]]:
+    """``([(name, inner tensor)], {name: opaque})`` of one level of a wrapper
+    subclass, in flatten order, validated: every non-tensor must be a reference
+    opaque (``path`` names ``t`` in the error for one that is not). ``([], {})``
+    for anything else. One ``__tensor_flatten__`` call."""
     if not is_wrapper_subclass(t):
-        return {}
-    return _split(t, path)[1]  # type: ignore[arg-type]  # a wrapper subclass is a tensor
+        return [], {}
+    return _split(t, path)  # type: ignore[arg-type]  # a wrapper subclass is a tensor
+
+
+def opaque_attrs(t: object, path: str = "x") -> dict[str, Any]:
+    """The opaque attributes ``{name: object}`` of :func:`split_attrs`."""
+    return split_attrs(t, path)[1]
 
 
 def tensor_attrs(t: object, path: str = "x") -> list[tuple[str, _Tensor]]:
-    """``[(name, inner tensor)]`` of one level of a wrapper subclass, in flatten
-    order, opaques left out (validated); ``[]`` for anything else."""
-    if not is_wrapper_subclass(t):
-        return []
-    return _split(t, path)[0]  # type: ignore[arg-type]  # a wrapper subclass is a tensor
+    """The tensor attributes ``[(name, inner tensor)]`` of :func:`split_attrs`."""
+    return split_attrs(t, path)[0]
+
+
+def source_name(source: Any) -> str:
+    """How Dynamo prints a source (``L['x']``), for the paths in error messages."""
+    name = getattr(source, "name", "x")
+    return str(name() if callable(name) else name)
 
 
 def tensor_leaves(t: _Tensor, path: str = "x") -> list[_Tensor]:
@@ -129,10 +140,11 @@ def skip_opaque_leaves(original: F, *, result: Any = None) -> F:
     return wrapper  # type: ignore[return-value]  # same signature as original
 
 
-def _is_fake_instance(t: _Tensor) -> bool:
+def _all_fake(tensors: list[tuple[str, _Tensor]]) -> bool:
+    """Whether every tensor leaf under these (already split) attributes is fake."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    return all(isinstance(leaf, FakeTensor) for leaf in tensor_leaves(t))
+    return all(isinstance(leaf, FakeTensor) for _, inner in tensors for leaf in tensor_leaves(inner))
 
 
 def _fake_subclasses_with_opaques(obj: object, out: list[_Tensor]) -> list[_Tensor]:
@@ -145,7 +157,7 @@ def _fake_subclasses_with_opaques(obj: object, out: list[_Tensor]) -> list[_Tens
     elif is_wrapper_subclass(obj):
         assert isinstance(obj, _Tensor)  # for type checkers: implied by is_wrapper_subclass
         tensors, opaques = _split(obj, "x")
-        if opaques and _is_fake_instance(obj):
+        if opaques and _all_fake(tensors):
             out.append(obj)
         for _, inner in tensors:
             _fake_subclasses_with_opaques(inner, out)

@@ -25,7 +25,7 @@ from torch._functorch._aot_autograd.schemas import PlainTensorMeta
 
 from ...flatten import is_wrapper_subclass
 from ...registry import opaque_kind
-from ..hiding import opaque_attrs, skip_opaque_leaves, tensor_attrs, tensor_leaves
+from ..hiding import skip_opaque_leaves, split_attrs, tensor_leaves
 from ..patching import Patch
 
 __all__ = ["OpaqueSlotMeta", "PATCHES", "fake_opaque", "fake_opaque_always"]
@@ -122,9 +122,10 @@ def make_is_fun(original: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def is_fun(t: object) -> bool:
-        if not opaque_attrs(t):
+        tensors, opaques = split_attrs(t)
+        if not opaques:
             return bool(original(t))
-        flags = [is_fun(x) for _, x in tensor_attrs(t)]
+        flags = [is_fun(x) for _, x in tensors]
         if any(flags) != all(flags):
             raise AssertionError(
                 f"mixed functional/non-functional inner tensors: any_fun={any(flags)}, all_fun={all(flags)}"

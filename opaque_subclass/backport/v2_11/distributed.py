@@ -16,18 +16,11 @@ from typing import Any
 
 import torch
 
-from ...flatten import flatten_subclass, is_wrapper_subclass
+from ...flatten import is_wrapper_subclass
 from ..hiding import tensor_leaves
 from ..patching import Patch
 
 __all__ = ["PATCHES"]
-
-
-def _tensor_leaves(t: torch.Tensor) -> list[torch.Tensor]:
-    if not is_wrapper_subclass(t):
-        return [t]
-    leaves, _ = flatten_subclass(t)
-    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
 
 
 def make_sync_module_states(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -49,9 +42,9 @@ def make_sync_module_states(original: Callable[..., Any]) -> Callable[..., Any]:
             if getattr(buffer, _init_utils.FSDP_SYNCED, False):
                 continue
             setattr(buffer, _init_utils.FSDP_SYNCED, True)
-            states.extend(_tensor_leaves(buffer.detach()))
+            states.extend(tensor_leaves(buffer.detach()))
         for param in params:
-            states.extend(_tensor_leaves(param.detach()))
+            states.extend(tensor_leaves(param.detach()))
         _init_utils._check_module_states_for_sync_module_states(states)
         _init_utils._sync_params_and_buffers(process_group, states, _init_utils.PARAM_BROADCAST_BUCKET_SIZE, src=0)
 

@@ -15,15 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ...flatten import is_wrapper_subclass
-from ..hiding import hide_in_fake_args, opaque_attrs, validate_attrs
+from ..hiding import hide_in_fake_args, opaque_attrs, source_name, validate_attrs
 from ..patching import Patch
 
 __all__ = ["PATCHES"]
-
-
-def _source_name(source: Any) -> str:
-    name = getattr(source, "name", "x")
-    return str(name() if callable(name) else name)
 
 
 def make_automatic_dynamic(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -38,7 +33,7 @@ def make_automatic_dynamic(original: Callable[..., Any]) -> Callable[..., Any]:
     from torch.fx.experimental.symbolic_shapes import SubclassSymbolicContext
 
     def _automatic_dynamic(e: Any, tx: Any, source: Any, static_shapes: bool, outer_only: bool = False) -> Any:
-        opaques = {} if outer_only else opaque_attrs(e, _source_name(source))
+        opaques = {} if outer_only else opaque_attrs(e, source_name(source))
         if not opaques:
             return original(e, tx, source, static_shapes, outer_only)
         outer = original(e, tx, source, static_shapes, outer_only=True)
@@ -80,7 +75,7 @@ def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def wrap_tensor(self: Any, value: Any) -> Any:
-        validate_attrs(value, _source_name(self.source))
+        validate_attrs(value, source_name(self.source))
         return original(self, value)
 
     return wrap_tensor

@@ -14,9 +14,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
-from ..hiding import is_opaque_leaf, opaque_attrs, tensor_attrs
+from ..hiding import is_opaque_leaf, opaque_attrs, split_attrs
 from ..patching import Patch
 
 __all__ = ["PATCHES"]
@@ -86,9 +84,10 @@ def make_is_fake(original: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def is_fake(x: object) -> bool:
-        if not opaque_attrs(x):
+        tensors, opaques = split_attrs(x)
+        if not opaques:
             return bool(original(x))
-        flags = [is_fake(inner) for _, inner in tensor_attrs(x)]
+        flags = [is_fake(inner) for _, inner in tensors]
         if any(flags) != all(flags):
             raise AssertionError("got mixed fake and real tensors!")
         return all(flags)
@@ -106,9 +105,10 @@ def make_maybe_get_fake_mode(original: Callable[..., Any]) -> Callable[..., Any]
     """
 
     def maybe_get_fake_mode(t: object) -> Any:
-        if not opaque_attrs(t):
+        tensors, opaques = split_attrs(t)
+        if not opaques:
             return original(t)
-        modes = [maybe_get_fake_mode(inner) for _, inner in tensor_attrs(t)]
+        modes = [maybe_get_fake_mode(inner) for _, inner in tensors]
         if any(m is not modes[0] for m in modes):
             raise AssertionError("All fake tensor modes must be the same")
         return modes[0] if modes else None

@@ -3,8 +3,8 @@
 torch 2.12 handles opaque attributes itself (pytorch/pytorch#176457), so
 nothing here provides the feature; each patch fixes an upstream bug of 2.12:
 two that torch 2.13 fixed, so that the library behaves the same on both, and
-the AOTAutograd cache key that ignores opaque sharing (every native release). The set
-is applied all or nothing, listed in ``opaque_subclass.support().fixes`` and
+the AOTAutograd cache key that ignores opaque sharing (every native release).
+The set is applied all or nothing, listed in ``opaque_subclass.support().fixes`` and
 removed by ``opaque_subclass.disable()``.
 """
 

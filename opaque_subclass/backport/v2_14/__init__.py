@@ -1,9 +1,10 @@
 """Fixes for torch 2.14, a native release: one module per torch area.
 
 The AOTAutograd cache key ignores which inputs share one opaque (see
-:mod:`opaque_subclass.backport.native.autograd_cache`). And torch 2.14 renamed opaque objects to "custom classes" and made every use of
-the old names log a deprecation warning, but left one of its own call sites on
-an old name. The library hides that rename from its users, torch's own
+:mod:`opaque_subclass.backport.native.autograd_cache`). And torch 2.14
+renamed opaque objects to "custom classes" and made every use of the old
+names log a deprecation warning, but left one of its own call sites on an old
+name. The library hides that rename from its users, torch's own
 leftovers included. Applied all or nothing, listed in
 ``opaque_subclass.support().fixes``, removed by ``opaque_subclass.disable()``.
 """
