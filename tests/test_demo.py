@@ -97,17 +97,21 @@ def test_launcher_names_a_rank_killed_mid_run_and_its_signal():
 
 
 def _workers_alive(marker: str) -> list[str]:
-    """Command lines of running launcher workers whose target contains ``marker``."""
+    """Command lines of this process's child processes that are launcher
+    workers whose target contains ``marker`` (other test processes on the
+    machine may run the same targets)."""
+    import os
     import pathlib
 
     alive = []
-    for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+    for proc in pathlib.Path("/proc").glob("[0-9]*"):
         try:
-            args = cmdline.read_bytes().split(b"\0")
-        except OSError:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
             continue
         text = b" ".join(args).decode(errors="replace")
-        if "--worker" in text and marker in text:
+        if parent == os.getpid() and "--worker" in text and marker in text:
             alive.append(text)
     return alive
 
