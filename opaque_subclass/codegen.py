@@ -29,7 +29,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import describe_type, qualified_name
-from .schema import SubclassCreationMeta, SymIntMeta, iter_slots
+from torch import Tensor
+
+from .schema import PlainTensorMeta, SubclassCreationMeta, SymIntMeta, iter_slots
 
 __all__ = ["ArgumentsPlan", "compiled_unwrap", "compiled_wrap"]
 
@@ -58,22 +60,57 @@ def _bad_input(meta: SubclassCreationMeta) -> Callable[[object], None]:
     return bad_input
 
 
-def _unwrap_source(meta: SubclassCreationMeta, append_symints: bool) -> str | None:
+def _bad_leaf(meta: SubclassCreationMeta, what: str) -> Callable[[str, object], None]:
+    def bad_leaf(path: str, value: object) -> None:
+        raise TypeError(
+            f"run-time {what} of {qualified_name(meta.subclass_type)}: {path} is a tensor slot "
+            f"(the metadata was made from a tensor there), got {describe_type(value)}. Fix: "
+            f"give {path} a tensor, or re-create the metadata (create_subclass_meta) from "
+            "arguments of the new structure."
+        )
+
+    return bad_leaf
+
+
+def _slot_reads(
+    meta: SubclassCreationMeta, root: str, append_symints: bool, tag: str, lines: list[str], shown: str = "x"
+) -> list[str] | None:
+    """The expressions reading ``meta``'s flat slots from ``root``, after adding to
+    ``lines`` a type check of every tensor slot (one ``is`` test in the common
+    case, so that an int or None in a tensor attribute raises instead of
+    reaching the graph); error messages show ``root`` as ``shown``. ``None`` when
+    an attribute name is not an identifier."""
     exprs: list[str] = []
-    for path, slot in iter_slots(meta, "x"):
+    for n, (path, slot) in enumerate(iter_slots(meta, root)):
         parts = path.split(".")
         if not all(_identifier(p) or p.endswith("]") for p in parts):
             return None
-        if isinstance(slot, SymIntMeta) and not append_symints:
+        if isinstance(slot, SymIntMeta):
+            if append_symints:
+                exprs.append(path)
             continue
-        exprs.append(path)
+        if isinstance(slot, PlainTensorMeta):
+            local = f"{tag}_{n}"
+            lines.append(f"    {local} = {path}")
+            lines.append(f"    if {local}.__class__ is not Tensor and not isinstance({local}, Tensor):")
+            lines.append(f"        bad_leaf({shown + path[len(root):]!r}, {local})")
+            exprs.append(local)
+        else:
+            exprs.append(path)
+    return exprs
+
+
+def _unwrap_source(meta: SubclassCreationMeta, append_symints: bool) -> str | None:
+    lines = [
+        "def unwrap(x):",
+        "    if x.__class__ is not T0 and not isinstance(x, T0):",
+        "        bad_input(x)",
+    ]
+    exprs = _slot_reads(meta, "x", append_symints, "v", lines)
+    if exprs is None:
+        return None
     body = ", ".join(exprs) + ("," if len(exprs) == 1 else "")
-    return (
-        "def unwrap(x):\n"
-        "    if x.__class__ is not T0 and not isinstance(x, T0):\n"
-        "        bad_input(x)\n"
-        f"    return ({body})\n"
-    )
+    return "\n".join(lines) + f"\n    return ({body})\n"
 
 
 def compiled_unwrap(meta: SubclassCreationMeta, append_symints: bool) -> Callable[[Any], tuple[Any, ...]]:
@@ -98,7 +135,8 @@ def compiled_unwrap(meta: SubclassCreationMeta, append_symints: bool) -> Callabl
             return tuple(out)
 
     else:
-        fn = _exec(source, {"T0": meta.subclass_type, "bad_input": _bad_input(meta)}, "unwrap")
+        namespace = {"T0": meta.subclass_type, "Tensor": Tensor, "bad_input": _bad_input(meta), "bad_leaf": _bad_leaf(meta, "unwrap")}
+        fn = _exec(source, namespace, "unwrap")
     meta._compiled[key] = fn
     return fn
 
@@ -134,6 +172,13 @@ class _WrapEmitter:
                 expr = self.emit(sub, f"{path}.{name}")
                 if expr is None:
                     return None
+            elif isinstance(sub, PlainTensorMeta):
+                expr = f"t{sub.unwrapped_idx}"
+                self.namespace.setdefault("Tensor", Tensor)
+                self.lines.append(f"    {expr} = flat[{sub.unwrapped_idx}]")
+                self.lines.append(f"    if {expr}.__class__ is not Tensor and not isinstance({expr}, Tensor):")
+                owner = qualified_name(meta.subclass_type)
+                self.lines.append(f"        bad_slot({sub.unwrapped_idx}, {owner!r}, {path + '.' + name!r}, {expr})")
             else:
                 expr = f"flat[{sub.unwrapped_idx}]"
             inner.append(f"{name!r}: {expr}")
@@ -181,6 +226,7 @@ def compiled_wrap(meta: SubclassCreationMeta) -> Callable[[Sequence[Any]], Any]:
             raise _bad_unflatten_result(m, result, path)
 
         emitter.namespace["bad_result"] = bad_result
+        emitter.namespace["bad_slot"] = _bad_slot
         source = "def wrap(flat):\n" + "\n".join(emitter.lines) + f"\n    return {root}\n"
         fn = _exec(source, emitter.namespace, "wrap")
     meta._compiled["wrap"] = fn
@@ -223,7 +269,7 @@ class ArgumentsPlan:
         return self._wrap if self._wrap is not None else self._build_wrap()
 
     def _build_unwrap(self, append_symints: bool) -> Callable[[Sequence[Any]], list[Any]]:
-        namespace: dict[str, Any] = {"bad_count": _bad_count(len(self.metas))}
+        namespace: dict[str, Any] = {"bad_count": _bad_count(len(self.metas)), "Tensor": Tensor}
         lines = [f"def unwrap(args):", f"    if len(args) != {len(self.metas)}:", "        bad_count(args)"]
         exprs: list[str] = []
         for i, meta in enumerate(self.metas):
@@ -238,12 +284,15 @@ class ArgumentsPlan:
                 continue
             namespace[f"T{i}"] = meta.subclass_type
             namespace[f"B{i}"] = _bad_input(meta)
+            namespace[f"L{i}"] = _bad_leaf(meta, "unwrap")
             lines.append(f"    if a{i}.__class__ is not T{i} and not isinstance(a{i}, T{i}):")
             lines.append(f"        B{i}(a{i})")
-            for path, slot in iter_slots(meta, f"a{i}"):
-                if isinstance(slot, SymIntMeta) and not append_symints:
-                    continue
-                exprs.append(path)
+            checks: list[str] = []
+            reads = _slot_reads(meta, f"a{i}", append_symints, f"v{i}", checks, shown=f"args[{i}]")
+            if reads is None:  # _unwrap_source above accepted these names
+                raise AssertionError(f"unreadable attribute names in {meta!r}")
+            lines.extend(line.replace("bad_leaf(", f"L{i}(") for line in checks)
+            exprs.extend(reads)
         lines.append(f"    return [{', '.join(exprs)}]")
         fn = _exec("\n".join(lines) + "\n", namespace, "unwrap")
         if append_symints:
@@ -273,10 +322,20 @@ class ArgumentsPlan:
             raise _bad_unflatten_result(m, result, path)
 
         emitter.namespace["bad_result"] = bad_result
+        emitter.namespace["bad_slot"] = _bad_slot
         body = ", ".join(exprs) + ("," if len(exprs) == 1 else "")
         source = "def wrap(flat):\n" + "\n".join(emitter.lines) + f"\n    return ({body})\n"
         self._wrap = _exec(source, emitter.namespace, "wrap")
         return self._wrap
+
+
+def _bad_slot(idx: int, owner: str, path: str, value: object) -> None:
+    raise TypeError(
+        f"run-time wrap of {owner}: flat slot {idx} rebuilds the tensor attribute {path}, got "
+        f"{describe_type(value)}. Fix: pass the flat values in the order the metadata "
+        "describes (the order unwrap_tensor_subclasses returns), or re-create the metadata "
+        "(create_subclass_meta) for the new structure."
+    )
 
 
 def _bad_count(expected: int) -> Callable[[Sequence[Any]], None]:

@@ -205,3 +205,39 @@ def test_many_arguments(k):
     assert len(flat) == 2 * k
     out = osc.wrap_tensor_subclasses(flat, subclass_metas=metas, is_runtime=True)
     assert all(o._mesh is m and o._data[0].item() == i for i, (o, m) in enumerate(zip(out, meshes)))
+
+
+@pytest.mark.parametrize("bad", [3, None, 2.5, "t"])
+def test_fast_paths_refuse_a_non_tensor_in_a_tensor_slot(bad):
+    """The generated unwrap and wrap (per subclass, and per argument list) check
+    every tensor slot: a value that is not a tensor raises a TypeError naming
+    the subclass, the attribute path and the type, instead of reaching a graph."""
+    from opaque_subclass.codegen import ArgumentsPlan
+
+    m = Mesh()
+    metas = osc.create_subclass_meta([nested(2)])
+    broken = nested(2)
+    broken._data._data = bad
+    kind = type(bad).__name__
+    with pytest.raises(TypeError, match=rf"MeshTensor: x\._data\._data is a tensor slot.*got {kind}\b.*Fix:"):
+        osc.unwrap_tensor_subclasses([broken], is_joint_structure=False, subclass_metas=metas)
+    with pytest.raises(TypeError, match=rf"args\[0\]\._data\._data is a tensor slot.*got {kind}\b"):
+        ArgumentsPlan(metas).unwrap([broken])
+    rt = _rt(metas)
+    width = rt[0].arg_count
+    flat = [bad] + [m] * (width - 1)
+    with pytest.raises(TypeError, match=rf"wrap of .*MeshTensor: flat slot 0 rebuilds the tensor attribute x\._data\._data, got {kind}\b.*Fix:"):
+        osc.wrap_tensor_subclasses(flat, subclass_metas=rt, is_runtime=True)
+    with pytest.raises(TypeError, match=rf"flat slot 0 rebuilds the tensor attribute args\[0\]\._data\._data, got {kind}\b"):
+        ArgumentsPlan(rt).wrap(flat)
+
+
+def test_fast_paths_accept_tensor_subtypes_in_tensor_slots():
+    """Parameters (and other Tensor subtypes) pass the slot check."""
+    m = Mesh()
+    x = MeshTensor(torch.nn.Parameter(torch.ones(2)), m)
+    metas = osc.create_subclass_meta([x])
+    flat = osc.unwrap_tensor_subclasses([x], is_joint_structure=False, subclass_metas=metas)
+    assert flat[0] is x._data and flat[1] is m
+    (out,) = osc.wrap_tensor_subclasses(flat, subclass_metas=_rt(metas), is_runtime=True)
+    assert out._data is x._data and out._mesh is m
