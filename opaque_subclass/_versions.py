@@ -29,7 +29,9 @@ against exact sources and would be refused anyway).
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -217,11 +219,23 @@ def parse_release(version: str) -> tuple[int, int] | None:
 
 
 def _has_native_opaque_attrs() -> bool:
+    """Whether AOTAutograd's subclass metadata has ``OpaqueMeta``: read from the
+    imported module, or, so that importing the library does not import
+    AOTAutograd, from its source file."""
+    name = "torch._functorch._aot_autograd.schemas"
+    module = sys.modules.get(name)
+    if module is not None:
+        return hasattr(module, "OpaqueMeta")
+    path = os.path.join(os.path.dirname(torch.__file__), "_functorch", "_aot_autograd", "schemas.py")
     try:
-        from torch._functorch._aot_autograd import schemas
-    except ImportError:  # pragma: no cover - torch without AOTAutograd
-        return False
-    return hasattr(schemas, "OpaqueMeta")
+        with open(path, encoding="utf-8") as f:
+            return re.search(r"^class OpaqueMeta\b", f.read(), re.MULTILINE) is not None
+    except OSError:  # no source file: ask the module
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # pragma: no cover - torch without AOTAutograd
+            return False
+        return hasattr(module, "OpaqueMeta")
 
 
 def release_support(version: str) -> ReleaseSupport:

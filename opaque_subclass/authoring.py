@@ -14,19 +14,22 @@ The class gets ``__tensor_flatten__`` (tensors then opaques, metadata in the
 context), ``__tensor_unflatten__``, a ``__repr__`` that never reads tensor
 data, a per-class op table (:meth:`OpaqueSubclass.implements`) and a default
 ``__torch_dispatch__`` (see :mod:`opaque_subclass.dispatch`). Declarations are
-checked when the class statement runs, not on first use.
+checked when the class statement runs, not on first use (only the registration
+of opaque classes may be left to the first instance, with
+``register_opaques=True``).
 """
 
 from __future__ import annotations
 
 import keyword
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
 
 from .errors import describe_type, import_fix, qualified_name
-from .registry import opaque_kind, opaque_type_of
+from .registry import opaque_kind, opaque_type_of, register_opaque
 
 __all__ = ["OpaqueSubclass"]
 
@@ -36,6 +39,35 @@ _TENSOR_NAMES = frozenset(dir(torch.Tensor))
 
 def _declaration_error(cls: type, message: str) -> TypeError:
     return TypeError(f"{qualified_name(cls)}: {message}")
+
+
+# Classes declared with ``register_opaques=True`` whose opaque classes are still
+# to be registered (on the first instance), kept here rather than on the class.
+_PENDING: dict[type, tuple[type, ...]] = {}
+_PENDING_LOCK = threading.Lock()
+
+
+def _register_pending(cls: type) -> None:
+    if torch.compiler.is_compiling():
+        raise TypeError(
+            f"{qualified_name(cls)}: its first instance is built inside torch.compile, where its opaque "
+            f"classes ({', '.join(qualified_name(c) for c in _PENDING.get(cls, ()))}) cannot be registered. "
+            f"Fix: build one {cls.__qualname__} before compiling, or register them first: "
+            + "; ".join(import_fix(c, 'opaque_subclass.register_opaque({cls}, kind="reference")') for c in _PENDING.get(cls, ()))
+        )
+    with _PENDING_LOCK:
+        for opaque_cls in _PENDING.get(cls, ()):
+            kind = opaque_kind(opaque_cls)
+            if kind == "value":
+                raise TypeError(
+                    f"{qualified_name(cls)}: {qualified_name(opaque_cls)} was registered as a value-type opaque "
+                    "after the class was declared; its opaque_attrs need a reference opaque. Fix: register "
+                    "it with kind=\"reference\" (before any other registration), or declare the attribute "
+                    "in meta_attrs."
+                )
+            if kind is None:
+                register_opaque(opaque_cls, kind="reference")
+        _PENDING.pop(cls, None)
 
 
 def _check_names(cls: type, group: str, names: Sequence[str]) -> tuple[str, ...]:
@@ -65,7 +97,12 @@ class OpaqueSubclass(torch.Tensor):
         default dtype, device, size and stride.
     opaque_attrs
         ``{name: class}`` of the opaque attributes; each class must be a
-        registered *reference* opaque (:func:`opaque_subclass.register_opaque`).
+        registered *reference* opaque (:func:`opaque_subclass.register_opaque`),
+        or, with the class keyword ``register_opaques=True``
+        (``class T(OpaqueSubclass, register_opaques=True)``), a class nobody
+        registered yet: it is then registered as a reference opaque when the
+        first instance is built, not when the class statement runs (for a
+        library that must not register anything on import).
     meta_attrs
         Names of plain metadata (hashable, compared with ``==``), kept in the
         flatten context: torch.compile specializes on it.
@@ -92,7 +129,7 @@ class OpaqueSubclass(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # plain-tensor autograd semantics
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, register_opaques: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._op_table = {}
         tensors = _check_names(cls, "tensor_attrs", cls.tensor_attrs)
@@ -116,6 +153,7 @@ class OpaqueSubclass(torch.Tensor):
                         cls, f"{name!r} is declared in both {seen[name]} and {group}; each attribute belongs to one group"
                     )
                 seen[name] = group
+        pending: list[type] = []
         for name, opaque_cls in cls.opaque_attrs.items():
             if not isinstance(opaque_cls, type):
                 raise _declaration_error(
@@ -129,12 +167,22 @@ class OpaqueSubclass(torch.Tensor):
                     f"opaques are constants compiled into the graph. Fix: declare {name!r} in meta_attrs.",
                 )
             if kind is None:
+                if register_opaques:
+                    pending.append(opaque_cls)
+                    continue
                 raise _declaration_error(
                     cls,
                     f"opaque_attrs[{name!r}] is {qualified_name(opaque_cls)}, which is not a registered opaque "
                     "type. Fix: register it before defining the class: "
-                    + import_fix(opaque_cls, 'opaque_subclass.register_opaque({cls}, kind="reference")'),
+                    + import_fix(opaque_cls, 'opaque_subclass.register_opaque({cls}, kind="reference")')
+                    + ", or declare the class with register_opaques=True to register it when the first "
+                    "instance is built",
                 )
+        with _PENDING_LOCK:
+            if pending:
+                _PENDING[cls] = tuple(pending)
+            else:
+                _PENDING.pop(cls, None)
         cls.tensor_attrs, cls.meta_attrs = tensors, metas
         cls._value_names = tensors + opaques + metas
 
@@ -193,6 +241,8 @@ class OpaqueSubclass(torch.Tensor):
 
     @classmethod
     def _bind(cls, values: tuple[Any, ...], named: dict[str, Any]) -> dict[str, Any]:
+        if _PENDING and cls in _PENDING:
+            _register_pending(cls)
         names = cls._value_names
         if len(values) > len(names):
             raise TypeError(

@@ -6,12 +6,18 @@ reference opaque), so a graph reused with another mesh talks to that mesh's
 process group: nothing about the group is baked in while tracing. Each op has a
 fake implementation (shapes only) and a backward formula; :func:`record_collectives`
 records the group each call actually used.
+
+Importing this module registers nothing: the ops, whose schemas name
+``DeviceMesh``, are defined on first use (:func:`define_ops`), which registers
+``DeviceMesh`` as a reference opaque on torch 2.11 (torch 2.12+ registers it
+itself).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,13 +26,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from .errors import OpaqueSubclassError
 from .registry import register_opaque
 
-__all__ = ["CollectiveRecord", "all_gather", "all_reduce_sum", "local_chunk", "record_collectives"]
+__all__ = ["CollectiveRecord", "all_gather", "all_reduce_sum", "define_ops", "local_chunk", "record_collectives"]  # noqa: F822 - the ops come from __getattr__
 
 log = logging.getLogger(__name__)
 
-register_opaque(DeviceMesh)  # idempotent; defers to torch's own registration where torch has one
 
 @dataclass(frozen=True)
 class CollectiveRecord:
@@ -95,8 +101,15 @@ def _check_divisible(op: str, t: torch.Tensor, dim: int, num_chunks: int) -> Non
         )
 
 
-@torch.library.custom_op("opaque_subclass::all_reduce_sum", mutates_args=())
-def all_reduce_sum(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+# The ops' schemas name ``DeviceMesh``, which torch accepts only once the class
+# is a registered opaque: torch registers it itself when
+# ``torch.distributed.tensor`` is imported (2.12+), torch 2.11 never does. So
+# that importing this module registers nothing, the ops are defined when first
+# needed: on the first access to their names (module ``__getattr__`` below),
+# or on the first collective of a ShardedTensor (``_ops()``).
+
+
+def _all_reduce_sum_impl(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     """Sum of ``t`` over the ranks of ``mesh``, returned on every rank.
 
     The process group is ``mesh.get_group()`` at run time. Backward: identity
@@ -107,18 +120,16 @@ def all_reduce_sum(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     return out
 
 
-@all_reduce_sum.register_fake
-def _(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+def _all_reduce_sum_fake(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     return t.new_empty(t.shape)
 
 
-@torch.library.custom_op("opaque_subclass::all_gather", mutates_args=())
-def all_gather(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
+def _all_gather_impl(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
     """The ranks' ``t`` concatenated along ``dim`` in rank order, on every rank.
 
     ``num_chunks`` is the mesh size, given so that tracing never reads the
     mesh; it is checked against ``mesh.size()`` at run time. Backward: this
-    rank's slice of the gradient (:func:`local_chunk`).
+    rank's slice of the gradient (``local_chunk``).
     """
     group = _group_of("all_gather", mesh, num_chunks)
     parts = [torch.empty_like(t, memory_format=torch.contiguous_format) for _ in range(num_chunks)]
@@ -126,17 +137,15 @@ def all_gather(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> 
     return torch.cat(parts, dim)
 
 
-@all_gather.register_fake
-def _(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
+def _all_gather_fake(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
     return t.new_empty(_resized(t, dim, t.shape[dim] * num_chunks))
 
 
-@torch.library.custom_op("opaque_subclass::local_chunk", mutates_args=())
-def local_chunk(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
+def _local_chunk_impl(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
     """This rank's equal slice of ``t`` along ``dim`` (``t`` is the same on every rank).
 
-    The rank is ``mesh.get_local_rank()`` at run time. Backward:
-    :func:`all_gather` of the gradient.
+    The rank is ``mesh.get_local_rank()`` at run time. Backward: ``all_gather``
+    of the gradient.
     """
     _check_divisible("local_chunk", t, dim, num_chunks)
     _group_of("local_chunk", mesh, num_chunks)
@@ -144,8 +153,7 @@ def local_chunk(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) ->
     return t.narrow(dim, mesh.get_local_rank() * size, size).clone(memory_format=torch.contiguous_format)
 
 
-@local_chunk.register_fake
-def _(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
+def _local_chunk_fake(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
     _check_divisible("local_chunk", t, dim, num_chunks)
     return t.new_empty(_resized(t, dim, t.shape[dim] // num_chunks))
 
@@ -154,12 +162,72 @@ def _save_mesh_args(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     ctx.mesh, ctx.args = inputs[1], inputs[2:]
 
 
-all_reduce_sum.register_autograd(lambda ctx, grad: (grad, None), setup_context=_save_mesh_args)
-all_gather.register_autograd(
-    lambda ctx, grad: (local_chunk(grad, ctx.mesh, *ctx.args), None, None, None), setup_context=_save_mesh_args
-)
-local_chunk.register_autograd(
-    lambda ctx, grad: (all_gather(grad, ctx.mesh, *ctx.args), None, None, None), setup_context=_save_mesh_args
-)
+@dataclass(frozen=True)
+class _Ops:
+    all_reduce_sum: Any
+    all_gather: Any
+    local_chunk: Any
 
 
+_OPS: _Ops | None = None
+_OPS_LOCK = threading.Lock()
+
+
+def _define_ops() -> _Ops:
+    """Define the three custom ops (once), registering ``DeviceMesh`` as a
+    reference opaque first where torch has not (torch 2.11)."""
+    global _OPS
+    with _OPS_LOCK:
+        if _OPS is not None:
+            return _OPS
+        register_opaque(DeviceMesh)  # 2.12+: torch's own registration, run now; 2.11: ours
+        reduce_op = torch.library.custom_op("opaque_subclass::all_reduce_sum", _all_reduce_sum_impl, mutates_args=())
+        gather_op = torch.library.custom_op("opaque_subclass::all_gather", _all_gather_impl, mutates_args=())
+        chunk_op = torch.library.custom_op("opaque_subclass::local_chunk", _local_chunk_impl, mutates_args=())
+        reduce_op.register_fake(_all_reduce_sum_fake)
+        gather_op.register_fake(_all_gather_fake)
+        chunk_op.register_fake(_local_chunk_fake)
+        reduce_op.register_autograd(lambda ctx, grad: (grad, None), setup_context=_save_mesh_args)
+        gather_op.register_autograd(
+            lambda ctx, grad: (chunk_op(grad, ctx.mesh, *ctx.args), None, None, None), setup_context=_save_mesh_args
+        )
+        chunk_op.register_autograd(
+            lambda ctx, grad: (gather_op(grad, ctx.mesh, *ctx.args), None, None, None), setup_context=_save_mesh_args
+        )
+        _OPS = _Ops(reduce_op, gather_op, chunk_op)
+        return _OPS
+
+
+def _ops() -> _Ops:
+    ops = _OPS
+    if ops is not None:
+        return ops
+    if torch.compiler.is_compiling():
+        raise OpaqueSubclassError(
+            "opaque_subclass collectives: the ops are defined on first use, and their first use "
+            "is inside torch.compile, which cannot define them. Fix: call "
+            "opaque_subclass.collectives.define_ops() before compiling (it also registers "
+            "DeviceMesh as a reference opaque where torch has not), or build the ShardedTensor "
+            "arguments outside the compiled function."
+        )
+    return _define_ops()
+
+
+def define_ops() -> None:
+    """Define the collective custom ops now (``torch.ops.opaque_subclass.all_reduce_sum``,
+    ``all_gather``, ``local_chunk``), registering ``DeviceMesh`` as a reference
+    opaque where torch has not (torch 2.11; from 2.12 torch registers it
+    itself). Importing this module does neither; the first access to one of
+    the ops (``from opaque_subclass.collectives import all_gather``) or the
+    first :class:`~opaque_subclass.sharded.ShardedTensor` collective does. Idempotent."""
+    _define_ops()
+
+
+_OP_NAMES = ("all_reduce_sum", "all_gather", "local_chunk")
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: the ops exist from their first access on (see _define_ops).
+    if name in _OP_NAMES:
+        return getattr(_define_ops(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

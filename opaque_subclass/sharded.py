@@ -27,8 +27,9 @@ and break replication unless every rank seeds its generator alike.
 
 Note [Process groups resolved at run time]
 ------------------------------------------
-The mesh is a reference opaque (registered below with
-:func:`opaque_subclass.register_opaque`): torch.compile makes it a graph input
+The mesh is a reference opaque (torch 2.12+ registers ``DeviceMesh`` itself;
+on torch 2.11 the first ``ShardedTensor`` or collective registers it, importing
+this module does not): torch.compile makes it a graph input
 instead of baking in the mesh seen while tracing. The collectives are custom ops
 (:func:`all_reduce_sum`, :func:`all_gather`, :func:`local_chunk`) that take the
 mesh as an argument and call ``mesh.get_group()`` / ``mesh.get_local_rank()``
@@ -79,7 +80,8 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from .authoring import OpaqueSubclass
-from .collectives import CollectiveRecord, _resized, all_gather, all_reduce_sum, local_chunk, record_collectives
+from . import collectives as _collectives
+from .collectives import CollectiveRecord, _ops, _resized, record_collectives
 from .dispatch import lookup
 from .errors import OpaqueSubclassError, describe_type
 from .registry import opaque_type_of
@@ -94,6 +96,14 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+def __getattr__(name: str) -> Any:
+    # The collective ops are re-exported from opaque_subclass.collectives, where
+    # they are defined on first access (importing this module defines nothing).
+    if name in _collectives._OP_NAMES:
+        return getattr(_collectives, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 aten = torch.ops.aten
 
@@ -146,7 +156,7 @@ def _dense_strides_like(size: Sequence[Any], like: Sequence[int]) -> tuple[Any, 
     return tuple(strides)
 
 
-class ShardedTensor(OpaqueSubclass):
+class ShardedTensor(OpaqueSubclass, register_opaques=True):
     """A shard of a global tensor on a 1-D ``DeviceMesh``; see Note [Sharding semantics].
 
     Parameters
@@ -237,7 +247,7 @@ class ShardedTensor(OpaqueSubclass):
                 f"does not split into {n} equal shards (the mesh has {n} ranks). Fix: pad dim "
                 f"{shard_dim} to a multiple of {n}, or shard another dim."
             )
-        return cls(local_chunk(full, mesh, shard_dim, n), mesh, shard_dim, requires_grad=requires_grad)
+        return cls(_ops().local_chunk(full, mesh, shard_dim, n), mesh, shard_dim, requires_grad=requires_grad)
 
     @property
     def mesh(self) -> DeviceMesh:
@@ -313,7 +323,7 @@ class _FromLocal(torch.autograd.Function):
                 grad = _redistribute_op(grad, ctx.dim, ctx.n)
             grad = grad._local
         elif ctx.dim is not None:
-            grad = local_chunk(grad, ctx.mesh, ctx.dim, ctx.n)
+            grad = _ops().local_chunk(grad, ctx.mesh, ctx.dim, ctx.n)
         return grad, None, None, None, None
 
 
@@ -431,7 +441,7 @@ def _on_locals(func: Any, args: Any, kwargs: Any, mesh: DeviceMesh, dim: int | N
 def _cut(t: torch.Tensor, mesh: DeviceMesh, dim: int, n: Any) -> torch.Tensor:
     if dim < 0 or t.shape[dim] == 1:
         return t  # broadcast along the shard dim: every rank uses all of it
-    return local_chunk(t, mesh, dim, n)  # type: ignore[no-any-return]
+    return _ops().local_chunk(t, mesh, dim, n)  # type: ignore[no-any-return]
 
 
 def _check_writes(func: Any, args: Sequence[Any], dim: int | None, ndim: int) -> None:
@@ -560,15 +570,15 @@ def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if (da, db) == (0, None):
         return _wrap(aten.mm(la, lb), mesh, 0, n)
     if (da, db) == (1, 0):
-        return _wrap(all_reduce_sum(aten.mm(la, lb), mesh), mesh, None, 1)
+        return _wrap(_ops().all_reduce_sum(aten.mm(la, lb), mesh), mesh, None, 1)
     if (da, db) == (None, 0):
-        return _wrap(all_reduce_sum(aten.mm(local_chunk(la, mesh, 1, n), lb), mesh), mesh, None, 1)
+        return _wrap(_ops().all_reduce_sum(aten.mm(_ops().local_chunk(la, mesh, 1, n), lb), mesh), mesh, None, 1)
     if (da, db) == (1, None):
-        return _wrap(all_reduce_sum(aten.mm(la, local_chunk(lb, mesh, 0, n)), mesh), mesh, None, 1)
+        return _wrap(_ops().all_reduce_sum(aten.mm(la, _ops().local_chunk(lb, mesh, 0, n)), mesh), mesh, None, 1)
     # (0, 0), (0, 1): gather the right operand; (1, 1): gather the left one.
     if da == 0:
-        return _mm(a, _wrap(all_gather(lb, mesh, db, n), mesh, None, 1))
-    return _mm(_wrap(all_gather(la, mesh, da, n), mesh, None, 1), b)  # type: ignore[arg-type]
+        return _mm(a, _wrap(_ops().all_gather(lb, mesh, db, n), mesh, None, 1))
+    return _mm(_wrap(_ops().all_gather(la, mesh, da, n), mesh, None, 1), b)  # type: ignore[arg-type]
 
 
 @_rule(aten.mm.default)
@@ -608,7 +618,7 @@ def _reduction(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         local = func(x._local, *args[1:], **kwargs)
         return _wrap(local, x._mesh, new_d, _num_shards(x))
     total = aten.sum.dim_IntList(x._local, dims, keepdim, dtype=dtype)
-    out = all_reduce_sum(total, x._mesh)
+    out = _ops().all_reduce_sum(total, x._mesh)
     if is_mean:
         out = aten.div.Scalar(out, math.prod(x.shape[i] for i in dims))
     return _wrap(out, x._mesh, None, 1)
@@ -622,7 +632,7 @@ def _redistribute_rule(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         _check_shard_dim(ShardedTensor, x._local, target)
     if src == target:
         return _wrap(x._local.clone(), mesh, src, n)
-    full = x._local if src is None else all_gather(x._local, mesh, src, n)
+    full = x._local if src is None else _ops().all_gather(x._local, mesh, src, n)
     if target is None:
         return _wrap(full, mesh, None, 1)
-    return _wrap(local_chunk(full, mesh, target, n), mesh, target, n)
+    return _wrap(_ops().local_chunk(full, mesh, target, n), mesh, target, n)

@@ -170,3 +170,49 @@ def test_compile_forward_backward_with_runtime_opaques():
         x = Tagged(torch.arange(3.0), m, "t", requires_grad=True)
         f(x).backward()
         assert x.grad._mesh is m
+
+
+def test_register_opaques_defers_registration_to_the_first_instance():
+    """``register_opaques=True``: declaring the class registers nothing; the
+    first instance registers its opaque classes as reference opaques."""
+    from opaque_subclass.registry import opaque_kind
+
+    class Handle:  # nobody registered it
+        pass
+
+    class Held(OpaqueSubclass, register_opaques=True):
+        tensor_attrs = ("_d",)
+        opaque_attrs = {"_h": Handle}
+
+    assert opaque_kind(Handle) is None
+    h = Handle()
+    x = Held(torch.ones(2), h)
+    assert opaque_kind(Handle) == "reference"
+    assert x._h is h and x.__tensor_flatten__()[0] == ["_d", "_h"]
+    f = torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)
+    assert f(x)._h is h
+
+
+def test_register_opaques_refuses_a_class_registered_as_value_meanwhile():
+    class Late:
+        def __eq__(self, other):
+            return isinstance(other, Late)
+
+        def __hash__(self):
+            return 0
+
+        def __fx_repr__(self):
+            return "Late()", {"Late": Late}
+
+    class Held(OpaqueSubclass, register_opaques=True):
+        tensor_attrs = ("_d",)
+        opaque_attrs = {"_h": Late}
+
+    osc.register_opaque(Late, kind="value")
+    with pytest.raises(TypeError, match=r"Held: .*Late was registered as a value-type opaque after the class was declared.*Fix:"):
+        Held(torch.ones(2), Late())
+
+
+def test_unregistered_opaque_error_names_register_opaques():
+    with pytest.raises(TypeError, match="register_opaques=True"):
+        type("Bad", (OpaqueSubclass,), {"tensor_attrs": ("_d",), "opaque_attrs": {"_m": NotRegistered}})

@@ -240,7 +240,8 @@ def test_disable_restores_stock_torch_and_enable_reapplies():
             _compile_forward()
     finally:
         info = opaque_subclass.enable()
-    assert info.patched == tuple(originals)
+    assert info.patched == tuple(p.target for p in PATCH_SET.patches)
+    assert set(originals) <= set(info.patched)
     assert opaque_subclass.enable().patched == info.patched
     torch._dynamo.reset()
     _compile_forward()

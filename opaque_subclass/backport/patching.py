@@ -10,18 +10,30 @@ replacement from the original. :class:`PatchSet` applies a list of patches:
 * a function imported by name into other torch modules (``from .x import f``)
   is replaced in every module that holds the same object, found by identity;
 * :meth:`PatchSet.disable` puts the very original objects back in every place
-  it replaced them; enabling and disabling are idempotent.
+  it replaced them; enabling and disabling are idempotent;
+* a target whose torch module is not imported yet is not imported for it: its
+  fingerprint is taken from the module's source file (parsed, not run), and
+  the patch is applied the moment torch imports the module (an import hook on
+  ``sys.meta_path``, removed by :meth:`PatchSet.disable`). So
+  ``import opaque_subclass`` costs no import of Dynamo, AOTAutograd, inductor
+  or export, and a set is still checked whole before anything is replaced.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import importlib
+import importlib.abc
+import importlib.util
 import inspect
 import logging
+import os
 import sys
 import textwrap
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -93,6 +105,105 @@ def _resolve(target: str) -> tuple[Any, str, Any]:
     raise ImportError(f"cannot import any module prefix of {target!r}")
 
 
+def _module_file(module_name: str) -> str | None:
+    """The source file of a torch module, found without importing anything."""
+    parts = module_name.split(".")
+    if parts[0] != "torch":
+        return None
+    torch_spec = importlib.util.find_spec("torch")
+    if torch_spec is None or not torch_spec.submodule_search_locations:
+        return None
+    base = os.path.join(list(torch_spec.submodule_search_locations)[0], *parts[1:])
+    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _locate(target: str) -> tuple[str, tuple[str, ...]] | None:
+    """``(module name, attribute path)`` of a qualified name whose module is not
+    imported, from the files alone; ``None`` when no prefix is a torch source file."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:cut])
+        if _module_file(module_name) is not None:
+            return module_name, tuple(parts[cut:])
+    return None
+
+
+def _definitions(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Statements of a module or class body, looking into ``if``/``try``/``with`` blocks."""
+    for node in body:
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            yield from _definitions(node.body)
+            yield from _definitions(getattr(node, "orelse", []))
+            for handler in getattr(node, "handlers", []):
+                yield from _definitions(handler.body)
+            yield from _definitions(getattr(node, "finalbody", []))
+        else:
+            yield node
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(file: str) -> tuple[str, ast.Module]:
+    with open(file, encoding="utf-8") as f:
+        text = f.read()
+    return text, ast.parse(text)
+
+
+def _imported_from(module_name: str, file: str, body: list[ast.stmt], name: str) -> str | None:
+    """The module ``name`` is imported from by a top-level ``from ... import``,
+    when that is the last binding of ``name`` in ``body``."""
+    source: str | None = None
+    for node in _definitions(body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            source = None
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            for alias in node.names:
+                if (alias.asname or alias.name) == name and alias.name == name:
+                    if node.level == 0:
+                        source = node.module
+                    else:
+                        package = module_name if file.endswith("__init__.py") else module_name.rpartition(".")[0]
+                        for _ in range(node.level - 1):
+                            package = package.rpartition(".")[0]
+                        source = f"{package}.{node.module}"
+    return source
+
+
+def source_fingerprint(module_name: str, path: tuple[str, ...]) -> str | None:
+    """:func:`fingerprint` of the definition ``path`` (``("Class", "method")``)
+    in ``module_name``'s source file, read and parsed but not run: the same
+    text ``inspect.getsource`` gives once the module is imported. ``None`` when
+    the file or a ``def``/``class`` statement for it is not found."""
+    file = _module_file(module_name)
+    if file is None:
+        return None
+    text, tree = _parsed(file)
+    body: list[ast.stmt] = tree.body
+    if len(path) == 1:
+        imported = _imported_from(module_name, file, body, path[0])
+        if imported is not None:  # ``from .x import f``: f's definition in x
+            return source_fingerprint(imported, path)
+    node: ast.stmt | None = None
+    for name in path:
+        found = [
+            n
+            for n in _definitions(body)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name
+        ]
+        if not found:
+            return None
+        node = found[-1]  # the last definition is the one the module keeps
+        body = node.body
+    if node is None or node.end_lineno is None:
+        return None
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])  # type: ignore[attr-defined]  # def/class nodes have decorator_list
+    lines = text.splitlines(keepends=True)[first - 1 : node.end_lineno]
+    source = textwrap.dedent("".join(lines))
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
 def _raw(owner: Any, attr: str) -> Any:
     """The attribute as stored (a function for methods, not a bound method;
     the ``staticmethod``/``classmethod`` object for those)."""
@@ -123,6 +234,8 @@ class PatchSet:
         self.patches: tuple[Patch, ...] = tuple(patches)
         self.preload: tuple[str, ...] = tuple(preload)
         self._applied: list[_Applied] = []
+        self._deferred: dict[str, list[Patch]] = {}  # module name -> patches applied on its import
+        self.failure: str | None = None  # why a deferred application removed the set
         self._lock = threading.RLock()
         seen: set[str] = set()
         for p in self.patches:
@@ -132,11 +245,32 @@ class PatchSet:
 
     @property
     def enabled(self) -> bool:
-        return bool(self._applied)
+        return bool(self._applied or self._deferred)
 
     @property
     def targets(self) -> tuple[str, ...]:
-        return tuple(a.patch.target for a in self._applied)
+        """Every target of an enabled set, in the set's order, whether applied
+        already or waiting for its module's import."""
+        if not self.enabled:
+            return ()
+        return tuple(p.target for p in self.patches)
+
+    @property
+    def waiting(self) -> tuple[str, ...]:
+        """Targets whose module torch has not imported yet (applied on its import)."""
+        return tuple(p.target for patches in self._deferred.values() for p in patches)
+
+    def _fingerprint_of(self, target: str) -> str:
+        """The fingerprint of ``target``'s current definition: from the object when
+        its module is imported (or cannot be read from a file), else from the
+        module's source file without importing it."""
+        located = _locate(target)
+        if located is not None and located[0] not in sys.modules:
+            found = source_fingerprint(*located)
+            if found is not None:
+                return found
+        owner, attr, _ = _resolve(target)
+        return fingerprint(_function(_raw(owner, attr)))
 
     def check(self) -> list[str]:
         """Problems that would refuse the set: unresolvable targets, changed sources."""
@@ -147,9 +281,8 @@ class PatchSet:
             for target, expected in ((p.target, p.fingerprint), *p.depends_on):
                 label = target if target == p.target else f"{target} (relied on by the patch of {p.target})"
                 try:
-                    owner, attr, _ = _resolve(target)
-                    found = fingerprint(_function(_raw(owner, attr)))
-                except (ImportError, AttributeError, OSError, TypeError) as e:
+                    found = self._fingerprint_of(target)
+                except (ImportError, AttributeError, OSError, TypeError, SyntaxError) as e:
                     problems.append(f"{label}: cannot be resolved ({e})")
                     continue
                 if found != expected:
@@ -157,40 +290,97 @@ class PatchSet:
         return problems
 
     def enable(self) -> tuple[str, ...]:
-        """Apply every patch, or none (raising :class:`PatchRefused`)."""
+        """Check every patch, then apply each one whose module is imported and
+        defer the others to their module's import; or apply none (raising
+        :class:`PatchRefused`)."""
         with self._lock:
-            if self._applied:
+            if self.enabled:
                 return self.targets
             problems = self.check()
             if problems:
                 raise PatchRefused("; ".join(problems))
             applied: list[_Applied] = []
+            deferred: dict[str, list[Patch]] = {}
             try:
                 for p in self.patches:
-                    owner, attr, _ = _resolve(p.target)
-                    original = _raw(owner, attr)
-                    replacement = p.make(_function(original))
-                    if isinstance(original, (staticmethod, classmethod)):
-                        replacement = type(original)(replacement)
-                    record = _Applied(p, original, replacement)
-                    applied.append(record)
-                    self._install(record, owner, attr)
+                    located = _locate(p.target)
+                    if located is not None and located[0] not in sys.modules and source_fingerprint(*located) is not None:
+                        deferred.setdefault(located[0], []).append(p)
+                        continue
+                    applied.append(self._apply(p))
             except BaseException:
                 self._uninstall(applied)
                 raise
             self._applied = applied
-            log.debug("applied %d patches", len(applied))
+            self._deferred = deferred
+            if deferred:
+                _ImportHook.add(self)
+            log.debug("applied %d patches, %d wait for their module's import", len(applied), sum(map(len, deferred.values())))
             return self.targets
 
-    def disable(self) -> None:
-        """Restore every original object; a no-op when not enabled."""
+    def _apply(self, p: Patch) -> _Applied:
+        owner, attr, _ = _resolve(p.target)
+        original = _raw(owner, attr)
+        replacement = p.make(_function(original))
+        if isinstance(original, (staticmethod, classmethod)):
+            replacement = type(original)(replacement)
+        record = _Applied(p, original, replacement)
+        try:
+            self._install(record, owner, attr)
+        except BaseException:
+            self._uninstall([record])
+            raise
+        return record
+
+    def _module_imported(self, module_name: str) -> None:
+        """Called by the import hook once ``module_name`` has run: apply its patches."""
         with self._lock:
-            self._uninstall(self._applied)
-            self._applied = []
+            patches = self._deferred.pop(module_name, None)
+            if not patches:
+                return
+            try:
+                for p in patches:
+                    if fingerprint(_function(_raw(*_resolve(p.target)[:2]))) != p.fingerprint:
+                        raise PatchRefused(f"{p.target}: the imported definition differs from its source file")
+                    self._applied.append(self._apply(p))
+            except BaseException as e:  # never leave a half-patched torch behind
+                self._disable_locked()
+                self.failure = f"{type(e).__name__}: {e}"
+                warnings.warn(
+                    f"opaque_subclass: patching {module_name} on import failed ({self.failure}); every "
+                    "patch of the set is removed and torch runs stock. Fix: install the official "
+                    "torch release the patches were written for.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            if not self._deferred:
+                self._remove_hook()
+
+    def _remove_hook(self) -> None:
+        _ImportHook.discard(self)
+
+    def _disable_locked(self) -> None:
+        self._remove_hook()
+        self._deferred = {}
+        self._uninstall(self._applied)
+        self._applied = []
+
+    def disable(self) -> None:
+        """Restore every original object and drop the patches still waiting for
+        their module's import; a no-op when not enabled."""
+        with self._lock:
+            self._disable_locked()
+
+    def apply_now(self, target: str) -> None:
+        """Import ``target``'s module now if its patch is waiting for it (tests)."""
+        located = _locate(target)
+        if located is not None and located[0] in self._deferred:
+            importlib.import_module(located[0])
 
     @contextmanager
     def suspended(self, target: str) -> Iterator[None]:
         """Temporarily restore one patched target (for tests showing a patch is needed)."""
+        self.apply_now(target)
         with self._lock:
             record = next((a for a in self._applied if a.patch.target == target), None)
             if record is None:
@@ -231,6 +421,70 @@ class PatchSet:
                 # replacement by name (``from .x import f``): restore those too.
                 for _, namespace, key in _torch_namespaces_holding(record.replacement):
                     namespace[key] = record.original
+
+
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """One finder on ``sys.meta_path`` for every enabled set with patches waiting
+    for their module: such a module is found by the other finders as usual and
+    loaded by its own loader, after which the waiting sets apply their patches."""
+
+    sets: list[PatchSet] = []  # the sets with patches waiting, in enabling order
+    lock = threading.Lock()
+
+    @classmethod
+    def add(cls, patch_set: PatchSet) -> None:
+        with cls.lock:
+            if patch_set not in cls.sets:
+                cls.sets.append(patch_set)
+            if not any(isinstance(f, cls) for f in sys.meta_path):
+                sys.meta_path.insert(0, cls())
+
+    @classmethod
+    def discard(cls, patch_set: PatchSet) -> None:
+        with cls.lock:
+            if patch_set in cls.sets:
+                cls.sets.remove(patch_set)
+            if not cls.sets:
+                sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, cls)]
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        waiting = [ps for ps in list(self.sets) if name in ps._deferred]
+        if not waiting:
+            return None
+        for finder in list(sys.meta_path):
+            if isinstance(finder, _ImportHook) or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _PatchingLoader(spec.loader, waiting)
+        return spec
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """The module's own loader, then the patches; afterwards the module keeps
+    its own loader (``inspect``, ``linecache`` and pickling see no trace)."""
+
+    def __init__(self, loader: Any, sets: list[PatchSet]) -> None:
+        self.loader = loader
+        self.sets = sets
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        for patch_set in self.sets:
+            patch_set._module_imported(module.__name__)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
 
 
 def _torch_namespaces_holding(obj: Any) -> list[tuple[str, dict[str, Any], str]]:

@@ -16,29 +16,17 @@ analysis skip it. These patches give torch 2.11 the same:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._functorch._aot_autograd.schemas import PlainTensorMeta
 
 from ...flatten import is_wrapper_subclass
 from ...registry import opaque_kind
 from ..hiding import skip_opaque_leaves, split_attrs, tensor_leaves
 from ..patching import Patch
 
-__all__ = ["OpaqueSlotMeta", "PATCHES", "fake_opaque", "fake_opaque_always"]
-
-
-@dataclasses.dataclass
-class OpaqueSlotMeta(PlainTensorMeta):
-    """torch 2.11 metadata for a flat slot holding a reference opaque.
-
-    A ``PlainTensorMeta`` so that torch 2.11's subclass rebuilding reads the slot
-    as is; never has a memory format (opaques are never coerced or
-    differentiated).
-    """
+__all__ = ["PATCHES", "fake_opaque", "fake_opaque_always"]
 
 
 def _is_reference_opaque(value: object) -> bool:
@@ -86,6 +74,9 @@ def make_create_subclass_metadata(original: Callable[..., Any]) -> Callable[...,
 
     def create_subclass_metadata(a: Any, start_idx: int, count_symints: bool, with_memory_format: bool = False) -> Any:
         if _is_reference_opaque(a):
+            # Defined outside the package, so that unpickling a cache entry never enables the backport.
+            from _opaque_subclass_pickle import OpaqueSlotMeta
+
             return OpaqueSlotMeta(start_idx + 1, memory_format=None), start_idx + 1
         return original(a, start_idx, count_symints, with_memory_format)
 

@@ -19,7 +19,6 @@ from ...codegen import ArgumentsPlan
 from ...errors import OpaqueSubclassError
 from ...schema import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
 from ..patching import Patch
-from .aot_autograd import OpaqueSlotMeta
 
 __all__ = ["PATCHES", "plan_for", "translate"]
 
@@ -33,6 +32,8 @@ def translate(torch_meta: Any, start: int | None = None, attr: str | None = None
         if cached is not None:
             return cached  # type: ignore[no-any-return]  # stored below
     from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
+
+    from _opaque_subclass_pickle import OpaqueSlotMeta
 
     first = torch_meta.flat_tensor_start_idx if start is None else start
     idx = first
@@ -72,6 +73,8 @@ def translate(torch_meta: Any, start: int | None = None, attr: str | None = None
 def _has_opaque_slot(torch_metas: list[Any]) -> bool:
     """Whether any of torch 2.11's runtime metas (recursively) has an opaque slot."""
     from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
+
+    from _opaque_subclass_pickle import OpaqueSlotMeta
 
     todo = [m for m in torch_metas if type(m) is TorchSCM]
     while todo:

@@ -15,11 +15,5 @@ from . import export, registry
 __all__ = ["FIX_SET"]
 
 FIX_SET = PatchSet(
-    [*registry.PATCHES, *export.PATCHES, autograd_cache.patch("b842f9aaedf60094")],
-    preload=(
-        "torch._opaque_base",
-        "torch.export.unflatten",
-        "torch.export._unlift",
-        "torch._functorch._aot_autograd.autograd_cache",
-    ),
+    [*registry.PATCHES, *export.PATCHES, autograd_cache.patch("b842f9aaedf60094")]
 )

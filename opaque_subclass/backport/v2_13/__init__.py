@@ -12,6 +12,5 @@ from ..patching import PatchSet
 __all__ = ["FIX_SET"]
 
 FIX_SET = PatchSet(
-    [autograd_cache.patch("746e13724b1aa10b")],
-    preload=("torch._functorch._aot_autograd.autograd_cache",),
+    [autograd_cache.patch("746e13724b1aa10b")]
 )

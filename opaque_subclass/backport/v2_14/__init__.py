@@ -13,8 +13,7 @@ from ..native import autograd_cache
 from ..patching import PatchSet
 from . import aot_autograd
 
-__all__ = ["FIX_SET", "PRELOAD"]
+__all__ = ["FIX_SET"]
 
-PRELOAD = ("torch._functorch.partitioners", "torch._functorch._aot_autograd.autograd_cache")
 
-FIX_SET = PatchSet([*aot_autograd.PATCHES, autograd_cache.patch("ec0906f362c21ef6")], preload=PRELOAD)
+FIX_SET = PatchSet([*aot_autograd.PATCHES, autograd_cache.patch("ec0906f362c21ef6")])

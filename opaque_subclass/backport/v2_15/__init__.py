@@ -4,8 +4,8 @@ cache-key fix written against 2.15's own ``autograd_cache_key``."""
 
 from ..native import autograd_cache
 from ..patching import PatchSet
-from ..v2_14 import PRELOAD, aot_autograd
+from ..v2_14 import aot_autograd
 
 __all__ = ["FIX_SET"]
 
-FIX_SET = PatchSet([*aot_autograd.PATCHES, autograd_cache.patch("26aa5a210e4eaa85")], preload=PRELOAD)
+FIX_SET = PatchSet([*aot_autograd.PATCHES, autograd_cache.patch("26aa5a210e4eaa85")])

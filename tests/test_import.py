@@ -1,0 +1,293 @@
+"""What importing the library does, and does not do, to a fresh process.
+
+* It imports none of Dynamo, AOTAutograd's caches, inductor or export: a patch
+  (backport, torch 2.11) or fix (native releases) whose torch module is not
+  imported yet is checked against the module's source file and applied when
+  torch imports the module; ``disable()`` removes those too.
+* It registers nothing: not ``DeviceMesh`` (``opaque_subclass.sharded`` and
+  ``opaque_subclass.collectives`` included), no custom op; the first
+  ``ShardedTensor`` does.
+* Unpickling what a patched process wrote (AOTAutograd cache entries on torch
+  2.11) never imports, so never enables, the library.
+
+Each case runs in a fresh interpreter: the test process has long imported
+everything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import opaque_subclass as osc
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(code: str, tmp_path: Path, timeout: int = 300, prelude: str = "") -> dict:
+    """Run ``code`` in a fresh interpreter (this checkout first on the path, its
+    own inductor cache); it prints one JSON object last."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(tmp_path), env.get("PYTHONPATH", "")])
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor-cache")
+    out = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+_REGISTRY_SNAPSHOT = """
+def registered():
+    import torch._library.opaque_object as oo
+    return sorted(getattr(c, "__qualname__", str(c)) for c in getattr(oo, "_OPAQUE_TYPES", {}))
+"""
+
+
+def test_import_loads_no_compiler_and_registers_nothing(tmp_path):
+    got = _run(
+        """
+        import json, sys, torch
+        import torch.distributed.device_mesh
+        before = registered()
+        import opaque_subclass, opaque_subclass.collectives, opaque_subclass.sharded
+        after = registered()
+        s = opaque_subclass.support()
+        print(json.dumps({
+            "mode": s.mode,
+            "before": before, "after": after,
+            "heavy": sorted(m for m in ("torch._dynamo", "torch._inductor", "torch.export", "torch.distributed.tensor",
+                                        "torch._functorch._aot_autograd.autograd_cache") if m in sys.modules),
+            "ops": hasattr(torch.ops.opaque_subclass, "all_gather"),
+            "listed": len(s.patched) + len(s.fixes),
+        }))
+        """,
+        tmp_path,
+        prelude=_REGISTRY_SNAPSHOT,
+    )
+    assert got["mode"] == osc.support().mode
+    assert got["after"] == got["before"], "importing the library registered opaque types"
+    assert got["heavy"] == [] or got["heavy"] == ["torch.export"] and "torch.export" in _imported_by_torch(tmp_path)
+    assert got["ops"] is False
+    assert got["listed"] == len(osc.support().patched) + len(osc.support().fixes) > 0
+
+
+def _imported_by_torch(tmp_path: Path) -> list[str]:
+    return _run(
+        'import json, sys, torch; print(json.dumps([m for m in ("torch.export",) if m in sys.modules]))', tmp_path
+    )  # type: ignore[return-value]  # a list here
+
+
+def test_waiting_patches_apply_on_import_and_disable_removes_them(tmp_path):
+    got = _run(
+        """
+        import importlib, json, sys
+        import opaque_subclass
+        from opaque_subclass import activation
+        from opaque_subclass.backport.patching import _locate, _raw, _resolve, _function, fingerprint
+        ps = activation._PATCH_SET or activation._FIX_SET
+        waiting = list(ps.waiting)
+        target = waiting[0]
+        module = _locate(target)[0]
+        was_imported = module in sys.modules
+        hooked = any(type(f).__name__ == "_ImportHook" for f in sys.meta_path)
+        importlib.import_module(module)
+        now = _raw(*_resolve(target)[:2])
+        record = next(a for a in ps._applied if a.patch.target == target)
+        applied = now is record.replacement and target not in ps.waiting
+        original = record.original
+        opaque_subclass.disable()
+        restored = _raw(*_resolve(target)[:2]) is original
+        unhooked = not any(type(f).__name__ == "_ImportHook" for f in sys.meta_path)
+        opaque_subclass.enable()
+        reapplied = _raw(*_resolve(target)[:2]) is not original
+        print(json.dumps({"waiting": waiting, "was_imported": was_imported, "hooked": hooked, "applied": applied,
+                          "restored": restored, "unhooked": unhooked, "reapplied": reapplied}))
+        """,
+        tmp_path,
+    )
+    assert got["waiting"], "every patch was applied at import: the library imported its targets' modules"
+    assert got["was_imported"] is False and got["hooked"] is True
+    assert got["applied"] is True
+    assert got["restored"] is True and got["unhooked"] is True
+    assert got["reapplied"] is True
+
+
+def test_a_changed_source_refuses_the_set_before_its_module_is_imported(tmp_path):
+    got = _run(
+        """
+        import json, sys
+        import torch
+        from opaque_subclass.backport.patching import Patch, PatchRefused, PatchSet, source_fingerprint
+        target = "torch._functorch.partitioners.default_partition"
+        real = source_fingerprint("torch._functorch.partitioners", ("default_partition",))
+        good = PatchSet([Patch(target, real, lambda f: f)])
+        stale = PatchSet([Patch(target, "0" * 16, lambda f: f)])
+        problems = stale.check()
+        try:
+            stale.enable()
+            refused = False
+        except PatchRefused:
+            refused = True
+        imported_after_refusal = "torch._functorch.partitioners" in sys.modules
+        other_target = "torch._functorch.partitioners.min_cut_rematerialization_partition"
+        other_real = source_fingerprint("torch._functorch.partitioners", ("min_cut_rematerialization_partition",))
+        other = PatchSet([Patch(other_target, other_real, lambda f: f)])  # a second set waiting for the same module
+        good.enable()
+        other.enable()
+        waiting = list(good.waiting)
+        import torch._functorch.partitioners as p
+        applied = not good.waiting and p.default_partition is good._applied[0].replacement
+        applied = applied and not other.waiting and p.min_cut_rematerialization_partition is other._applied[0].replacement
+        good.disable()
+        other.disable()
+        print(json.dumps({"problems": problems, "refused": refused, "imported": imported_after_refusal,
+                          "waiting": waiting, "applied": applied}))
+        """,
+        tmp_path,
+    )
+    assert got["refused"] is True and "expected 0000000000000000" in got["problems"][0]
+    assert got["imported"] is False
+    assert got["waiting"] == ["torch._functorch.partitioners.default_partition"]
+    assert got["applied"] is True
+
+
+def test_source_fingerprints_match_the_imported_definitions():
+    """For every target (and dependency) of this release's set, the fingerprint
+    read from the source file equals the one of the imported object."""
+    from opaque_subclass import activation
+    from opaque_subclass.backport.patching import _locate, source_fingerprint
+
+    ps = activation._PATCH_SET or activation._FIX_SET
+    assert ps is not None
+    compared = 0
+    for p in ps.patches:
+        for target, expected in ((p.target, p.fingerprint), *p.depends_on):
+            located = _locate(target)
+            assert located is not None, target
+            assert source_fingerprint(*located) == expected, target
+            compared += 1
+    assert compared >= len(ps.patches)
+
+
+_PLAIN_MODULE = textwrap.dedent(
+    """
+    import torch
+    from torch.utils._pytree import tree_map_only
+
+
+    class Mesh:
+        pass
+
+
+    class MeshTensor(torch.Tensor):
+        @staticmethod
+        def __new__(cls, data, mesh):
+            return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device)
+
+        def __init__(self, data, mesh):
+            self._data, self._mesh = data, mesh
+
+        def __repr__(self):
+            return "MeshTensor()"
+
+        def __tensor_flatten__(self):
+            return ["_data", "_mesh"], None
+
+        @staticmethod
+        def __tensor_unflatten__(inner, ctx, size, stride):
+            return MeshTensor(inner["_data"], inner["_mesh"])
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            mesh = next(a for a in args if isinstance(a, MeshTensor))._mesh
+            out = func(*tree_map_only(MeshTensor, lambda t: t._data, args), **(kwargs or {}))
+            return tree_map_only(torch.Tensor, lambda t: MeshTensor(t, mesh), out)
+    """
+)
+
+
+def test_unpickling_library_objects_never_enables_it(tmp_path):
+    """What the backport puts in AOTAutograd cache entries (torch 2.11), and on a
+    2.11 leg a real entry written by a patched process, load in a process that
+    never imported the library without importing it."""
+    (tmp_path / "plainmod.py").write_text(_PLAIN_MODULE)
+    writer = _run(
+        """
+        import base64, json, pickle, torch
+        import opaque_subclass
+        from _opaque_subclass_pickle import OpaqueSlotMeta
+        blobs = [base64.b64encode(pickle.dumps(OpaqueSlotMeta(3, memory_format=None))).decode()]
+        if opaque_subclass.support().mode == "backport":
+            from plainmod import Mesh, MeshTensor  # a user module that does not import the library
+            opaque_subclass.register_opaque(Mesh)
+            f = torch.compile(lambda x: x * 2, backend="inductor", fullgraph=True)
+            m = Mesh()
+            assert f(MeshTensor(torch.ones(2), m))._mesh is m
+        print(json.dumps({"blobs": blobs}))
+        """,
+        tmp_path,
+    )
+    reader = _run(
+        """
+        import base64, json, os, pickle, sys
+        import torch
+        blobs = %r
+        loaded = [type(pickle.loads(base64.b64decode(b))).__name__ for b in blobs]
+        entries = 0
+        root = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "aotautograd")
+        for dirpath, _, files in os.walk(root):
+            for name in files:
+                with open(os.path.join(dirpath, name), "rb") as fh:
+                    data = fh.read()
+                if b"OpaqueSlotMeta" in data:
+                    pickle.loads(data)
+                    entries += 1
+        print(json.dumps({"loaded": loaded, "entries": entries, "library": "opaque_subclass" in sys.modules}))
+        """
+        % (writer["blobs"],),
+        tmp_path,
+    )
+    assert reader["loaded"] == ["OpaqueSlotMeta"]
+    if osc.support().mode == "backport":
+        assert reader["entries"] >= 1
+    assert reader["library"] is False
+
+
+def test_sharded_tensor_registers_the_mesh_on_first_use(tmp_path):
+    got = _run(
+        """
+        import json, os, torch
+        import torch.distributed as dist
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() %% 2000))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        try:
+            from torch.distributed.device_mesh import init_device_mesh, DeviceMesh
+            from opaque_subclass.registry import opaque_kind
+            import opaque_subclass
+            from opaque_subclass.sharded import ShardedTensor
+            mesh = init_device_mesh("cpu", (1,))
+            before = opaque_kind(DeviceMesh) if %r else None
+            x = ShardedTensor.from_full(torch.arange(4.0), mesh, 0)
+            kind = opaque_kind(DeviceMesh)
+            f = torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)
+            y = f(x)
+            from opaque_subclass.collectives import all_gather
+            ok = y.mesh is mesh and torch.equal(y._local, torch.arange(4.0) * 2)
+            print(json.dumps({"before": before, "kind": kind, "ok": ok, "op": hasattr(torch.ops.opaque_subclass, "all_gather")}))
+        finally:
+            dist.destroy_process_group()
+        """
+        % (osc.support().mode == "backport",),
+        tmp_path,
+        prelude=_REGISTRY_SNAPSHOT,
+    )
+    assert got["before"] is None  # on 2.11 nobody registered DeviceMesh before the first ShardedTensor
+    assert got["kind"] == "reference"
+    assert got["ok"] is True and got["op"] is True
