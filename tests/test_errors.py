@@ -193,12 +193,6 @@ def test_create_subclass_meta_refuses_a_bare_tensor():
     assert len(osc.create_subclass_meta([x])) == 1
 
 
-@pytest.mark.xfail(
-    osc.support().mode == "native",
-    strict=True,
-    reason="native torch raises its bare 'expected Tensor or OpaqueBase' here; a diagnostic hook "
-    "that names the subclass, path and fix is issue 13's work",
-)
 def test_non_strict_export_names_a_bad_attribute():
     class Double(torch.nn.Module):
         def forward(self, x):

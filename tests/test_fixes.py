@@ -102,6 +102,36 @@ class _Lifted(osc.OpaqueSubclass):
     opaque_attrs = {"_mesh": Mesh}
 
 
+def _bad_attribute():
+    x = MeshTensor(torch.ones(2), Mesh("bad"))
+    x._mesh = 3  # an int where an opaque is listed
+    return x
+
+
+def _compile_names_a_bad_attribute():
+    """torch.compile of a subclass argument listing an int: the library's error."""
+    f = torch.compile(lambda x: x + 1, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception) as info:
+        f(_bad_attribute())
+    msg = str(info.value)
+    assert "MeshTensor.__tensor_flatten__()" in msg and "L['x']._mesh" in msg, msg
+    assert "holds int" in msg and "Fix:" in msg, msg
+
+
+def _export_names_a_bad_attribute():
+    """Non-strict export of a subclass input listing an int: the library's error."""
+
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    with pytest.raises(Exception) as info:
+        torch.export.export(Double(), (_bad_attribute(),), strict=False)
+    msg = str(info.value)
+    assert "MeshTensor.__tensor_flatten__()" in msg and "L['x']._mesh" in msg, msg
+    assert "holds int" in msg and "Fix:" in msg, msg
+
+
 #: target -> (scenario, the stock torch error it fails with when the fix is off;
 #: for a wrong result, the scenario's own assertion naming it)
 NEEDED_BY = {
@@ -121,6 +151,8 @@ NEEDED_BY = {
         _backward_logs_no_deprecation,
         "is_opaque_value is deprecated, use is_custom_class_obj instead",
     ),
+    "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor": (_compile_names_a_bad_attribute, "expected Tensor or "),
+    "torch._export.non_strict_utils._create_symbolic_context_for_tensor": (_export_names_a_bad_attribute, "expected Tensor or "),
 }
 
 

@@ -385,13 +385,17 @@ class PatchSet:
             record = next((a for a in self._applied if a.patch.target == target), None)
             if record is None:
                 raise KeyError(f"{target} is not patched")
-            for d, k in record.places:
+            places = list(record.places)
+            if record.patch.scope == "everywhere" and not isinstance(record.replacement, (staticmethod, classmethod)):
+                # torch modules imported after the patch took the replacement by name
+                places += [(ns, key) for _, ns, key in _torch_namespaces_holding(record.replacement)]
+            for d, k in places:
                 d[k] = record.original
         try:
             yield
         finally:
             with self._lock:
-                for d, k in record.places:
+                for d, k in places:
                     d[k] = record.replacement
 
     @staticmethod

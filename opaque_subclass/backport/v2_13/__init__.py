@@ -6,11 +6,11 @@ nothing, listed in ``opaque_subclass.support().fixes``, removed by
 ``opaque_subclass.disable()``.
 """
 
-from ..native import autograd_cache
+from ..native import autograd_cache, diagnostics
 from ..patching import PatchSet
 
 __all__ = ["FIX_SET"]
 
 FIX_SET = PatchSet(
-    [autograd_cache.patch("746e13724b1aa10b")]
+    [autograd_cache.patch("746e13724b1aa10b"), diagnostics.wrap_tensor_patch("4d0013f630d40596"), diagnostics.symbolic_context_patch("98cb7c1802eb5fc7")]
 )
