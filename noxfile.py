@@ -114,3 +114,4 @@ def bench(session: nox.Session, torch: str) -> None:
     _install_project(session, torch)
     session.run("python", "benchmarks/bench_runtime.py")
     session.run("python", "benchmarks/bench_compiled.py", *session.posargs)
+    session.run("python", "benchmarks/bench_compile_checks.py")
