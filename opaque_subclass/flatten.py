@@ -253,7 +253,12 @@ def flatten_subclass(t: torch.Tensor, *, name: str = "x") -> tuple[list[Any], Sl
 
 
 def _bad_unflatten_result(meta: SubclassCreationMeta, result: object, path: str) -> TypeError:
-    cls = meta.subclass_type
+    return bad_unflatten_type(meta.subclass_type, result, path)
+
+
+def bad_unflatten_type(cls: type, result: object, path: str) -> TypeError:
+    """The error for a ``__tensor_unflatten__`` of ``cls`` that returned ``result``,
+    which is not an instance of ``cls``."""
     return TypeError(
         f"{cls.__qualname__}.__tensor_unflatten__ (rebuilding {path!r}) returned "
         f"{describe_type(result)}, expected an instance of {qualified_name(cls)}. Fix: "
@@ -301,6 +306,37 @@ def build(meta: SlotMeta, leaves: Sequence[Any], *, is_runtime: bool, path: str 
     if not is_runtime and meta.original_subclass is not None:
         torch._mirror_autograd_meta_to(meta.original_subclass, result)  # type: ignore[attr-defined]  # private C binding present on all supported torch
     return result
+
+
+def check_rebuild(t: object, path: str = "x") -> None:
+    """Rebuild every level of the (nested) wrapper subclass ``t`` from its own
+    flatten result with its class's ``__tensor_unflatten__`` and check the
+    result: an instance of the class, with ``t``'s shape and dtype. Raises a
+    ``TypeError`` naming the subclass, ``path`` and the fix; ``t`` is not changed.
+
+    Run where torch first meets a subclass input while tracing: a wrong result
+    there otherwise surfaces as a misleading tangent error in backward, or as
+    a crash of the process under inductor.
+    """
+    if not is_wrapper_subclass(t):
+        return
+    names, ctx = t.__tensor_flatten__()  # type: ignore[attr-defined]  # a wrapper subclass
+    inner = {name: getattr(t, name) for name in names}
+    for name, value in inner.items():
+        check_rebuild(value, f"{path}.{name}")
+    cls = type(t)
+    result = cls.__tensor_unflatten__(inner, ctx, t.size(), t.stride())  # type: ignore[attr-defined, union-attr]  # a wrapper subclass
+    if not isinstance(result, cls):
+        raise bad_unflatten_type(cls, result, path)
+    for what in ("shape", "dtype"):
+        if getattr(result, what) != getattr(t, what):
+            raise TypeError(
+                f"{cls.__qualname__}.__tensor_unflatten__ (rebuilding {path!r}) returned a "
+                f"{cls.__qualname__} with {what} {getattr(result, what)}, but the instance it was "
+                f"flattened from has {what} {getattr(t, what)}. Fix: build the result with "
+                "outer_size/outer_stride and the dtype of the instance (torch.Tensor."
+                "_make_wrapper_subclass(cls, outer_size, strides=outer_stride, dtype=...))."
+            )
 
 
 def _fill_placeholders(meta: SubclassCreationMeta, leaves: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:

@@ -203,3 +203,79 @@ def test_non_strict_export_names_a_bad_attribute():
     msg = str(info.value)
     assert "MeshTensor.__tensor_flatten__()" in msg and "L['x']._mesh" in msg
     assert "holds int" in msg and "Fix: move '_mesh' into the flatten context" in msg
+
+
+class _ReturnsPlain(MeshTensor):
+    """A ``__tensor_unflatten__`` that returns the inner tensor instead of the subclass."""
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return inner["_data"]
+
+
+class _ReturnsDouble(MeshTensor):
+    """A ``__tensor_unflatten__`` that changes the dtype."""
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["_data"].double(), inner["_mesh"], ctx=ctx)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_compile_names_an_unflatten_that_returns_another_type(grad):
+    """Checked where torch first meets the input, so the backward's misleading
+    "__coerce_same_metadata_as_tangent__" message never comes."""
+    x = _ReturnsPlain(torch.ones(2), Mesh()).requires_grad_(grad)
+    f = torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception) as info:
+        f(x)
+    msg = str(info.value)
+    assert "_ReturnsPlain.__tensor_unflatten__ (rebuilding \"L['t']\") returned torch.Tensor" in msg, msg
+    assert "expected an instance of test_errors._ReturnsPlain. Fix: make _ReturnsPlain.__tensor_unflatten__ return" in msg
+
+
+def test_compile_names_an_unflatten_that_changes_the_dtype():
+    x = _ReturnsDouble(torch.ones(2), Mesh())
+    f = torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception) as info:
+        f(x)
+    msg = str(info.value)
+    assert "returned a _ReturnsDouble with dtype torch.float64, but the instance it was flattened from has dtype torch.float32" in msg, msg
+    assert "Fix:" in msg
+
+
+def test_inductor_gets_the_named_error_instead_of_a_crash(tmp_path):
+    """Stock torch (2.11 and 2.13 measured) kills the process with SIGSEGV here."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = textwrap.dedent(
+        """
+        import torch
+        import opaque_subclass
+        from test_errors import _ReturnsPlain
+        from subclasses import Mesh
+        f = torch.compile(lambda t: t * 2, backend="inductor", fullgraph=True)
+        try:
+            f(_ReturnsPlain(torch.ones(2), Mesh()))
+        except Exception as e:
+            print("NAMED" if "returned torch.Tensor, expected an instance of" in str(e) else "OTHER: " + str(e)[:500])
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "tests")]), TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    assert out.stdout.strip().splitlines()[-1] == "NAMED", out.stdout
+
+
+def test_non_strict_export_names_an_unflatten_that_returns_another_type():
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    with pytest.raises(TypeError, match=r"_ReturnsPlain\.__tensor_unflatten__ \(rebuilding \"L\['x'\]\"\) returned torch\.Tensor"):
+        torch.export.export(Double(), (_ReturnsPlain(torch.ones(2), Mesh()),), strict=False)

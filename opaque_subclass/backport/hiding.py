@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..flatten import _bad_attribute, is_wrapper_subclass
+from ..flatten import _bad_attribute, check_rebuild, is_wrapper_subclass
 from ..registry import opaque_kind
 
 __all__ = [
@@ -124,6 +124,17 @@ def validate_attrs(t: object, path: str) -> None:
     attribute must be a reference opaque; errors name ``path`` + attribute."""
     for name, inner in tensor_attrs(t, path):
         validate_attrs(inner, f"{path}.{name}")
+
+
+def validate_input(t: object, path: str) -> None:
+    """Everything checked where torch first meets a subclass input while
+    tracing: the attributes (:func:`validate_attrs`) and, for a real (not fake)
+    input, that ``__tensor_unflatten__`` rebuilds it (:func:`~opaque_subclass.flatten.check_rebuild`)."""
+    validate_attrs(t, path)
+    from torch._subclasses.fake_tensor import is_fake
+
+    if not is_fake(t):
+        check_rebuild(t, path)
 
 
 def skip_opaque_leaves(original: F, *, result: Any = None) -> F:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...flatten import is_wrapper_subclass
-from ..hiding import source_name, validate_attrs
+from ..hiding import source_name, validate_input
 from ..patching import Patch
 
 __all__ = ["symbolic_context_patch", "wrap_tensor_patch"]
@@ -39,7 +39,7 @@ def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def wrap_tensor(self: Any, value: Any) -> Any:
         if is_wrapper_subclass(value):
-            validate_attrs(value, source_name(self.source))
+            validate_input(value, source_name(self.source))
         return original(self, value)
 
     return wrap_tensor
@@ -58,7 +58,7 @@ def make_symbolic_context(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def _create_symbolic_context_for_tensor(t: Any, source: Any, *args: Any, **kwargs: Any) -> Any:
         if is_wrapper_subclass(t):
-            validate_attrs(t, source_name(source))
+            validate_input(t, source_name(source))
         return original(t, source, *args, **kwargs)
 
     return _create_symbolic_context_for_tensor

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...flatten import is_wrapper_subclass
-from ..hiding import hide_in_fake_args, opaque_attrs, source_name, validate_attrs
+from ..hiding import hide_in_fake_args, opaque_attrs, source_name, validate_input
 from ..patching import Patch
 
 __all__ = ["PATCHES"]
@@ -75,7 +75,7 @@ def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def wrap_tensor(self: Any, value: Any) -> Any:
-        validate_attrs(value, source_name(self.source))
+        validate_input(value, source_name(self.source))
         return original(self, value)
 
     return wrap_tensor

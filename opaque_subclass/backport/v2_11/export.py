@@ -25,7 +25,7 @@ import torch
 
 from ...flatten import is_wrapper_subclass
 from ...registry import opaque_kind
-from ..hiding import source_name, validate_attrs
+from ..hiding import source_name, validate_input
 from ..patching import Patch
 
 __all__ = ["PATCHES"]
@@ -48,7 +48,7 @@ def make_symbolic_context(original: Callable[..., Any]) -> Callable[..., Any]:
         if not isinstance(t, torch.Tensor) and opaque_kind(t) == "reference":
             return None
         if is_wrapper_subclass(t):
-            validate_attrs(t, source_name(source))
+            validate_input(t, source_name(source))
         return original(t, source, *args, **kwargs)
 
     return _create_symbolic_context_for_tensor
