@@ -1,7 +1,7 @@
 """Cost of the input checks that name a bad subclass attribute, on compile time.
 
 On every supported torch the library checks each subclass input where torch
-first meets it (Dynamo's ``VariableBuilder.wrap_tensor``; on torch 2.11 as part
+first meets it (its attributes, and that ``__tensor_unflatten__`` rebuilds it) (Dynamo's ``VariableBuilder.wrap_tensor``; on torch 2.11 as part
 of the backport, on 2.12+ as a diagnostic fix). The check runs while tracing,
 never on a compiled call. This script measures what it adds to a compilation:
 ``torch.compile(fn, backend=BACKEND, fullgraph=True)`` of
@@ -95,14 +95,14 @@ def main() -> None:
     print(f"compile with the check   : median {m_on * 1e3:8.1f} ms")
     print(f"compile, check suspended : median {m_off * 1e3:8.1f} ms")
     print(f"ratio                    : {m_on / m_off:.4f}  ({(m_on / m_off - 1) * 100:+.2f}%)")
-    from opaque_subclass.backport.hiding import validate_attrs
+    from opaque_subclass.backport.hiding import validate_input
 
     xs = [nested(2) for _ in range(args.k)]
     n = 2000
     t0 = time.perf_counter()
     for _ in range(n):
         for x in xs:
-            validate_attrs(x, "L['x']")
+            validate_input(x, "L['x']")
     direct = (time.perf_counter() - t0) / n
     print(f"the check itself         : {direct * 1e6:.1f} us for the {args.k} arguments "
           f"({direct / m_off * 100:.3f}% of the compilation)")
