@@ -28,9 +28,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .errors import describe_type, qualified_name
 from torch import Tensor
 
+from .errors import describe_type, qualified_name
 from .schema import PlainTensorMeta, SubclassCreationMeta, SymIntMeta, iter_slots
 
 __all__ = ["ArgumentsPlan", "compiled_unwrap", "compiled_wrap"]
@@ -60,10 +60,10 @@ def _bad_input(meta: SubclassCreationMeta) -> Callable[[object], None]:
     return bad_input
 
 
-def _bad_leaf(meta: SubclassCreationMeta, what: str) -> Callable[[str, object], None]:
+def _bad_leaf(meta: SubclassCreationMeta) -> Callable[[str, object], None]:
     def bad_leaf(path: str, value: object) -> None:
         raise TypeError(
-            f"run-time {what} of {qualified_name(meta.subclass_type)}: {path} is a tensor slot "
+            f"run-time unwrap of {qualified_name(meta.subclass_type)}: {path} is a tensor slot "
             f"(the metadata was made from a tensor there), got {describe_type(value)}. Fix: "
             f"give {path} a tensor, or re-create the metadata (create_subclass_meta) from "
             "arguments of the new structure."
@@ -73,13 +73,20 @@ def _bad_leaf(meta: SubclassCreationMeta, what: str) -> Callable[[str, object], 
 
 
 def _slot_reads(
-    meta: SubclassCreationMeta, root: str, append_symints: bool, tag: str, lines: list[str], shown: str = "x"
+    meta: SubclassCreationMeta,
+    root: str,
+    append_symints: bool,
+    tag: str,
+    lines: list[str],
+    shown: str = "x",
+    bad_leaf: str = "bad_leaf",
 ) -> list[str] | None:
     """The expressions reading ``meta``'s flat slots from ``root``, after adding to
     ``lines`` a type check of every tensor slot (one ``is`` test in the common
     case, so that an int or None in a tensor attribute raises instead of
-    reaching the graph); error messages show ``root`` as ``shown``. ``None`` when
-    an attribute name is not an identifier."""
+    reaching the graph) that calls the generated code's ``bad_leaf`` function;
+    error messages show ``root`` as ``shown``. ``None`` when an attribute name
+    is not an identifier."""
     exprs: list[str] = []
     for n, (path, slot) in enumerate(iter_slots(meta, root)):
         parts = path.split(".")
@@ -93,7 +100,7 @@ def _slot_reads(
             local = f"{tag}_{n}"
             lines.append(f"    {local} = {path}")
             lines.append(f"    if {local}.__class__ is not Tensor and not isinstance({local}, Tensor):")
-            lines.append(f"        bad_leaf({shown + path[len(root):]!r}, {local})")
+            lines.append(f"        {bad_leaf}({shown + path[len(root):]!r}, {local})")
             exprs.append(local)
         else:
             exprs.append(path)
@@ -135,7 +142,7 @@ def compiled_unwrap(meta: SubclassCreationMeta, append_symints: bool) -> Callabl
             return tuple(out)
 
     else:
-        namespace = {"T0": meta.subclass_type, "Tensor": Tensor, "bad_input": _bad_input(meta), "bad_leaf": _bad_leaf(meta, "unwrap")}
+        namespace = {"T0": meta.subclass_type, "Tensor": Tensor, "bad_input": _bad_input(meta), "bad_leaf": _bad_leaf(meta)}
         fn = _exec(source, namespace, "unwrap")
     meta._compiled[key] = fn
     return fn
@@ -175,6 +182,7 @@ class _WrapEmitter:
             elif isinstance(sub, PlainTensorMeta):
                 expr = f"t{sub.unwrapped_idx}"
                 self.namespace.setdefault("Tensor", Tensor)
+                self.namespace.setdefault("bad_slot", _bad_slot)
                 self.lines.append(f"    {expr} = flat[{sub.unwrapped_idx}]")
                 self.lines.append(f"    if {expr}.__class__ is not Tensor and not isinstance({expr}, Tensor):")
                 owner = qualified_name(meta.subclass_type)
@@ -226,7 +234,6 @@ def compiled_wrap(meta: SubclassCreationMeta) -> Callable[[Sequence[Any]], Any]:
             raise _bad_unflatten_result(m, result, path)
 
         emitter.namespace["bad_result"] = bad_result
-        emitter.namespace["bad_slot"] = _bad_slot
         source = "def wrap(flat):\n" + "\n".join(emitter.lines) + f"\n    return {root}\n"
         fn = _exec(source, emitter.namespace, "wrap")
     meta._compiled["wrap"] = fn
@@ -284,14 +291,12 @@ class ArgumentsPlan:
                 continue
             namespace[f"T{i}"] = meta.subclass_type
             namespace[f"B{i}"] = _bad_input(meta)
-            namespace[f"L{i}"] = _bad_leaf(meta, "unwrap")
+            namespace[f"L{i}"] = _bad_leaf(meta)
             lines.append(f"    if a{i}.__class__ is not T{i} and not isinstance(a{i}, T{i}):")
             lines.append(f"        B{i}(a{i})")
-            checks: list[str] = []
-            reads = _slot_reads(meta, f"a{i}", append_symints, f"v{i}", checks, shown=f"args[{i}]")
+            reads = _slot_reads(meta, f"a{i}", append_symints, f"v{i}", lines, shown=f"args[{i}]", bad_leaf=f"L{i}")
             if reads is None:  # _unwrap_source above accepted these names
                 raise AssertionError(f"unreadable attribute names in {meta!r}")
-            lines.extend(line.replace("bad_leaf(", f"L{i}(") for line in checks)
             exprs.extend(reads)
         lines.append(f"    return [{', '.join(exprs)}]")
         fn = _exec("\n".join(lines) + "\n", namespace, "unwrap")
@@ -322,7 +327,6 @@ class ArgumentsPlan:
             raise _bad_unflatten_result(m, result, path)
 
         emitter.namespace["bad_result"] = bad_result
-        emitter.namespace["bad_slot"] = _bad_slot
         body = ", ".join(exprs) + ("," if len(exprs) == 1 else "")
         source = "def wrap(flat):\n" + "\n".join(emitter.lines) + f"\n    return ({body})\n"
         self._wrap = _exec(source, emitter.namespace, "wrap")

@@ -86,7 +86,7 @@ from .dispatch import lookup
 from .errors import OpaqueSubclassError, describe_type
 from .registry import opaque_type_of
 
-__all__ = [
+__all__ = [  # noqa: F822 - the collective ops come from __getattr__
     "CollectiveRecord",
     "ShardedTensor",
     "all_gather",

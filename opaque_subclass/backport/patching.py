@@ -230,12 +230,10 @@ class _Applied:
 class PatchSet:
     """An ordered list of patches applied and removed as one unit."""
 
-    def __init__(self, patches: Iterable[Patch], *, preload: Iterable[str] = ()) -> None:
+    def __init__(self, patches: Iterable[Patch]) -> None:
         self.patches: tuple[Patch, ...] = tuple(patches)
-        self.preload: tuple[str, ...] = tuple(preload)
         self._applied: list[_Applied] = []
         self._deferred: dict[str, list[Patch]] = {}  # module name -> patches applied on its import
-        self.failure: str | None = None  # why a deferred application removed the set
         self._lock = threading.RLock()
         seen: set[str] = set()
         for p in self.patches:
@@ -260,34 +258,42 @@ class PatchSet:
         """Targets whose module torch has not imported yet (applied on its import)."""
         return tuple(p.target for patches in self._deferred.values() for p in patches)
 
-    def _fingerprint_of(self, target: str) -> str:
-        """The fingerprint of ``target``'s current definition: from the object when
-        its module is imported (or cannot be read from a file), else from the
-        module's source file without importing it."""
+    @staticmethod
+    def _fingerprint_of(target: str) -> tuple[str, str | None]:
+        """``(fingerprint, module)`` of ``target``'s current definition: from the
+        module's source file, without importing it, when the module is not
+        imported (``module`` names it: the patch can wait for its import); else,
+        or when the file cannot be read, from the object (``module`` is ``None``)."""
         located = _locate(target)
         if located is not None and located[0] not in sys.modules:
             found = source_fingerprint(*located)
             if found is not None:
-                return found
+                return found, located[0]
         owner, attr, _ = _resolve(target)
-        return fingerprint(_function(_raw(owner, attr)))
+        return fingerprint(_function(_raw(owner, attr))), None
 
-    def check(self) -> list[str]:
-        """Problems that would refuse the set: unresolvable targets, changed sources."""
-        for module in self.preload:
-            importlib.import_module(module)
+    def _examine(self) -> tuple[list[str], dict[str, str]]:
+        """The problems that would refuse the set (unresolvable targets, changed
+        sources), and the module each target that can wait for its import waits for."""
         problems = []
+        waits: dict[str, str] = {}
         for p in self.patches:
             for target, expected in ((p.target, p.fingerprint), *p.depends_on):
                 label = target if target == p.target else f"{target} (relied on by the patch of {p.target})"
                 try:
-                    found = self._fingerprint_of(target)
+                    found, module = self._fingerprint_of(target)
                 except (ImportError, AttributeError, OSError, TypeError, SyntaxError) as e:
                     problems.append(f"{label}: cannot be resolved ({e})")
                     continue
                 if found != expected:
                     problems.append(f"{label}: source fingerprint {found}, expected {expected}")
-        return problems
+                elif module is not None and target == p.target:
+                    waits[target] = module
+        return problems, waits
+
+    def check(self) -> list[str]:
+        """Problems that would refuse the set: unresolvable targets, changed sources."""
+        return self._examine()[0]
 
     def enable(self) -> tuple[str, ...]:
         """Check every patch, then apply each one whose module is imported and
@@ -296,16 +302,15 @@ class PatchSet:
         with self._lock:
             if self.enabled:
                 return self.targets
-            problems = self.check()
+            problems, waits = self._examine()
             if problems:
                 raise PatchRefused("; ".join(problems))
             applied: list[_Applied] = []
             deferred: dict[str, list[Patch]] = {}
             try:
                 for p in self.patches:
-                    located = _locate(p.target)
-                    if located is not None and located[0] not in sys.modules and source_fingerprint(*located) is not None:
-                        deferred.setdefault(located[0], []).append(p)
+                    if p.target in waits:
+                        deferred.setdefault(waits[p.target], []).append(p)
                         continue
                     applied.append(self._apply(p))
             except BaseException:
@@ -345,22 +350,18 @@ class PatchSet:
                     self._applied.append(self._apply(p))
             except BaseException as e:  # never leave a half-patched torch behind
                 self._disable_locked()
-                self.failure = f"{type(e).__name__}: {e}"
                 warnings.warn(
-                    f"opaque_subclass: patching {module_name} on import failed ({self.failure}); every "
+                    f"opaque_subclass: patching {module_name} on import failed ({type(e).__name__}: {e}); every "
                     "patch of the set is removed and torch runs stock. Fix: install the official "
                     "torch release the patches were written for.",
                     RuntimeWarning,
                     stacklevel=2,
                 )
             if not self._deferred:
-                self._remove_hook()
-
-    def _remove_hook(self) -> None:
-        _ImportHook.discard(self)
+                _ImportHook.discard(self)
 
     def _disable_locked(self) -> None:
-        self._remove_hook()
+        _ImportHook.discard(self)
         self._deferred = {}
         self._uninstall(self._applied)
         self._applied = []
