@@ -1,0 +1,218 @@
+"""What a saved program holds in place of a subclass tensor with reference opaques.
+
+:class:`StoredSubclass` is a wrapper tensor with the outer size, stride, dtype
+and device of the subclass it stands for. It carries that subclass's structure
+(a plain tuple tree: class, flatten context, outer size and stride per level)
+and its leaves, with every reference opaque replaced by the *name* the
+manifest gives it. ``torch.export.save`` pickles it like any tensor subclass
+(its inner tensors as storages), so the archive holds the subclass's data and
+contexts but never an opaque object.
+
+The pickled form refers only to :func:`restore_stored` (this module) and to the
+user's own classes; it does not depend on the library's internal spec classes,
+so archives stay loadable across the library's refactors. Format version 1:
+
+* ``tree``: ``("subclass", cls, context, outer_size, outer_stride, ((attr, tree), ...))``,
+  ``("tensor",)`` or ``("opaque", cls)``;
+* ``leaves``: the flat leaves in slot order, ``None`` at opaque slots;
+* ``names``: the manifest name of the opaque at each opaque slot (slot order).
+
+Any operation on a ``StoredSubclass`` raises: it only exists between
+``torch.export.load`` and the rebinding done by
+:func:`opaque_subclass.export.load`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import OpaqueSubclassError, qualified_name
+from ..flatten import unflatten_subclass
+from ..schema import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
+
+__all__ = ["FORMAT_VERSION", "StoredSubclass", "restore_stored", "spec_from_tree", "spec_tree"]
+
+#: Version of the pickled payload of :class:`StoredSubclass`.
+FORMAT_VERSION = 1
+
+Tree = tuple[Any, ...]
+
+
+def spec_tree(meta: SlotMeta) -> Tree:
+    """The library-independent tuple form of a flatten spec (no slot indices)."""
+    if isinstance(meta, SubclassCreationMeta):
+        attrs = tuple((name, spec_tree(sub)) for name, sub in meta.attrs.items())
+        return ("subclass", meta.subclass_type, meta.meta, tuple(meta.outer_size), tuple(meta.outer_stride), attrs)
+    if isinstance(meta, OpaqueMeta):
+        return ("opaque", meta.opaque_type)
+    return ("tensor",)
+
+
+def spec_from_tree(tree: Tree, start: int = 0, attr: str | None = None) -> SlotMeta:
+    """Rebuild the spec that :func:`spec_tree` describes, slots numbered from ``start``."""
+    match tree[0]:
+        case "subclass":
+            _, cls, context, size, stride, attrs = tree
+            metas: dict[str, SlotMeta] = {}
+            idx = start
+            for name, sub in attrs:
+                meta = spec_from_tree(sub, idx, name)
+                metas[name] = meta
+                idx += meta.arg_count if isinstance(meta, SubclassCreationMeta) else 1
+            return SubclassCreationMeta(
+                flat_tensor_start_idx=start,
+                attrs=metas,
+                meta=context,
+                outer_size=tuple(size),
+                outer_stride=tuple(stride),
+                subclass_type=cls,
+                attr=attr,
+            )
+        case "opaque":
+            return OpaqueMeta(start, attr, tree[1])
+        case "tensor":
+            return PlainTensorMeta(start, attr)
+        case _:
+            raise OpaqueSubclassError(
+                f"a saved subclass structure has an unknown node {tree[0]!r}: the archive was written by a "
+                "newer opaque-subclass. Fix: load it with the opaque-subclass release that saved it, or newer."
+            )
+
+
+class StoredSubclass(torch.Tensor):
+    """Placeholder for a subclass tensor with reference opaques inside a saved program.
+
+    Parameters
+    ----------
+    tree, leaves, names
+        The payload described in the module docstring.
+    like
+        The subclass instance it stands for (outer size, stride, dtype, device,
+        ``requires_grad``).
+    """
+
+    _tree: Tree
+    _leaves: tuple[Any, ...]
+    _names: tuple[str, ...]
+    _path: str
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(
+        cls,
+        tree: Tree,
+        leaves: Sequence[Any],
+        names: Sequence[str],
+        *,
+        path: str,
+        size: Sequence[int],
+        stride: Sequence[int],
+        dtype: torch.dtype,
+        device: torch.device,
+        requires_grad: bool = False,
+    ) -> StoredSubclass:
+        t = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]  # private C binding present on all supported torch
+            cls, tuple(size), strides=tuple(stride), dtype=dtype, device=device, requires_grad=requires_grad
+        )
+        t._tree, t._leaves, t._names, t._path = tree, tuple(leaves), tuple(names), path
+        return t  # type: ignore[no-any-return]  # an instance of cls
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __repr__(self) -> str:  # type: ignore[override]  # data-free on purpose
+        return f"StoredSubclass({self._path!r}, {qualified_name(self.subclass_type)}, shape={tuple(self.shape)})"
+
+    @property
+    def subclass_type(self) -> type:
+        """The subclass this placeholder stands for."""
+        return self._tree[1]  # type: ignore[no-any-return]  # a class, by the format
+
+    def copy_like(self, requires_grad: bool) -> StoredSubclass:
+        return StoredSubclass(
+            self._tree,
+            self._leaves,
+            self._names,
+            path=self._path,
+            size=self.shape,
+            stride=self.stride(),
+            dtype=self.dtype,
+            device=self.device,
+            requires_grad=requires_grad,
+        )
+
+    def rebuild(self, objects: Mapping[str, Any]) -> torch.Tensor:
+        """The subclass, with each opaque slot bound to ``objects[name]``.
+
+        ``unflatten_subclass`` checks every leaf against its slot and the
+        rebuilt type; a parameter placeholder gives a ``torch.nn.Parameter``.
+        """
+        spec = spec_from_tree(self._tree)
+        names = iter(self._names)
+        leaves = [objects[next(names)] if leaf is None else leaf for leaf in self._leaves]
+        result = unflatten_subclass(leaves, spec, name=self._path)
+        if isinstance(self, torch.nn.Parameter):
+            return torch.nn.Parameter(result, requires_grad=self.requires_grad)
+        return result  # type: ignore[no-any-return]  # a tensor subclass instance
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return (
+            restore_stored,
+            (
+                FORMAT_VERSION,
+                self._tree,
+                self._leaves,
+                self._names,
+                self._path,
+                tuple(self.shape),
+                tuple(self.stride()),
+                self.dtype,
+                str(self.device),
+                self.requires_grad,
+                isinstance(self, torch.nn.Parameter),
+            ),
+        )
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten.detach.default:  # nn.Parameter(placeholder) detaches
+            return args[0].copy_like(requires_grad=False)
+        stored = next(a for a in args if isinstance(a, StoredSubclass))
+        raise OpaqueSubclassError(
+            f"{func} was called on the saved placeholder of {qualified_name(stored.subclass_type)} at "
+            f"{stored._path!r}: this program was saved by opaque_subclass.export.save, which stores reference "
+            "opaques by name and never by value, and it was loaded without binding them. Fix: load it with "
+            "`opaque_subclass.export.load(f, opaques={...})` (opaque_subclass.export.read_manifest(f) lists the "
+            "names it needs)."
+        )
+
+
+def restore_stored(
+    version: int,
+    tree: Tree,
+    leaves: Sequence[Any],
+    names: Sequence[str],
+    path: str,
+    size: Sequence[int],
+    stride: Sequence[int],
+    dtype: torch.dtype,
+    device: str,
+    requires_grad: bool,
+    is_param: bool,
+) -> torch.Tensor:
+    """Unpickle a :class:`StoredSubclass` (a parameter's as a ``torch.nn.Parameter``)."""
+    if version > FORMAT_VERSION:
+        raise OpaqueSubclassError(
+            f"the saved subclass at {path!r} has payload format {version}; this opaque-subclass reads "
+            f"format {FORMAT_VERSION} and older. Fix: upgrade opaque-subclass to the release that saved it."
+        )
+    stored = StoredSubclass(
+        tree, leaves, names, path=path, size=size, stride=stride, dtype=dtype, device=torch.device(device)
+    )
+    if is_param:
+        return torch.nn.Parameter(stored, requires_grad=requires_grad)
+    return stored.copy_like(requires_grad) if requires_grad else stored

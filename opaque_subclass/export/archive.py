@@ -1,0 +1,403 @@
+"""``save`` and ``load``: exported programs whose reference opaques are rebound at load.
+
+Note [Reference opaques are rebound, never pickled]
+---------------------------------------------------
+A reference opaque (a ``DeviceMesh``, a process-group handle) means *this
+process's* object: pickled into an archive and unpickled in another job, it
+would name a process group that job never created. ``torch.export.save``
+pickles such objects by value wherever it meets them (inside subclass
+parameters and buffers, as lifted custom-object constants). :func:`save`
+instead hands torch a copy of the program in which
+
+* every subclass tensor holding reference opaques (parameters, buffers,
+  constants, example inputs; nested at any depth) is a
+  :class:`~opaque_subclass.export._stored.StoredSubclass` placeholder that keeps
+  the tensors and contexts and replaces each opaque with a name;
+* every reference opaque held directly as a constant is an :class:`OpaqueName`;
+
+and records each name with the object's type in a manifest, an extra file of
+the archive (:mod:`opaque_subclass.export.manifest`). :func:`load` lets torch
+load the archive, then binds every name to an object the caller supplies and
+rebuilds the subclasses with them (through each class's own
+``__tensor_unflatten__``). One object found at several places gets one name,
+so sharing survives the round trip. The caller's program is never changed.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any, Union
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..errors import OpaqueSubclassError, describe_type, qualified_name
+from ..flatten import flatten_subclass, is_wrapper_subclass
+from ..registry import OpaqueBase, opaque_kind, register_opaque
+from ..schema import OpaqueMeta, iter_slots
+from ._stored import StoredSubclass, spec_tree
+from .manifest import MANIFEST_NAME, ExportManifest, OpaqueRecord
+
+__all__ = ["OpaqueBindingError", "OpaqueName", "load", "read_manifest", "save"]
+
+FileLike = Union[str, os.PathLike, IO[bytes]]
+Resolver = Callable[[str, type], object]
+
+
+class OpaqueBindingError(OpaqueSubclassError, LookupError):
+    """:func:`load` was not given an object for every name the program needs."""
+
+
+class OpaqueName(OpaqueBase):
+    """Stands for a reference opaque held directly as a program constant (a
+    lifted custom object). A reference opaque itself, registered on first use,
+    so that ``torch.export.save`` stores it where the object was."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"OpaqueName({self.name!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (OpaqueName, (self.name,))
+
+
+def _register_name_type() -> None:
+    if opaque_kind(OpaqueName) is None:
+        register_opaque(OpaqueName, kind="reference")
+
+
+@dataclass
+class _Found:
+    obj: object
+    name: str
+    sites: list[str] = field(default_factory=list)
+    required: bool = False
+
+
+class _Plan:
+    """The names of a program's reference opaques, and its placeholders."""
+
+    def __init__(self, user_names: Mapping[str, object]) -> None:
+        self.found: dict[int, _Found] = {}
+        self._user = {}
+        for name, obj in user_names.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(
+                    f"opaque_subclass.export.save: opaque names must be non-empty strings, got {name!r}. "
+                    "Fix: opaques={'mesh': mesh}"
+                )
+            if id(obj) in self._user:
+                raise ValueError(
+                    f"opaque_subclass.export.save: one {describe_type(obj)} is named both "
+                    f"{self._user[id(obj)]!r} and {name!r}. Fix: give each object one name."
+                )
+            self._user[id(obj)] = name
+        self._user_objects = dict(user_names)
+
+    def name_of(self, obj: object, site: str, default: str, *, required: bool) -> str:
+        found = self.found.get(id(obj))
+        if found is None:
+            found = _Found(obj, self._user.get(id(obj), default))
+            self.found[id(obj)] = found
+        found.sites.append(site)
+        found.required = found.required or required
+        return found.name
+
+    def stand_in(self, t: torch.Tensor, path: str, site: str, *, required: bool) -> torch.Tensor:
+        """``t``, or its placeholder when it holds reference opaques."""
+        if not is_wrapper_subclass(t):
+            return t
+        leaves, spec = flatten_subclass(t, name=path)
+        opaque_paths = {slot.unwrapped_idx: p for p, slot in iter_slots(spec, path) if isinstance(slot, OpaqueMeta)}
+        if not opaque_paths:
+            return t
+        names = [
+            self.name_of(leaves[i], site + p[len(path):], p, required=required) for i, p in sorted(opaque_paths.items())
+        ]
+        stored = StoredSubclass(
+            spec_tree(spec),
+            [None if i in opaque_paths else leaf for i, leaf in enumerate(leaves)],
+            names,
+            path=path,
+            size=t.shape,
+            stride=t.stride(),
+            dtype=t.dtype,
+            device=t.device,
+        )
+        if isinstance(t, torch.nn.Parameter):
+            return torch.nn.Parameter(stored, requires_grad=t.requires_grad)
+        return stored.copy_like(t.requires_grad) if t.requires_grad else stored
+
+    def manifest(self) -> ExportManifest:
+        by_name: dict[str, _Found] = {}
+        for found in self.found.values():
+            other = by_name.setdefault(found.name, found)
+            if other is not found:
+                raise ValueError(
+                    f"opaque_subclass.export.save: the name {found.name!r} would stand for two different objects "
+                    f"({describe_type(other.obj)} at {', '.join(other.sites)} and {describe_type(found.obj)} at "
+                    f"{', '.join(found.sites)}). Fix: name them apart, "
+                    f"opaque_subclass.export.save(ep, f, opaques={{'first': obj1, 'second': obj2}})."
+                )
+        unused = [name for name, obj in self._user_objects.items() if id(obj) not in self.found]
+        if unused:
+            held = ", ".join(f"{f.name!r} ({describe_type(f.obj)})" for f in self.found.values()) or "none"
+            raise ValueError(
+                f"opaque_subclass.export.save: opaques={{...}} names {unused}, which the program does not hold "
+                f"(it holds: {held}). Fix: name only objects of the program, or drop those names."
+            )
+        from .. import __version__
+
+        records = tuple(
+            OpaqueRecord(f.name, qualified_name(type(f.obj)), tuple(f.sites), f.required) for f in self.found.values()
+        )
+        return ExportManifest(torch.__version__, __version__, records)
+
+
+def _strip(ep: Any, plan: _Plan) -> Any:
+    """A shallow copy of ``ep`` whose state dict, constants and example inputs hold
+    placeholders instead of reference opaques (``ep`` itself is not changed)."""
+    state_dict = {
+        fqn: plan.stand_in(t, fqn, f"state_dict[{fqn!r}]", required=True) for fqn, t in ep.state_dict.items()
+    }
+    constants: dict[str, Any] = {}
+    for fqn, c in ep.constants.items():
+        if isinstance(c, torch.Tensor):
+            constants[fqn] = plan.stand_in(c, fqn, f"constants[{fqn!r}]", required=True)
+        elif opaque_kind(c) == "reference":
+            constants[fqn] = _opaque_name(plan.name_of(c, f"constants[{fqn!r}]", fqn, required=True))
+        else:
+            constants[fqn] = c
+    example_inputs = ep.example_inputs
+    if example_inputs is not None:
+        leaves, spec = pytree.tree_flatten(example_inputs)
+        paths = [pytree.keystr(k) for k, _ in pytree.tree_flatten_with_path(example_inputs)[0]]
+        example_inputs = pytree.tree_unflatten(
+            [
+                plan.stand_in(x, p.lstrip("[").replace("][", "."), f"example_inputs{p}", required=False)
+                if isinstance(x, torch.Tensor)
+                else x
+                for x, p in zip(leaves, paths, strict=True)
+            ],
+            spec,
+        )
+    stripped = copy.copy(ep)
+    stripped._state_dict = state_dict
+    stripped._constants = constants
+    stripped._example_inputs = example_inputs
+    return stripped
+
+
+def _opaque_name(name: str) -> OpaqueName:
+    _register_name_type()
+    return OpaqueName(name)
+
+
+def save(
+    ep: torch.export.ExportedProgram,
+    f: FileLike,
+    *,
+    opaques: Mapping[str, object] | None = None,
+    extra_files: Mapping[str, str] | None = None,
+) -> ExportManifest:
+    """Save ``ep`` like ``torch.export.save``, with every reference opaque stored by name.
+
+    Parameters
+    ----------
+    ep
+        The exported program. It is not changed.
+    f
+        A file name or a writable binary file object.
+    opaques
+        Optional names for the program's reference opaques, ``{"mesh": mesh}``.
+        An object not named here is named after the first place that holds it:
+        ``"w._mesh"`` for the ``_mesh`` of the subclass parameter ``w``.
+    extra_files
+        More extra files for the archive, as for ``torch.export.save``.
+
+    Returns
+    -------
+    ExportManifest
+        What was recorded: each name, its type and where the program holds it.
+    """
+    if not isinstance(ep, torch.export.ExportedProgram):
+        raise TypeError(
+            f"opaque_subclass.export.save expects a torch.export.ExportedProgram, got {describe_type(ep)}. "
+            "Fix: opaque_subclass.export.save(torch.export.export(model, args), f)"
+        )
+    files = dict(extra_files or {})
+    if MANIFEST_NAME in files:
+        raise ValueError(
+            f"opaque_subclass.export.save: extra file name {MANIFEST_NAME!r} is reserved for the manifest. "
+            "Fix: rename that extra file."
+        )
+    plan = _Plan(opaques or {})
+    stripped = _strip(ep, plan)
+    manifest = plan.manifest()
+    files[MANIFEST_NAME] = manifest.to_json()
+    torch.export.save(stripped, f, extra_files=files)
+    return manifest
+
+
+def read_manifest(f: FileLike) -> ExportManifest | None:
+    """The manifest of an archive written by :func:`save`, without loading the
+    program; ``None`` for an archive that has none."""
+    pos = f.tell() if hasattr(f, "tell") else None
+    try:
+        with zipfile.ZipFile(f) as archive:  # type: ignore[arg-type]  # a path or a binary file
+            for member in archive.namelist():
+                if member.endswith(f"extra/{MANIFEST_NAME}"):
+                    return ExportManifest.from_json(archive.read(member).decode("utf-8"), source=_describe(f))
+    finally:
+        if pos is not None:
+            f.seek(pos)  # type: ignore[union-attr]  # checked by hasattr
+    return None
+
+
+def _describe(f: FileLike) -> str:
+    return repr(os.fspath(f)) if isinstance(f, (str, os.PathLike)) else "the archive"
+
+
+def _bind(manifest: ExportManifest, opaques: Mapping[str, object] | Resolver | None, source: str) -> dict[str, object]:
+    """Every name of ``manifest`` -> the caller's object, checked; one error lists every problem."""
+    objects: dict[str, object] = {}
+    missing: list[OpaqueRecord] = []
+    wrong: list[tuple[OpaqueRecord, object]] = []
+    mapping = opaques if isinstance(opaques, Mapping) else None
+    for record in manifest.opaques:
+        if mapping is not None:
+            obj = mapping.get(record.name, _MISSING)
+        elif opaques is not None:
+            obj = opaques(record.name, record.resolve_type() or object)  # type: ignore[operator]  # a resolver
+            obj = _MISSING if obj is None else obj
+        else:
+            obj = _MISSING
+        if obj is _MISSING:
+            if record.required:
+                missing.append(record)
+        elif not record.accepts(obj):
+            wrong.append((record, obj))
+        else:
+            objects[record.name] = obj
+    unknown = sorted(set(mapping) - set(manifest.names)) if mapping is not None else []
+    if not (missing or wrong or unknown):
+        return objects
+    problems = []
+    if missing:
+        problems.append("no object for " + ", ".join(repr(r.name) for r in missing))
+    for record, obj in wrong:
+        problems.append(f"{record.name!r} is a {describe_type(obj)}, not a {record.type_name}")
+    if unknown:
+        problems.append(f"names the program does not have: {', '.join(map(repr, unknown))}")
+    example = ", ".join(f"{r.name!r}: ..." for r in manifest.opaques if r.required)
+    message = (
+        f"opaque_subclass.export.load: {'; '.join(problems)}. The program in {source} holds reference opaques, "
+        f"which are saved by name and never by value; it needs:\n{manifest.describe()}\n"
+        f"Fix: pass this process's objects, opaque_subclass.export.load(f, opaques={{{example}}}), "
+        "or a resolver opaques=lambda name, cls: ... returning one for each name."
+    )
+    raise (TypeError(message) if wrong and not missing else OpaqueBindingError(message))
+
+
+_MISSING = object()
+
+
+def _rebind(ep: Any, objects: Mapping[str, object]) -> None:
+    """Replace the placeholders of the freshly loaded ``ep`` (the library's own
+    object, not the caller's) by the bound objects and rebuilt subclasses."""
+    for container in (ep.state_dict, ep.constants):
+        for key, value in list(container.items()):
+            if isinstance(value, StoredSubclass):
+                container[key] = value.rebuild(objects)
+            elif isinstance(value, OpaqueName):
+                container[key] = objects[value.name]
+    if ep.example_inputs is None:
+        return
+    leaves, spec = pytree.tree_flatten(ep.example_inputs)
+    if any(isinstance(x, StoredSubclass) and not set(x._names) <= set(objects) for x in leaves):
+        # The caller bound no object for an example input's opaque: drop the examples
+        # rather than keep placeholders that raise when used.
+        ep.example_inputs = None
+        return
+    ep.example_inputs = pytree.tree_unflatten(
+        [x.rebuild(objects) if isinstance(x, StoredSubclass) else x for x in leaves], spec
+    )
+
+
+def load(
+    f: FileLike,
+    *,
+    opaques: Mapping[str, object] | Resolver | None = None,
+    extra_files: dict[str, Any] | None = None,
+) -> torch.export.ExportedProgram:
+    """Load a program saved by :func:`save`, binding its reference opaques to ``opaques``.
+
+    Parameters
+    ----------
+    f
+        A file name or a readable binary file object.
+    opaques
+        This process's objects: a mapping ``name -> object`` with the names of
+        the manifest (:func:`read_manifest` lists them), or a resolver
+        ``(name, cls) -> object`` called once per name (``None`` for none).
+    extra_files
+        As for ``torch.export.load``: the names to read, filled in place.
+
+    Returns
+    -------
+    torch.export.ExportedProgram
+        The program; its subclass parameters, buffers and constants hold the
+        given objects, so its outputs carry them.
+
+    Raises
+    ------
+    OpaqueBindingError
+        A required name has no object (the message lists every name and type).
+    TypeError
+        An object is not an instance of the type saved for its name.
+    OpaqueSubclassError
+        torch could not load an archive saved with another torch release.
+    """
+    source = _describe(f)
+    files: dict[str, Any] = dict.fromkeys(extra_files or {}, "")
+    files[MANIFEST_NAME] = ""
+    pos = f.tell() if hasattr(f, "tell") else None
+    _register_name_type()  # before torch unpickles the constants that are OpaqueNames
+    try:
+        ep = torch.export.load(f, extra_files=files)
+    except Exception as error:
+        if pos is not None:
+            f.seek(pos)  # type: ignore[union-attr]  # checked by hasattr
+        try:
+            manifest = read_manifest(f)
+        except Exception:
+            manifest = None
+        if manifest is not None and manifest.torch_version != torch.__version__:
+            raise OpaqueSubclassError(
+                f"torch {torch.__version__} cannot load the program in {source}, saved with torch "
+                f"{manifest.torch_version} ({type(error).__name__}: {error}). Fix: load it with torch=="
+                f"{manifest.torch_version.split('+')[0]}, or export and save it again with this torch."
+            ) from error
+        raise
+    text = files.pop(MANIFEST_NAME)
+    if extra_files is not None:
+        extra_files.update(files)
+    if not text:
+        if opaques:
+            raise OpaqueBindingError(
+                f"opaque_subclass.export.load: the program in {source} was not saved by opaque_subclass.export.save "
+                f"and binds no opaques, but opaques={{...}} was given. Fix: load it without opaques=."
+            )
+        return ep
+    manifest = ExportManifest.from_json(text, source=source)
+    _rebind(ep, _bind(manifest, opaques, source))
+    return ep

@@ -1,0 +1,143 @@
+"""The manifest: which reference opaques a saved program needs, by name and type.
+
+It is stored as JSON in the program's ``.pt2`` archive, as the extra file
+:data:`MANIFEST_NAME` (torch's own ``torch.export.load(f, extra_files=...)``
+reads it too). Example::
+
+    {
+      "format": "opaque-subclass/export", "version": 1,
+      "torch": "2.13.0+cpu", "opaque_subclass": "0.1.0",
+      "opaques": [
+        {"name": "w._mesh", "type": "torch.distributed.device_mesh.DeviceMesh",
+         "sites": ["state_dict['w']._mesh", "state_dict['v']._mesh"], "required": true}
+      ]
+    }
+
+``sites`` lists every place of the program that holds the object (one object
+shared by several sites has one name, so sharing survives the round trip);
+``required`` is false for an object found only in the program's example inputs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import OpaqueSubclassError, qualified_name
+
+__all__ = ["MANIFEST_NAME", "ExportManifest", "OpaqueRecord"]
+
+#: Name of the manifest among the archive's extra files.
+MANIFEST_NAME = "opaque_subclass.json"
+
+_FORMAT = "opaque-subclass/export"
+_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class OpaqueRecord:
+    """One reference opaque a saved program needs.
+
+    Attributes
+    ----------
+    name
+        The name :func:`opaque_subclass.export.load` binds an object to.
+    type_name
+        The qualified name of the object's class when it was saved.
+    sites
+        Where the program holds it (``"state_dict['w']._mesh"``, ...).
+    required
+        False when only the program's example inputs held it.
+    """
+
+    name: str
+    type_name: str
+    sites: tuple[str, ...]
+    required: bool = True
+
+    def resolve_type(self) -> type | None:
+        """The class named by :attr:`type_name` in this process, or ``None`` when it
+        cannot be imported by that name (a class defined in a function)."""
+        module_name, _, qualname = self.type_name.rpartition(".")
+        while module_name:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                module_name, _, head = module_name.rpartition(".")
+                qualname = f"{head}.{qualname}"
+                continue
+            obj: Any = module
+            for part in qualname.split("."):
+                obj = getattr(obj, part, None)
+            return obj if isinstance(obj, type) else None
+        return None
+
+    def accepts(self, obj: object) -> bool:
+        """Whether ``obj`` may be bound to this record: an instance of the saved
+        class, or, where that class cannot be imported, of a class of that name."""
+        cls = self.resolve_type()
+        if cls is not None:
+            return isinstance(obj, cls)
+        return any(qualified_name(k) == self.type_name for k in type(obj).__mro__)
+
+
+@dataclass(frozen=True, slots=True)
+class ExportManifest:
+    """What :func:`opaque_subclass.export.save` recorded about a program."""
+
+    torch_version: str
+    library_version: str
+    opaques: tuple[OpaqueRecord, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.opaques)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": _FORMAT,
+                "version": _VERSION,
+                "torch": self.torch_version,
+                "opaque_subclass": self.library_version,
+                "opaques": [
+                    {"name": r.name, "type": r.type_name, "sites": list(r.sites), "required": r.required}
+                    for r in self.opaques
+                ],
+            },
+            indent=2,
+        )
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "the archive") -> ExportManifest:
+        try:
+            data = json.loads(text)
+            if data.get("format") != _FORMAT:
+                raise ValueError(f"format {data.get('format')!r}")
+            if int(data["version"]) > _VERSION:
+                raise OpaqueSubclassError(
+                    f"{source} was saved by a newer opaque-subclass (manifest version {data['version']}, this "
+                    f"release reads {_VERSION}). Fix: python -m pip install -U opaque-subclass"
+                )
+            records = tuple(
+                OpaqueRecord(str(o["name"]), str(o["type"]), tuple(o["sites"]), bool(o.get("required", True)))
+                for o in data["opaques"]
+            )
+            return cls(str(data["torch"]), str(data["opaque_subclass"]), records)
+        except OpaqueSubclassError:
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(
+                f"{source} has an extra file {MANIFEST_NAME!r} that is not an opaque-subclass manifest ({e}). "
+                "Fix: load it with torch.export.load, or re-save the program with opaque_subclass.export.save."
+            ) from None
+
+    def describe(self) -> str:
+        """One line per name: ``'w._mesh' (torch...DeviceMesh) at state_dict['w']._mesh``."""
+        lines = []
+        for r in self.opaques:
+            optional = "" if r.required else ", optional: example inputs only"
+            lines.append(f"  {r.name!r} ({r.type_name}{optional}) at {', '.join(r.sites)}")
+        return "\n".join(lines)
