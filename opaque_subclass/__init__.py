@@ -14,7 +14,10 @@
 * authoring - :class:`OpaqueSubclass`, a declarative base class;
 * modules - :func:`unwrap_tensor_subclass_parameters`, :func:`is_exportable_constructor`,
   :func:`untyped_storages`;
-* mode - :func:`support`, :func:`enable`, :func:`disable`.
+* mode - :func:`support`, :func:`enable`, :func:`disable`;
+* :mod:`opaque_subclass.export` - ``save``/``load`` of exported programs whose
+  reference opaques are stored by name and rebound at load (imported on first
+  access).
 
 See ``docs/`` for a guide.
 """
@@ -52,6 +55,15 @@ from .activation import disable, enable, support
 __version__ = "0.1.0"
 
 enable()
+
+
+def __getattr__(name: str) -> object:
+    # opaque_subclass.export is imported on first access: it pulls in torch.export.
+    if name == "export":
+        import importlib
+
+        return importlib.import_module(".export", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "KIND_ALIASES",

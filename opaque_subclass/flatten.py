@@ -271,6 +271,14 @@ def bad_unflatten_type(cls: type, result: object, path: str) -> TypeError:
 def _check_leaf(path: str, slot: Any, leaf: object, owner: str) -> None:
     if isinstance(slot, OpaqueMeta):
         if isinstance(leaf, _Tensor) or opaque_kind(leaf) != "reference":
+            if not isinstance(leaf, _Tensor) and opaque_kind(leaf) is None and isinstance(leaf, slot.opaque_type):
+                raise TypeError(
+                    f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) holds a "
+                    f"{qualified_name(type(leaf))}, which is not registered as a reference opaque in this "
+                    "process. Fix: "
+                    + import_fix(type(leaf), 'opaque_subclass.register_opaque({cls}, kind="reference")')
+                    + " before rebuilding."
+                )
             raise TypeError(
                 f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) expects a "
                 f"reference opaque of type {qualified_name(slot.opaque_type)}, got "

@@ -9,11 +9,13 @@ pickles such objects by value wherever it meets them (inside subclass
 parameters and buffers, as lifted custom-object constants). :func:`save`
 instead hands torch a copy of the program in which
 
-* every subclass tensor holding reference opaques (parameters, buffers,
-  constants, example inputs; nested at any depth) is a
+* every subclass tensor holding reference opaques (parameters, buffers and
+  constants; nested at any depth) is a
   :class:`~opaque_subclass.export._stored.StoredSubclass` placeholder that keeps
   the tensors and contexts and replaces each opaque with a name;
 * every reference opaque held directly as a constant is an :class:`OpaqueName`;
+* example inputs that hold reference opaques are left out (torch reloads
+  example inputs with ``weights_only=True``, which rebuilds no subclass);
 
 and records each name with the object's type in a manifest, an extra file of
 the archive (:mod:`opaque_subclass.export.manifest`). :func:`load` lets torch
@@ -80,7 +82,6 @@ class _Found:
     obj: object
     name: str
     sites: list[str] = field(default_factory=list)
-    required: bool = False
 
 
 class _Plan:
@@ -102,17 +103,24 @@ class _Plan:
                 )
             self._user[id(obj)] = name
         self._user_objects = dict(user_names)
+        self.dropped_example_inputs = False
 
-    def name_of(self, obj: object, site: str, default: str, *, required: bool) -> str:
+    def name_of(self, obj: object, site: str, default: str) -> str:
         found = self.found.get(id(obj))
         if found is None:
             found = _Found(obj, self._user.get(id(obj), default))
             self.found[id(obj)] = found
         found.sites.append(site)
-        found.required = found.required or required
         return found.name
 
-    def stand_in(self, t: torch.Tensor, path: str, site: str, *, required: bool) -> torch.Tensor:
+    @staticmethod
+    def holds_opaque(t: torch.Tensor) -> bool:
+        if not is_wrapper_subclass(t):
+            return False
+        _, spec = flatten_subclass(t)
+        return any(isinstance(slot, OpaqueMeta) for _, slot in iter_slots(spec))
+
+    def stand_in(self, t: torch.Tensor, path: str, site: str) -> torch.Tensor:
         """``t``, or its placeholder when it holds reference opaques."""
         if not is_wrapper_subclass(t):
             return t
@@ -121,7 +129,7 @@ class _Plan:
         if not opaque_paths:
             return t
         names = [
-            self.name_of(leaves[i], site + p[len(path):], p, required=required) for i, p in sorted(opaque_paths.items())
+            self.name_of(leaves[i], site + p[len(path):], p) for i, p in sorted(opaque_paths.items())
         ]
         stored = StoredSubclass(
             spec_tree(spec),
@@ -158,43 +166,44 @@ class _Plan:
         from .. import __version__
 
         records = tuple(
-            OpaqueRecord(f.name, qualified_name(type(f.obj)), tuple(f.sites), f.required) for f in self.found.values()
+            OpaqueRecord(f.name, qualified_name(type(f.obj)), tuple(f.sites)) for f in self.found.values()
         )
-        return ExportManifest(torch.__version__, __version__, records)
+        return ExportManifest(torch.__version__, __version__, records, self.dropped_example_inputs)
 
 
 def _strip(ep: Any, plan: _Plan) -> Any:
     """A shallow copy of ``ep`` whose state dict, constants and example inputs hold
     placeholders instead of reference opaques (``ep`` itself is not changed)."""
     state_dict = {
-        fqn: plan.stand_in(t, fqn, f"state_dict[{fqn!r}]", required=True) for fqn, t in ep.state_dict.items()
+        fqn: plan.stand_in(t, fqn, f"state_dict[{fqn!r}]") for fqn, t in ep.state_dict.items()
     }
     constants: dict[str, Any] = {}
     for fqn, c in ep.constants.items():
         if isinstance(c, torch.Tensor):
-            constants[fqn] = plan.stand_in(c, fqn, f"constants[{fqn!r}]", required=True)
+            constants[fqn] = plan.stand_in(c, fqn, f"constants[{fqn!r}]")
         elif opaque_kind(c) == "reference":
-            constants[fqn] = _opaque_name(plan.name_of(c, f"constants[{fqn!r}]", fqn, required=True))
+            constants[fqn] = _opaque_name(plan.name_of(c, f"constants[{fqn!r}]", fqn))
         else:
             constants[fqn] = c
     example_inputs = ep.example_inputs
-    if example_inputs is not None:
-        leaves, spec = pytree.tree_flatten(example_inputs)
-        paths = [pytree.keystr(k) for k, _ in pytree.tree_flatten_with_path(example_inputs)[0]]
-        example_inputs = pytree.tree_unflatten(
-            [
-                plan.stand_in(x, p.lstrip("[").replace("][", "."), f"example_inputs{p}", required=False)
-                if isinstance(x, torch.Tensor)
-                else x
-                for x, p in zip(leaves, paths, strict=True)
-            ],
-            spec,
-        )
+    if example_inputs is not None and any(
+        plan.holds_opaque(x) for x in pytree.tree_leaves(example_inputs) if isinstance(x, torch.Tensor)
+    ):
+        # torch loads example inputs with weights_only=True, which can rebuild no
+        # subclass; and they are only examples: not saved, rather than pickled.
+        example_inputs = None
+        plan.dropped_example_inputs = True
     stripped = copy.copy(ep)
     stripped._state_dict = state_dict
     stripped._constants = constants
     stripped._example_inputs = example_inputs
     return stripped
+
+
+def _example_path(keys: tuple[Any, ...]) -> str:
+    """``args[0]`` / ``kwargs['x']`` for a leaf of ``(args, kwargs)``."""
+    root = "args" if getattr(keys[0], "idx", 0) == 0 else "kwargs"
+    return root + pytree.keystr(keys[1:])
 
 
 def _opaque_name(name: str) -> OpaqueName:
@@ -282,23 +291,31 @@ def _bind(manifest: ExportManifest, opaques: Mapping[str, object] | Resolver | N
         else:
             obj = _MISSING
         if obj is _MISSING:
-            if record.required:
-                missing.append(record)
-        elif not record.accepts(obj):
+            missing.append(record)
+        elif not record.accepts(obj) or opaque_kind(obj) == "value":
             wrong.append((record, obj))
         else:
             objects[record.name] = obj
     unknown = sorted(set(mapping) - set(manifest.names)) if mapping is not None else []
     if not (missing or wrong or unknown):
+        for obj in objects.values():
+            # Saved as a reference opaque; a process that has not registered the
+            # class yet (DeviceMesh on torch 2.11 before its first ShardedTensor)
+            # gets the same registration, so the rebuilt subclasses accept it.
+            if opaque_kind(obj) is None:
+                register_opaque(type(obj), kind="reference")
         return objects
     problems = []
     if missing:
         problems.append("no object for " + ", ".join(repr(r.name) for r in missing))
     for record, obj in wrong:
-        problems.append(f"{record.name!r} is a {describe_type(obj)}, not a {record.type_name}")
+        if opaque_kind(obj) == "value":
+            problems.append(f"{record.name!r} is a {describe_type(obj)}, registered as a value opaque in this process")
+        else:
+            problems.append(f"{record.name!r} is a {describe_type(obj)}, not a {record.type_name}")
     if unknown:
         problems.append(f"names the program does not have: {', '.join(map(repr, unknown))}")
-    example = ", ".join(f"{r.name!r}: ..." for r in manifest.opaques if r.required)
+    example = ", ".join(f"{r.name!r}: ..." for r in manifest.opaques)
     message = (
         f"opaque_subclass.export.load: {'; '.join(problems)}. The program in {source} holds reference opaques, "
         f"which are saved by name and never by value; it needs:\n{manifest.describe()}\n"
@@ -320,17 +337,6 @@ def _rebind(ep: Any, objects: Mapping[str, object]) -> None:
                 container[key] = value.rebuild(objects)
             elif isinstance(value, OpaqueName):
                 container[key] = objects[value.name]
-    if ep.example_inputs is None:
-        return
-    leaves, spec = pytree.tree_flatten(ep.example_inputs)
-    if any(isinstance(x, StoredSubclass) and not set(x._names) <= set(objects) for x in leaves):
-        # The caller bound no object for an example input's opaque: drop the examples
-        # rather than keep placeholders that raise when used.
-        ep.example_inputs = None
-        return
-    ep.example_inputs = pytree.tree_unflatten(
-        [x.rebuild(objects) if isinstance(x, StoredSubclass) else x for x in leaves], spec
-    )
 
 
 def load(

@@ -9,13 +9,15 @@ reads it too). Example::
       "torch": "2.13.0+cpu", "opaque_subclass": "0.1.0",
       "opaques": [
         {"name": "w._mesh", "type": "torch.distributed.device_mesh.DeviceMesh",
-         "sites": ["state_dict['w']._mesh", "state_dict['v']._mesh"], "required": true}
-      ]
+         "sites": ["state_dict['w']._mesh", "state_dict['v']._mesh"]}
+      ],
+      "example_inputs_dropped": false
     }
 
 ``sites`` lists every place of the program that holds the object (one object
 shared by several sites has one name, so sharing survives the round trip);
-``required`` is false for an object found only in the program's example inputs.
+``example_inputs_dropped`` says the program's example inputs held reference
+opaques and were therefore not saved.
 """
 
 from __future__ import annotations
@@ -48,14 +50,11 @@ class OpaqueRecord:
         The qualified name of the object's class when it was saved.
     sites
         Where the program holds it (``"state_dict['w']._mesh"``, ...).
-    required
-        False when only the program's example inputs held it.
     """
 
     name: str
     type_name: str
     sites: tuple[str, ...]
-    required: bool = True
 
     def resolve_type(self) -> type | None:
         """The class named by :attr:`type_name` in this process, or ``None`` when it
@@ -90,6 +89,7 @@ class ExportManifest:
     torch_version: str
     library_version: str
     opaques: tuple[OpaqueRecord, ...]
+    example_inputs_dropped: bool = False
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -103,9 +103,9 @@ class ExportManifest:
                 "torch": self.torch_version,
                 "opaque_subclass": self.library_version,
                 "opaques": [
-                    {"name": r.name, "type": r.type_name, "sites": list(r.sites), "required": r.required}
-                    for r in self.opaques
+                    {"name": r.name, "type": r.type_name, "sites": list(r.sites)} for r in self.opaques
                 ],
+                "example_inputs_dropped": self.example_inputs_dropped,
             },
             indent=2,
         )
@@ -122,10 +122,11 @@ class ExportManifest:
                     f"release reads {_VERSION}). Fix: python -m pip install -U opaque-subclass"
                 )
             records = tuple(
-                OpaqueRecord(str(o["name"]), str(o["type"]), tuple(o["sites"]), bool(o.get("required", True)))
-                for o in data["opaques"]
+                OpaqueRecord(str(o["name"]), str(o["type"]), tuple(o["sites"])) for o in data["opaques"]
             )
-            return cls(str(data["torch"]), str(data["opaque_subclass"]), records)
+            return cls(
+                str(data["torch"]), str(data["opaque_subclass"]), records, bool(data.get("example_inputs_dropped"))
+            )
         except OpaqueSubclassError:
             raise
         except (ValueError, KeyError, TypeError) as e:
@@ -138,6 +139,5 @@ class ExportManifest:
         """One line per name: ``'w._mesh' (torch...DeviceMesh) at state_dict['w']._mesh``."""
         lines = []
         for r in self.opaques:
-            optional = "" if r.required else ", optional: example inputs only"
-            lines.append(f"  {r.name!r} ({r.type_name}{optional}) at {', '.join(r.sites)}")
+            lines.append(f"  {r.name!r} ({r.type_name}) at {', '.join(r.sites)}")
         return "\n".join(lines)
