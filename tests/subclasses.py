@@ -158,3 +158,26 @@ def nested(depth: int, mesh_names: str = "abc", data: torch.Tensor | None = None
     for level in range(depth):
         t = MeshTensor(t, Mesh(mesh_names[level % len(mesh_names)] + str(level)), ctx=("lvl", level))
     return t
+
+
+@torch.library.custom_op("opaque_subclass_tests::add_name_length", mutates_args=())
+def add_name_length(t: torch.Tensor, mesh: Mesh) -> torch.Tensor:
+    """A custom op taking a reference opaque: ``t + len(mesh.name)``."""
+    return t + len(mesh.name)
+
+
+@add_name_length.register_fake
+def _(t: torch.Tensor, mesh: Mesh) -> torch.Tensor:
+    return torch.empty_like(t)
+
+
+class HoldsMesh(torch.nn.Module):
+    """A module keeping a mesh as a plain attribute, read by a custom op (export
+    lifts it as a custom-object constant)."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return add_name_length(x, self.mesh)

@@ -581,7 +581,25 @@ def _backport_cache_entries_keyed_apart():
     assert keys and all("-opaque-sharing-" in k for k in keys), keys
 
 
+def _save_and_load_opaque_constant():
+    """opaque_subclass.export.save/load of a program whose lifted constant is a
+    reference opaque: the loaded program uses the loader's object."""
+    import io
+
+    import opaque_subclass.export as oexport
+    from subclasses import HoldsMesh, Mesh
+
+    ep = torch.export.export(HoldsMesh(Mesh("abc")), (torch.ones(2),), strict=False)
+    buf = io.BytesIO()
+    oexport.save(ep, buf, opaques={"mesh": ep.constants["lifted_custom_0"]})
+    buf.seek(0)
+    loaded = oexport.load(buf, opaques={"mesh": Mesh("loader")})
+    assert torch.equal(loaded.module()(torch.ones(2)), torch.full((2,), 7.0))
+
+
 NEEDED_BY = {
+    "torch.export.pt2_archive._package._package_constants": _save_and_load_opaque_constant,
+    "torch.export.pt2_archive._package._load_constants": _save_and_load_opaque_constant,
     "torch._dynamo.variables.builder.VariableBuilder._wrap": _dtensor_mesh_stays_constant,
     "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key": _backport_cache_entries_keyed_apart,
     "torch._functorch._aot_autograd.subclass_parametrization.UnwrapTensorSubclass.right_inverse": _torch_unwrap_parametrization_keeps_opaque,
