@@ -181,3 +181,18 @@ class HoldsMesh(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return add_name_length(x, self.mesh)
+
+
+def save_and_load_opaque_constant() -> None:
+    """opaque_subclass.export.save/load of a program whose lifted constant is a
+    reference opaque: the loaded program runs with the loader's object."""
+    import io
+
+    import opaque_subclass.export as oexport
+
+    ep = torch.export.export(HoldsMesh(Mesh("abc")), (torch.ones(2),), strict=False)
+    buf = io.BytesIO()
+    oexport.save(ep, buf, opaques={"mesh": ep.constants["lifted_custom_0"]})
+    buf.seek(0)
+    loaded = oexport.load(buf, opaques={"mesh": Mesh("loader")})
+    assert torch.equal(loaded.module()(torch.ones(2)), torch.full((2,), 7.0))

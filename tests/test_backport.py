@@ -19,6 +19,7 @@ import torch
 import opaque_subclass
 from opaque_subclass.backport import PatchRefused, PatchSet, fingerprint
 from opaque_subclass.backport.patching import Patch
+from subclasses import save_and_load_opaque_constant
 
 BACKPORT = opaque_subclass.support().mode == "backport"
 needs_backport = pytest.mark.skipif(not BACKPORT, reason="backport mode only (torch 2.11)")
@@ -581,25 +582,10 @@ def _backport_cache_entries_keyed_apart():
     assert keys and all("-opaque-sharing-" in k for k in keys), keys
 
 
-def _save_and_load_opaque_constant():
-    """opaque_subclass.export.save/load of a program whose lifted constant is a
-    reference opaque: the loaded program uses the loader's object."""
-    import io
-
-    import opaque_subclass.export as oexport
-    from subclasses import HoldsMesh, Mesh
-
-    ep = torch.export.export(HoldsMesh(Mesh("abc")), (torch.ones(2),), strict=False)
-    buf = io.BytesIO()
-    oexport.save(ep, buf, opaques={"mesh": ep.constants["lifted_custom_0"]})
-    buf.seek(0)
-    loaded = oexport.load(buf, opaques={"mesh": Mesh("loader")})
-    assert torch.equal(loaded.module()(torch.ones(2)), torch.full((2,), 7.0))
-
 
 NEEDED_BY = {
-    "torch.export.pt2_archive._package._package_constants": _save_and_load_opaque_constant,
-    "torch.export.pt2_archive._package._load_constants": _save_and_load_opaque_constant,
+    "torch.export.pt2_archive._package._package_constants": save_and_load_opaque_constant,
+    "torch.export.pt2_archive._package._load_constants": save_and_load_opaque_constant,
     "torch._dynamo.variables.builder.VariableBuilder._wrap": _dtensor_mesh_stays_constant,
     "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key": _backport_cache_entries_keyed_apart,
     "torch._functorch._aot_autograd.subclass_parametrization.UnwrapTensorSubclass.right_inverse": _torch_unwrap_parametrization_keeps_opaque,

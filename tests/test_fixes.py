@@ -12,7 +12,7 @@ import torch
 
 import opaque_subclass as osc
 from opaque_subclass._versions import current
-from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor
+from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor, save_and_load_opaque_constant
 
 ROW = current()
 FIX_SET = importlib.import_module(ROW.fixes).FIX_SET if ROW.fixes else None
@@ -132,28 +132,13 @@ def _export_names_a_bad_attribute():
     assert "holds int" in msg and "Fix:" in msg, msg
 
 
-def _save_and_load_opaque_constant():
-    """opaque_subclass.export.save/load of a program whose lifted constant is a
-    reference opaque: the loaded program uses the loader's object."""
-    import io
-
-    import opaque_subclass.export as oexport
-    from subclasses import HoldsMesh
-
-    ep = torch.export.export(HoldsMesh(Mesh("abc")), (torch.ones(2),), strict=False)
-    buf = io.BytesIO()
-    oexport.save(ep, buf, opaques={"mesh": ep.constants["lifted_custom_0"]})
-    buf.seek(0)
-    loaded = oexport.load(buf, opaques={"mesh": Mesh("loader")})
-    assert torch.equal(loaded.module()(torch.ones(2)), torch.full((2,), 7.0))
-
 
 #: target -> (scenario, the stock torch error it fails with when the fix is off;
 #: for a wrong result, the scenario's own assertion naming it)
 NEEDED_BY = {
-    "torch.export.pt2_archive._package._package_constants": (_save_and_load_opaque_constant, "Unsupported constant type"),
+    "torch.export.pt2_archive._package._package_constants": (save_and_load_opaque_constant, "Unsupported constant type"),
     "torch.export.pt2_archive._package._load_constants": (
-        _save_and_load_opaque_constant,
+        save_and_load_opaque_constant,
         "We ran into an error when deserializing the saved file",  # torch's wrapper of "Unsupported constant type: opaque_obj_0"
     ),
     "torch._opaque_base.OpaqueBaseMeta.__instancecheck__": (

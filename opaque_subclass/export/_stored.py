@@ -133,16 +133,22 @@ class StoredSubclass(torch.Tensor):
         return self._tree[1]  # type: ignore[no-any-return]  # a class, by the format
 
     def copy_like(self, requires_grad: bool) -> StoredSubclass:
-        return StoredSubclass(
+        return restore_stored(*self._state(requires_grad, is_param=False))  # type: ignore[return-value]  # not a parameter
+
+    def _state(self, requires_grad: bool, *, is_param: bool) -> tuple[Any, ...]:
+        """The arguments of :func:`restore_stored` that rebuild this placeholder."""
+        return (
+            FORMAT_VERSION,
             self._tree,
             self._leaves,
             self._names,
-            path=self._path,
-            size=self.shape,
-            stride=self.stride(),
-            dtype=self.dtype,
-            device=self.device,
-            requires_grad=requires_grad,
+            self._path,
+            tuple(self.shape),
+            tuple(self.stride()),
+            self.dtype,
+            str(self.device),
+            requires_grad,
+            is_param,
         )
 
     def rebuild(self, objects: Mapping[str, Any]) -> torch.Tensor:
@@ -160,22 +166,7 @@ class StoredSubclass(torch.Tensor):
         return result  # type: ignore[no-any-return]  # a tensor subclass instance
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        return (
-            restore_stored,
-            (
-                FORMAT_VERSION,
-                self._tree,
-                self._leaves,
-                self._names,
-                self._path,
-                tuple(self.shape),
-                tuple(self.stride()),
-                self.dtype,
-                str(self.device),
-                self.requires_grad,
-                isinstance(self, torch.nn.Parameter),
-            ),
-        )
+        return (restore_stored, self._state(self.requires_grad, is_param=isinstance(self, torch.nn.Parameter)))
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -211,8 +202,14 @@ def restore_stored(
             f"format {FORMAT_VERSION} and older. Fix: upgrade opaque-subclass to the release that saved it."
         )
     stored = StoredSubclass(
-        tree, leaves, names, path=path, size=size, stride=stride, dtype=dtype, device=torch.device(device)
+        tree,
+        leaves,
+        names,
+        path=path,
+        size=size,
+        stride=stride,
+        dtype=dtype,
+        device=torch.device(device),
+        requires_grad=requires_grad and not is_param,
     )
-    if is_param:
-        return torch.nn.Parameter(stored, requires_grad=requires_grad)
-    return stored.copy_like(requires_grad) if requires_grad else stored
+    return torch.nn.Parameter(stored, requires_grad=requires_grad) if is_param else stored
