@@ -89,9 +89,10 @@ class StoredSubclass(torch.Tensor):
     ----------
     tree, leaves, names
         The payload described in the module docstring.
-    like
-        The subclass instance it stands for (outer size, stride, dtype, device,
-        ``requires_grad``).
+    path
+        The name of the tensor in the program (``"w"``), for messages.
+    size, stride, dtype, device, requires_grad
+        Those of the subclass instance it stands for.
     """
 
     _tree: Tree

@@ -28,7 +28,6 @@ so sharing survives the round trip. The caller's program is never changed.
 from __future__ import annotations
 
 import copy
-import io
 import os
 import zipfile
 from collections.abc import Callable, Mapping
@@ -42,7 +41,7 @@ from ..errors import OpaqueSubclassError, describe_type, qualified_name
 from ..flatten import flatten_subclass, is_wrapper_subclass
 from ..registry import OpaqueBase, opaque_kind, register_opaque
 from ..schema import OpaqueMeta, iter_slots
-from ._stored import StoredSubclass, spec_tree
+from ._stored import FORMAT_VERSION, StoredSubclass, restore_stored, spec_tree
 from .manifest import MANIFEST_NAME, ExportManifest, OpaqueRecord
 
 __all__ = ["OpaqueBindingError", "OpaqueName", "load", "read_manifest", "save"]
@@ -131,19 +130,19 @@ class _Plan:
         names = [
             self.name_of(leaves[i], site + p[len(path):], p) for i, p in sorted(opaque_paths.items())
         ]
-        stored = StoredSubclass(
+        return restore_stored(
+            FORMAT_VERSION,
             spec_tree(spec),
             [None if i in opaque_paths else leaf for i, leaf in enumerate(leaves)],
             names,
-            path=path,
-            size=t.shape,
-            stride=t.stride(),
-            dtype=t.dtype,
-            device=t.device,
+            path,
+            tuple(t.shape),
+            tuple(t.stride()),
+            t.dtype,
+            str(t.device),
+            t.requires_grad,
+            isinstance(t, torch.nn.Parameter),
         )
-        if isinstance(t, torch.nn.Parameter):
-            return torch.nn.Parameter(stored, requires_grad=t.requires_grad)
-        return stored.copy_like(t.requires_grad) if t.requires_grad else stored
 
     def manifest(self) -> ExportManifest:
         by_name: dict[str, _Found] = {}
@@ -198,12 +197,6 @@ def _strip(ep: Any, plan: _Plan) -> Any:
     stripped._constants = constants
     stripped._example_inputs = example_inputs
     return stripped
-
-
-def _example_path(keys: tuple[Any, ...]) -> str:
-    """``args[0]`` / ``kwargs['x']`` for a leaf of ``(args, kwargs)``."""
-    root = "args" if getattr(keys[0], "idx", 0) == 0 else "kwargs"
-    return root + pytree.keystr(keys[1:])
 
 
 def _opaque_name(name: str) -> OpaqueName:
