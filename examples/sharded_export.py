@@ -2,7 +2,8 @@
 
 Job 1 (:func:`export_and_save`, 2 gloo processes) shards an MLP with
 :class:`~opaque_subclass.sharded.ShardedTensor` weights, exports it and saves
-each rank's program (its shards) with ``opaque_subclass.export.save``; the
+each rank's program (its shards) with ``opaque_subclass.export.save`` (with
+``payload["unwrap"]``, after ``unwrap_tensor_subclass_parameters``); the
 ``DeviceMesh`` is stored by name only. Job 2 (:func:`load_and_run`, 2 new
 processes on another port) builds its mesh on a process group of its own
 (``dist.new_group``), loads the program with that mesh and runs a forward; the
@@ -25,7 +26,9 @@ from torch import nn
 
 import opaque_subclass.export as oexport
 from opaque_subclass.collectives import record_collectives
+from opaque_subclass import unwrap_tensor_subclass_parameters
 from opaque_subclass.demo import MLP_PLAN, shard_module
+from opaque_subclass.sharded import ShardedTensor
 
 
 def _model() -> nn.Sequential:
@@ -46,6 +49,8 @@ def export_and_save(rank: int, world_size: int, payload: dict[str, Any]) -> dict
 
     mesh = init_device_mesh("cpu", (world_size,))
     model = shard_module(_model(), mesh, MLP_PLAN)
+    if payload.get("unwrap"):  # the weights as plain tensors, rebuilt inside the graph
+        unwrap_tensor_subclass_parameters(model)
     ep = torch.export.export(model, (_input(),), strict=payload["strict"])
     manifest = oexport.save(ep, _path(payload, rank), opaques={"mesh": mesh})
     return {"names": list(manifest.names), "types": [r.type_name for r in manifest.opaques]}
@@ -57,7 +62,10 @@ def load_and_run(rank: int, world_size: int, payload: dict[str, Any]) -> dict[st
     group = dist.new_group(list(range(world_size)))
     mesh = DeviceMesh.from_group(group, "cpu")
     ep = oexport.load(_path(payload, rank), opaques={"mesh": mesh})
-    meshes = {id(p.mesh) for p in ep.state_dict.values()}
+    # the program's meshes: inside its ShardedTensor weights, or, after
+    # unwrap_tensor_subclass_parameters, lifted constants that rebuild them
+    meshes = {id(p.mesh) for p in ep.state_dict.values() if isinstance(p, ShardedTensor)}
+    meshes |= {id(c) for c in ep.constants.values() if isinstance(c, DeviceMesh)}
     with record_collectives() as records:
         out = ep.module()(_input())
     full = out.full_tensor()

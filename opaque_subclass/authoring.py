@@ -244,6 +244,8 @@ class OpaqueSubclass(torch.Tensor):
         if _PENDING and cls in _PENDING:
             _register_pending(cls)
         names = cls._value_names
+        if "_none" in named:  # metadata that is None, named apart in a recorded export call (see _recorded)
+            named = {n: v for n, v in named.items() if n != "_none"} | dict.fromkeys(named["_none"])
         if len(values) > len(names):
             raise TypeError(
                 f"{cls.__qualname__}() takes {len(names)} values ({', '.join(names)}), got {len(values)}"
@@ -302,7 +304,7 @@ class OpaqueSubclass(torch.Tensor):
         named.update(zip(cls.meta_attrs, ctx))
         if torch.compiler.is_exporting():
             # The full constructor call, so that torch.export records it (see __init__).
-            return cls(outer_size=outer_size, outer_stride=outer_stride, _trusted=True, **named)
+            return cls._recorded(named, outer_size=outer_size, outer_stride=outer_stride)
         # Run time and compile tracing: __new__ alone; __init__ only records for export.
         return cls.__new__(cls, outer_size=outer_size, outer_stride=outer_stride, _trusted=True, **named)
 
@@ -319,8 +321,22 @@ class OpaqueSubclass(torch.Tensor):
         for name in (*cls.opaque_attrs, *cls.meta_attrs):
             named[name] = getattr(self, name)
         if torch.compiler.is_exporting():
-            return cls(_trusted=True, **named)
+            return cls._recorded(named)
         return cls.__new__(cls, _trusted=True, **named)
+
+    @classmethod
+    def _recorded(cls, named: dict[str, Any], **sizes: Any) -> Any:
+        """``cls(..., _trusted=True)`` as torch.export records it (a ``flat_apply``
+        of the constructor). The recorded arguments must be FX-graphable, which
+        ``None`` is not: metadata that is ``None`` (a replicated
+        ``ShardedTensor``'s ``_shard_dim``) travels as its name in ``_none``,
+        which :meth:`_bind` turns back into ``None`` (so a subclass's own
+        ``__new__`` that calls ``_bind`` needs nothing more)."""
+        none = tuple(n for n in cls.meta_attrs if n in named and named[n] is None)
+        if none:
+            named = {n: v for n, v in named.items() if n not in none}
+            return cls(_trusted=True, _none=none, **sizes, **named)
+        return cls(_trusted=True, **sizes, **named)
 
     def __repr__(self) -> str:  # never reads tensor data: safe under fake tensors and tracing
         cls = type(self)

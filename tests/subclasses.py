@@ -196,3 +196,26 @@ def save_and_load_opaque_constant() -> None:
     buf.seek(0)
     loaded = oexport.load(buf, opaques={"mesh": Mesh("loader")})
     assert torch.equal(loaded.module()(torch.ones(2)), torch.full((2,), 7.0))
+
+
+def direct_save_of_subclass_parameter_is_refused() -> None:
+    """torch.export.save of a program whose subclass parameter holds a reference
+    opaque: refused, pointing to opaque_subclass.export.save, instead of
+    pickling the mesh by value (torch 2.11 backport)."""
+    import io
+
+    class Holder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(MeshTensor(torch.ones(2), Mesh("pickled-by-value")))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.w * x
+
+    ep = torch.export.export(Holder(), (torch.ones(2),), strict=False)
+    try:
+        torch.export.save(ep, io.BytesIO())
+    except TypeError as error:
+        assert "'w._mesh' (subclasses.Mesh)" in str(error) and "opaque_subclass.export.save(ep, f)" in str(error)
+        return
+    raise AssertionError("torch.export.save pickled the reference opaque of a subclass parameter by value")

@@ -19,7 +19,7 @@ import torch
 import opaque_subclass
 from opaque_subclass.backport import PatchRefused, PatchSet, fingerprint
 from opaque_subclass.backport.patching import Patch
-from subclasses import save_and_load_opaque_constant
+from subclasses import direct_save_of_subclass_parameter_is_refused, save_and_load_opaque_constant
 
 BACKPORT = opaque_subclass.support().mode == "backport"
 needs_backport = pytest.mark.skipif(not BACKPORT, reason="backport mode only (torch 2.11)")
@@ -586,6 +586,7 @@ def _backport_cache_entries_keyed_apart():
 NEEDED_BY = {
     "torch.export.pt2_archive._package._package_constants": save_and_load_opaque_constant,
     "torch.export.pt2_archive._package._load_constants": save_and_load_opaque_constant,
+    "torch.export.pt2_archive._package._save_pickled_tensors": direct_save_of_subclass_parameter_is_refused,
     "torch._dynamo.variables.builder.VariableBuilder._wrap": _dtensor_mesh_stays_constant,
     "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key": _backport_cache_entries_keyed_apart,
     "torch._functorch._aot_autograd.subclass_parametrization.UnwrapTensorSubclass.right_inverse": _torch_unwrap_parametrization_keeps_opaque,

@@ -71,6 +71,28 @@ def test_export_after_unwrap_has_only_plain_tensor_parameters(strict):
     torch.testing.assert_close(out._data, ref._data)
 
 
+class MaybeSharded(OpaqueSubclass):
+    tensor_attrs = ("_data",)
+    opaque_attrs = {"_mesh": Mesh}
+    meta_attrs = ("_dim",)
+
+
+@STRICT
+def test_export_after_unwrap_with_none_metadata(strict):
+    """torch.export records the constructor call, whose arguments must be FX
+    graphable; None is not (torch: 'found non-fx-graphable type NoneType')."""
+    mesh = Mesh("n")
+    module = torch.nn.Module()
+    module.w = torch.nn.Parameter(MaybeSharded(torch.arange(3.0), mesh, None))
+    module.forward = lambda x: module.w * x
+    unwrap_tensor_subclass_parameters(module)
+    x = torch.randn(3)
+    ep = torch.export.export(module, (x,), strict=strict)
+    out = ep.module()(x)
+    assert type(out) is MaybeSharded and out._mesh is mesh and out._dim is None
+    torch.testing.assert_close(out._data, torch.arange(3.0) * x)
+
+
 class SharedMesh(torch.nn.Module):
     def __init__(self, mesh):
         super().__init__()

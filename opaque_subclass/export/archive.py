@@ -14,6 +14,9 @@ instead hands torch a copy of the program in which
   :class:`~opaque_subclass.export._stored.StoredSubclass` placeholder that keeps
   the tensors and contexts and replaces each opaque with a name;
 * every reference opaque held directly as a constant is an :class:`OpaqueName`;
+* every subclass the graph rebuilds (after ``unwrap_tensor_subclass_parameters``)
+  is a library op whose arguments the manifest records
+  (:mod:`opaque_subclass.export._constructions`);
 * example inputs that hold reference opaques are left out (torch reloads
   example inputs with ``weights_only=True``, which rebuilds no subclass);
 
@@ -42,7 +45,8 @@ from ..flatten import flatten_subclass, is_wrapper_subclass
 from ..registry import OpaqueBase, opaque_kind, register_opaque
 from ..schema import OpaqueMeta, iter_slots
 from ._stored import FORMAT_VERSION, StoredSubclass, restore_stored, spec_tree
-from .manifest import MANIFEST_NAME, ExportManifest, OpaqueRecord
+from ._constructions import decode, default_names, encode
+from .manifest import MANIFEST_NAME, ConstructionRecord, ExportManifest, OpaqueRecord
 
 __all__ = ["OpaqueBindingError", "OpaqueName", "load", "read_manifest", "save"]
 
@@ -144,7 +148,7 @@ class _Plan:
             isinstance(t, torch.nn.Parameter),
         )
 
-    def manifest(self) -> ExportManifest:
+    def manifest(self, constructions: tuple[ConstructionRecord, ...] = ()) -> ExportManifest:
         by_name: dict[str, _Found] = {}
         for found in self.found.values():
             other = by_name.setdefault(found.name, found)
@@ -167,12 +171,15 @@ class _Plan:
         records = tuple(
             OpaqueRecord(f.name, qualified_name(type(f.obj)), tuple(f.sites)) for f in self.found.values()
         )
-        return ExportManifest(torch.__version__, __version__, records, self.dropped_example_inputs)
+        return ExportManifest(torch.__version__, __version__, records, self.dropped_example_inputs, constructions)
 
 
-def _strip(ep: Any, plan: _Plan) -> Any:
+def _strip(ep: Any, plan: _Plan) -> tuple[Any, tuple[ConstructionRecord, ...]]:
     """A shallow copy of ``ep`` whose state dict, constants and example inputs hold
-    placeholders instead of reference opaques (``ep`` itself is not changed)."""
+    placeholders instead of reference opaques, and whose graph stores subclass
+    constructions as the library op (``ep`` itself is not changed); with the
+    records of those constructions."""
+    defaults = default_names(ep)
     state_dict = {
         fqn: plan.stand_in(t, fqn, f"state_dict[{fqn!r}]") for fqn, t in ep.state_dict.items()
     }
@@ -181,7 +188,7 @@ def _strip(ep: Any, plan: _Plan) -> Any:
         if isinstance(c, torch.Tensor):
             constants[fqn] = plan.stand_in(c, fqn, f"constants[{fqn!r}]")
         elif opaque_kind(c) == "reference":
-            constants[fqn] = _opaque_name(plan.name_of(c, f"constants[{fqn!r}]", fqn))
+            constants[fqn] = _opaque_name(plan.name_of(c, f"constants[{fqn!r}]", defaults.get(fqn, fqn)))
         else:
             constants[fqn] = c
     example_inputs = ep.example_inputs
@@ -192,11 +199,13 @@ def _strip(ep: Any, plan: _Plan) -> Any:
         # subclass; and they are only examples: not saved, rather than pickled.
         example_inputs = None
         plan.dropped_example_inputs = True
+    graph_module, constructions = encode(ep, plan.name_of)
     stripped = copy.copy(ep)
+    stripped._graph_module = graph_module
     stripped._state_dict = state_dict
     stripped._constants = constants
     stripped._example_inputs = example_inputs
-    return stripped
+    return stripped, tuple(constructions)
 
 
 def _opaque_name(name: str) -> OpaqueName:
@@ -243,8 +252,8 @@ def save(
             "Fix: rename that extra file."
         )
     plan = _Plan(opaques or {})
-    stripped = _strip(ep, plan)
-    manifest = plan.manifest()
+    stripped, constructions = _strip(ep, plan)
+    manifest = plan.manifest(constructions)
     files[MANIFEST_NAME] = manifest.to_json()
     torch.export.save(stripped, f, extra_files=files)
     return manifest
@@ -398,5 +407,7 @@ def load(
             )
         return ep
     manifest = ExportManifest.from_json(text, source=source)
-    _rebind(ep, _bind(manifest, opaques, source))
+    objects = _bind(manifest, opaques, source)
+    _rebind(ep, objects)
+    decode(ep, manifest.constructions, objects, source)
     return ep

@@ -5,19 +5,22 @@ It is stored as JSON in the program's ``.pt2`` archive, as the extra file
 reads it too). Example::
 
     {
-      "format": "opaque-subclass/export", "version": 1,
+      "format": "opaque-subclass/export", "version": 2,
       "torch": "2.13.0+cpu", "opaque_subclass": "0.1.0",
       "opaques": [
         {"name": "w._mesh", "type": "torch.distributed.device_mesh.DeviceMesh",
          "sites": ["state_dict['w']._mesh", "state_dict['v']._mesh"]}
       ],
-      "example_inputs_dropped": false
+      "example_inputs_dropped": false,
+      "constructions": []
     }
 
 ``sites`` lists every place of the program that holds the object (one object
 shared by several sites has one name, so sharing survives the round trip);
 ``example_inputs_dropped`` says the program's example inputs held reference
-opaques and were therefore not saved.
+opaques and were therefore not saved; ``constructions`` describes the subclass
+constructions of a graph exported after ``unwrap_tensor_subclass_parameters``
+(:mod:`opaque_subclass.export._constructions`).
 """
 
 from __future__ import annotations
@@ -29,13 +32,31 @@ from typing import Any
 
 from ..errors import OpaqueSubclassError, qualified_name
 
-__all__ = ["MANIFEST_NAME", "ExportManifest", "OpaqueRecord"]
+__all__ = ["MANIFEST_NAME", "ConstructionRecord", "ExportManifest", "OpaqueRecord", "import_qualified"]
 
 #: Name of the manifest among the archive's extra files.
 MANIFEST_NAME = "opaque_subclass.json"
 
 _FORMAT = "opaque-subclass/export"
-_VERSION = 1
+_VERSION = 2  # 2: "constructions" (programs after unwrap_tensor_subclass_parameters)
+
+
+def import_qualified(name: str) -> Any:
+    """The object a qualified name (``pkg.module.Class.attr``) spells in this process,
+    or ``None`` when no importable module and attribute path gives it."""
+    module_name, _, qualname = name.rpartition(".")
+    while module_name:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            module_name, _, head = module_name.rpartition(".")
+            qualname = f"{head}.{qualname}"
+            continue
+        obj: Any = module
+        for part in qualname.split("."):
+            obj = getattr(obj, part, None)
+        return obj
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,19 +80,8 @@ class OpaqueRecord:
     def resolve_type(self) -> type | None:
         """The class named by :attr:`type_name` in this process, or ``None`` when it
         cannot be imported by that name (a class defined in a function)."""
-        module_name, _, qualname = self.type_name.rpartition(".")
-        while module_name:
-            try:
-                module = importlib.import_module(module_name)
-            except ImportError:
-                module_name, _, head = module_name.rpartition(".")
-                qualname = f"{head}.{qualname}"
-                continue
-            obj: Any = module
-            for part in qualname.split("."):
-                obj = getattr(obj, part, None)
-            return obj if isinstance(obj, type) else None
-        return None
+        obj = import_qualified(self.type_name)
+        return obj if isinstance(obj, type) else None
 
     def accepts(self, obj: object) -> bool:
         """Whether ``obj`` may be bound to this record: an instance of the saved
@@ -83,6 +93,39 @@ class OpaqueRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class ConstructionRecord:
+    """One subclass construction of a saved graph.
+
+    Attributes
+    ----------
+    key
+        The ``key`` argument of the stored op (``opaque_subclass::stored_construction``) (the node's name at save).
+    func
+        Qualified name of what the construction calls (the subclass).
+    in_spec
+        ``torch.utils._pytree.treespec_dumps`` of its ``(args, kwargs)`` spec.
+    args
+        One entry per flat argument: ``("tensor", i)`` (the op's ``i``-th tensor),
+        ``("input", fqn)`` (the lifted opaque input of that constant name),
+        ``("name", name)`` (a reference opaque baked in, bound by name),
+        ``("const", value)``, ``("torch", attr)`` (``torch.<attr>``),
+        ``("device", str)`` or ``("pickle", base64)``.
+    """
+
+    key: str
+    func: str
+    in_spec: str
+    args: tuple[tuple[str, Any], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "func": self.func, "in_spec": self.in_spec, "args": [list(a) for a in self.args]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ConstructionRecord:
+        return cls(str(data["key"]), str(data["func"]), str(data["in_spec"]), tuple((str(k), v) for k, v in data["args"]))
+
+
+@dataclass(frozen=True, slots=True)
 class ExportManifest:
     """What :func:`opaque_subclass.export.save` recorded about a program."""
 
@@ -90,6 +133,7 @@ class ExportManifest:
     library_version: str
     opaques: tuple[OpaqueRecord, ...]
     example_inputs_dropped: bool = False
+    constructions: tuple[ConstructionRecord, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -106,6 +150,7 @@ class ExportManifest:
                     {"name": r.name, "type": r.type_name, "sites": list(r.sites)} for r in self.opaques
                 ],
                 "example_inputs_dropped": self.example_inputs_dropped,
+                "constructions": [c.to_json() for c in self.constructions],
             },
             indent=2,
         )
@@ -124,8 +169,13 @@ class ExportManifest:
             records = tuple(
                 OpaqueRecord(str(o["name"]), str(o["type"]), tuple(o["sites"])) for o in data["opaques"]
             )
+            constructions = tuple(ConstructionRecord.from_json(c) for c in data.get("constructions", ()))
             return cls(
-                str(data["torch"]), str(data["opaque_subclass"]), records, bool(data.get("example_inputs_dropped"))
+                str(data["torch"]),
+                str(data["opaque_subclass"]),
+                records,
+                bool(data.get("example_inputs_dropped")),
+                constructions,
             )
         except OpaqueSubclassError:
             raise

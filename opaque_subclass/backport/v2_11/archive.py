@@ -11,9 +11,10 @@ an archive saved on 2.11 or 2.12 is the one 2.13 writes.
 :func:`opaque_subclass.export.save` puts an ``OpaqueName`` (a reference opaque
 of the library) where the program held a reference opaque, so what is pickled
 is a name, never the object. On torch 2.11 (backport mode) a reference opaque
-that reaches ``torch.export.save`` directly is refused with an error pointing to
-:func:`opaque_subclass.export.save`; torch 2.12's fix pickles it, as torch 2.13
-does (a documented limit of native mode).
+that reaches ``torch.export.save`` directly, as a constant or inside a subclass
+tensor, is refused with an error pointing to :func:`opaque_subclass.export.save`;
+torch 2.12's fix pickles it, as torch 2.13 does (a documented limit of native
+mode).
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from typing import Any
 import torch
 
 from ...errors import describe_type
+from ...flatten import flatten_subclass, is_wrapper_subclass
 from ...registry import opaque_kind
+from ...schema import OpaqueMeta, iter_slots
 from ..patching import Patch
 
-__all__ = ["PATCHES", "make_load_constants", "make_package_opaque_constants"]
+__all__ = ["PATCHES", "make_load_constants", "make_package_opaque_constants", "make_save_pickled_tensors"]
 
 # torch 2.13's file-name prefix for pickled opaque constants (pt2_archive_constants.
 # OPAQUE_OBJ_FILENAME_PREFIX there; 2.11 and 2.12 have no such constant).
@@ -111,6 +114,47 @@ def make_package_opaque_constants(original: Callable[..., Any]) -> Callable[...,
     return _write_opaque_constants(original, refuse_reference=False)
 
 
+def _held_reference_opaque(t: Any, fqn: str) -> tuple[str, Any] | None:
+    """``(path, object)`` of the first reference opaque ``t`` holds at any depth."""
+    if not is_wrapper_subclass(t):
+        return None
+    leaves, spec = flatten_subclass(t, name=fqn)
+    for path, slot in iter_slots(spec, fqn):
+        if isinstance(slot, OpaqueMeta) and opaque_kind(leaves[slot.unwrapped_idx]) == "reference":
+            return path, leaves[slot.unwrapped_idx]
+    return None
+
+
+def make_save_pickled_tensors(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch.export.pt2_archive._package._save_pickled_tensors`` (torch 2.11).
+
+    torch pickles each subclass parameter, buffer and tensor constant whole.
+    Without it, ``torch.export.save`` of a program whose subclass parameter
+    holds a ``DeviceMesh`` writes the mesh by value, and another job loads a
+    copy naming process groups it never created. With it, such a tensor
+    is refused with a ``TypeError`` pointing to ``opaque_subclass.export.save``
+    (which stores the opaque by name); every other tensor is saved by torch's
+    function. Native releases pickle it, as torch does (a documented limit).
+    """
+
+    def _save_pickled_tensors(pickled_items: Any, *args: Any, **kwargs: Any) -> Any:
+        items = list(pickled_items)
+        for fqn, tensor in items:
+            held = _held_reference_opaque(tensor, fqn)
+            if held is not None:
+                path, obj = held
+                raise TypeError(
+                    f"torch.export.save: the program's tensor {fqn!r} holds the reference opaque {path!r} "
+                    f"({describe_type(obj)}); saving it would pickle the object by value, and another process "
+                    "would load a copy instead of its own object. Fix: "
+                    "`import opaque_subclass.export; opaque_subclass.export.save(ep, f)`, which stores it by name, "
+                    "and load with opaque_subclass.export.load(f, opaques={...})."
+                )
+        return original(items, *args, **kwargs)
+
+    return _save_pickled_tensors
+
+
 class _ConfigOverride:
     """An archive reader that serves one file (the constants config) changed."""
 
@@ -160,4 +204,5 @@ def make_load_constants(original: Callable[..., Any]) -> Callable[..., Any]:
 PATCHES = [
     Patch("torch.export.pt2_archive._package._package_constants", "c503d4b5c778fbd4", make_package_constants),
     Patch("torch.export.pt2_archive._package._load_constants", "23b892b69c176401", make_load_constants),
+    Patch("torch.export.pt2_archive._package._save_pickled_tensors", "f76ccca3106461df", make_save_pickled_tensors),
 ]
