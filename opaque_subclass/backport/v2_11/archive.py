@@ -134,7 +134,9 @@ def make_save_pickled_tensors(original: Callable[..., Any]) -> Callable[..., Any
     copy naming process groups it never created. With it, such a tensor
     is refused with a ``TypeError`` pointing to ``opaque_subclass.export.save``
     (which stores the opaque by name); every other tensor is saved by torch's
-    function. Native releases pickle it, as torch does (a documented limit).
+    function. Not a backport of upstream behaviour: torch 2.12 and newer
+    (opaque attributes arrived with pytorch/pytorch#176457) pickle such a tensor
+    by value, which native mode leaves as a documented limit.
     """
 
     def _save_pickled_tensors(pickled_items: Any, *args: Any, **kwargs: Any) -> Any:
