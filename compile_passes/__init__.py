@@ -1,12 +1,48 @@
-"""Compiler-side tools built on :mod:`opaque_subclass`.
+"""Compiler-side tools built on :mod:`opaque_subclass`, one concept per module.
 
-* :func:`explain_flat_inputs` - which flat graph inputs are tensors, opaques or
-  symbolic sizes, which argument attribute each came from, and which opaques
-  share one object (the identity guard a compiled graph depends on).
+* :func:`explain` (``explain.py``) - compile a call and report, per graph, its
+  flat inputs (with the attribute path each came from and which opaques share
+  one object), the flatten contexts torch guards on, the objects baked into the
+  graph, the findings, and the recompilations of later calls in opaque terms.
+* Lints with stable codes (``findings.py``): OSC001 reference-like objects in a
+  flatten context (``context.py``), OSC002 reference-like objects baked into a
+  graph (``baked.py``), OSC003 inputs whose opaque sharing is guarded
+  (``guards.py``, which also translates recompile reasons).
+* :func:`checking_backend` / ``backend="opaque_check"`` (``backend.py``) - the
+  lints on every graph, then an inner backend.
+* :func:`explain_flat_inputs` (``inputs.py``) - the flat inputs of an argument list.
 
 This package depends on :mod:`opaque_subclass`; the reverse never holds.
 """
 
+from .backend import GraphCheck, check_graph, checking_backend, opaque_check
+from .baked import BakedObject, baked_objects, lint_baked
+from .context import lint_contexts, reference_reason
+from .explain import Explanation, Recompile, explain
+from .findings import CODES, Finding, OpaqueCheckError, OpaqueCheckWarning
+from .guards import lint_sharing, translate_guard
 from .inputs import FlatInput, InputReport, explain_flat_inputs
 
-__all__ = ["FlatInput", "InputReport", "explain_flat_inputs"]
+__all__ = [
+    "CODES",
+    "BakedObject",
+    "Explanation",
+    "Finding",
+    "FlatInput",
+    "GraphCheck",
+    "InputReport",
+    "OpaqueCheckError",
+    "OpaqueCheckWarning",
+    "Recompile",
+    "baked_objects",
+    "check_graph",
+    "checking_backend",
+    "explain",
+    "explain_flat_inputs",
+    "lint_baked",
+    "lint_contexts",
+    "lint_sharing",
+    "opaque_check",
+    "reference_reason",
+    "translate_guard",
+]

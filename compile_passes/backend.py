@@ -1,0 +1,161 @@
+"""The checking backend: ``torch.compile(fn, backend="opaque_check")``.
+
+It runs the lints on every graph Dynamo gives it, reports the findings, then
+hands the graph to an inner backend (``"inductor"`` by default). It works at
+compile time only: the compiled callable is the inner backend's, unchanged, so
+a compiled call costs nothing more.
+
+The name ``opaque_check`` is registered through the ``torch_dynamo_backends``
+entry point of the installed package (``pyproject.toml``), so torch finds it by
+name without an import. :func:`checking_backend` builds one with other
+settings::
+
+    torch.compile(fn, backend=compile_passes.checking_backend(inner="aot_eager", on_finding="raise"))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .baked import lint_baked
+from .context import lint_contexts
+from .findings import Finding, emit
+from .guards import graph_input_name, lint_sharing, sharing_report
+from .inputs import InputReport
+
+__all__ = ["GraphCheck", "check_graph", "checking_backend", "graph_inputs", "opaque_check"]
+
+_log = logging.getLogger(__name__)
+
+_ON_FINDING = ("warn", "raise", "log", "record")
+
+
+def graph_inputs(gm: torch.fx.GraphModule) -> list[tuple[str, Any]]:
+    """``(name, real value)`` of each placeholder of a Dynamo graph, named as
+    the user wrote it (``x``, ``self.w``); the values are the call's own
+    objects, which Dynamo keeps on each placeholder."""
+    named = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        grapharg = node.meta.get("grapharg")
+        value: Any = None
+        name = node.name
+        if grapharg is not None:
+            source = getattr(grapharg, "source", None)
+            if source is not None:
+                raw = source.name() if callable(source.name) else source.name
+                name = graph_input_name(str(raw))
+            try:
+                value = grapharg.example
+            except Exception:  # a released weak reference: fall back to the fake
+                value = None
+        if value is None:
+            value = node.meta.get("example_value", node.meta.get("val"))
+        named.append((name, value))
+    return named
+
+
+@dataclass(frozen=True)
+class GraphCheck:
+    """What the lints saw in one graph.
+
+    Attributes
+    ----------
+    index
+        The graph's number, in compilation order.
+    inputs
+        Its flat inputs (tensors, opaques, symbolic sizes), with paths and sharing.
+    contexts
+        ``(path, subclass, context)`` for each subclass input (nested ones too):
+        the flatten contexts torch guards on with ``==``.
+    baked
+        The non-tensor objects the graph uses without taking them as inputs.
+    findings
+        Every finding of the lints for this graph.
+    """
+
+    index: int
+    inputs: InputReport | None
+    contexts: tuple[tuple[str, str, Any], ...]
+    baked: tuple[Any, ...]
+    findings: tuple[Finding, ...] = field(default=())
+
+
+def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
+    """Run every lint on a Dynamo graph."""
+    from opaque_subclass.errors import qualified_name
+
+    from .baked import baked_objects
+    from .context import subclass_contexts
+
+    named = graph_inputs(gm)
+    findings: list[Finding] = []
+    contexts = []
+    for name, value in named:
+        findings.extend(lint_contexts(value, name))
+        contexts.extend((p, qualified_name(type(t)), ctx) for p, t, ctx in subclass_contexts(value, name))
+    findings.extend(lint_baked(gm, f"graph {index}"))
+    try:
+        report: InputReport | None = sharing_report(named)
+    except Exception as error:  # an input the flat walk refuses: its own error surfaces in compilation
+        _log.debug("opaque_check: no flat-input report for graph %d: %s", index, error)
+        report = None
+    if report is not None:
+        findings.extend(lint_sharing(report))
+    return GraphCheck(index, report, tuple(contexts), tuple(baked_objects(gm)), tuple(findings))
+
+
+def checking_backend(
+    inner: str | Callable[..., Any] = "inductor",
+    on_finding: str = "warn",
+    *,
+    on_check: Callable[[GraphCheck], None] | None = None,
+) -> Callable[..., Any]:
+    """A backend that lints each graph, then compiles it with ``inner``.
+
+    Parameters
+    ----------
+    inner
+        The backend that compiles: a name torch knows (``"inductor"``,
+        ``"aot_eager"``, ...) or a backend callable.
+    on_finding
+        ``"warn"``: log every finding and warn (:class:`OpaqueCheckWarning`) for
+        errors and warnings; ``"log"``: log only; ``"raise"``: stop compiling
+        with :class:`OpaqueCheckError` at the first error or warning;
+        ``"record"``: report nothing (``on_check`` receives the findings).
+    on_check
+        Called with each graph's :class:`GraphCheck` (``compile_passes.explain`` records them).
+    """
+    if on_finding not in _ON_FINDING:
+        raise ValueError(f"checking_backend: on_finding={on_finding!r}; expected one of {', '.join(map(repr, _ON_FINDING))}.")
+    count = [0]
+
+    def opaque_check(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+        check = check_graph(gm, count[0])
+        count[0] += 1
+        if on_check is not None:
+            on_check(check)
+        if on_finding != "record":
+            emit(check.findings, on_finding, _log)
+        compiler = inner
+        if isinstance(compiler, str):
+            from torch._dynamo.backends.registry import lookup_backend
+
+            compiler = lookup_backend(compiler)
+        return compiler(gm, example_inputs, **kwargs)
+
+    return opaque_check
+
+
+def opaque_check(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+    """``backend="opaque_check"``: the lints with ``on_finding="warn"``, then inductor."""
+    return _DEFAULT(gm, example_inputs, **kwargs)
+
+
+_DEFAULT = checking_backend()

@@ -1,0 +1,233 @@
+"""Lint OSC001: reference-like objects kept in a subclass's flatten *context*.
+
+Note [Why a mesh in the context is stale]
+-----------------------------------------
+torch.compile treats the context that ``__tensor_flatten__`` returns as a
+constant of the graph: Dynamo guards on it with ``==`` and AOTAutograd bakes it
+into the code that rebuilds the subclass outputs. An object whose meaning is its
+*identity* (a ``DeviceMesh`` and its process groups, a registered reference
+opaque, any object without ``__eq__``) breaks both:
+
+* with a value ``__eq__`` (``DeviceMesh`` compares shape and ranks, not process
+  groups; a spec dataclass comparing its other fields), a later call whose
+  object is equal but different passes the guard and runs with the *old*
+  object: outputs carry the mesh of the first call;
+* compared by identity, the guard fails on the very frame that created it and
+  torch stops with ``AssertionError: Guard failed on the same frame it was
+  created``.
+
+The fix is to list the object among the flattened attributes, where it is a
+graph input and guarded by identity (an opaque attribute). This module finds
+such objects at any depth: in the context itself, inside containers and
+objects in it (DTensor 2.11's ``DTensorSpec`` and PhysicsNeMo's ShardTensor
+spec hold the mesh), and in nested subclasses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from opaque_subclass.errors import describe_type, import_fix, qualified_name
+from opaque_subclass.flatten import is_wrapper_subclass
+from opaque_subclass.registry import opaque_kind, opaque_type_of
+
+from .findings import Finding, make
+
+__all__ = ["ContextItem", "lint_contexts", "reference_reason", "subclass_contexts"]
+
+_MAX_DEPTH = 8
+
+# Values compared by value, and objects that are program constants by nature
+# (classes, functions, modules): never reported.
+_PLAIN = (
+    type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis),
+    torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
+    enum.Enum, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType,
+)  # fmt: skip
+
+
+def _distributed_types() -> tuple[tuple[type, str], ...]:
+    found: list[tuple[type, str]] = []
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        found.append((DeviceMesh, "a DeviceMesh (its == compares the mesh's shape and ranks, not its process groups)"))
+    except ImportError:  # pragma: no cover - a torch built without distributed
+        pass
+    try:
+        from torch.distributed import ProcessGroup
+
+        found.append((ProcessGroup, "a ProcessGroup (a communicator of this job)"))
+    except ImportError:  # pragma: no cover - a torch built without distributed
+        pass
+    return tuple(found)
+
+
+_DISTRIBUTED: tuple[tuple[type, str], ...] | None = None
+
+
+def reference_reason(obj: object) -> str | None:
+    """Why ``obj`` means *this* object rather than a value (``None`` if it is a
+    value): a registered reference opaque, a ``DeviceMesh`` / ``ProcessGroup``,
+    or an object compared by identity."""
+    global _DISTRIBUTED
+    if isinstance(obj, _PLAIN) or isinstance(obj, torch.Tensor):
+        return None
+    kind = opaque_kind(obj)
+    if kind == "value":
+        return None
+    if _DISTRIBUTED is None:
+        _DISTRIBUTED = _distributed_types()
+    for cls, why in _DISTRIBUTED:
+        if isinstance(obj, cls):
+            return why
+    if kind == "reference":
+        return "a registered reference opaque (it stands for this very object)"
+    if isinstance(obj, (tuple, list, dict, set, frozenset)):
+        return None
+    if type(obj).__eq__ is object.__eq__:
+        return "compared by identity (its class defines no __eq__)"
+    return None
+
+
+def _children(obj: object) -> Iterator[tuple[str, Any]]:
+    """``(path suffix, value)`` of what an object in a context holds."""
+    if isinstance(obj, (tuple, list)):
+        for i, item in enumerate(obj):
+            yield f"[{i}]", item
+    elif isinstance(obj, dict):
+        for key, item in obj.items():
+            yield f"[{key!r}]", item
+    elif isinstance(obj, (set, frozenset)):
+        for item in obj:
+            yield "{...}", item
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield f".{f.name}", getattr(obj, f.name, None)
+    else:
+        state = getattr(obj, "__dict__", None)
+        if isinstance(state, dict):
+            for key, item in state.items():
+                yield f".{key}", item
+        for name in getattr(type(obj), "__slots__", ()):
+            if isinstance(name, str) and hasattr(obj, name) and name != "__dict__":
+                yield f".{name}", getattr(obj, name)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ContextItem:
+    """A reference-like object found in a flatten context.
+
+    ``holder`` is the object whose ``==`` decides the guard on it (the
+    innermost object with its own ``__eq__`` that contains it), or ``None``
+    when it sits directly in the context or in plain containers.
+    """
+
+    path: str
+    obj: object
+    reason: str
+    holder: object | None
+
+
+def _scan(obj: object, path: str, holder: object | None, depth: int, seen: set[int]) -> Iterator[ContextItem]:
+    if depth > _MAX_DEPTH or id(obj) in seen:
+        return
+    why = reference_reason(obj)
+    if why is not None:
+        yield ContextItem(path, obj, why, holder)
+        return
+    if isinstance(obj, _PLAIN) or isinstance(obj, torch.Tensor):
+        return
+    seen.add(id(obj))
+    own_eq = not isinstance(obj, (tuple, list, dict, set, frozenset)) and type(obj).__eq__ is not object.__eq__
+    for suffix, child in _children(obj):
+        yield from _scan(child, path + suffix, obj if own_eq else holder, depth + 1, seen)
+
+
+def subclass_contexts(value: object, name: str) -> Iterator[tuple[str, torch.Tensor, Any]]:
+    """``(path, subclass instance, context)`` for ``value`` and every nested
+    subclass in it, outermost first (``path`` is the instance's path)."""
+    if not is_wrapper_subclass(value):
+        return
+    names, ctx = value.__tensor_flatten__()  # type: ignore[attr-defined]  # a traceable wrapper subclass
+    yield name, value, ctx  # type: ignore[misc]  # a tensor subclass instance
+    for attr in names:
+        inner = getattr(value, attr, None)
+        if isinstance(inner, torch.Tensor):
+            yield from subclass_contexts(inner, f"{name}.{attr}")
+
+
+def _fix(cls: type, item: ContextItem, attr: str | None) -> str:
+    from opaque_subclass import OpaqueSubclass
+
+    obj_type = opaque_type_of(item.obj)
+    register = ""
+    if opaque_kind(item.obj) is None:
+        register = " Register its class first: " + import_fix(obj_type, "opaque_subclass.register_opaque({cls})") + "."
+    if isinstance(cls, type) and issubclass(cls, OpaqueSubclass) and attr is not None:
+        return (
+            f"declare {attr!r} in {cls.__qualname__}.opaque_attrs = {{{attr!r}: {obj_type.__qualname__}}} instead of "
+            f"meta_attrs, so that it is a graph input guarded by identity.{register}"
+        )
+    return (
+        f"list it among the attributes: return its attribute name from {cls.__qualname__}.__tensor_flatten__ "
+        f"(e.g. `return ['_local', '_mesh'], ctx_without_it`) and read it from inner_tensors in "
+        f"__tensor_unflatten__, so that it is a graph input guarded by identity.{register}"
+    )
+
+
+def _meta_attr(cls: type, suffix: str) -> str | None:
+    """For an OpaqueSubclass, the meta attribute a context path starts with."""
+    from opaque_subclass import OpaqueSubclass
+
+    if not (isinstance(cls, type) and issubclass(cls, OpaqueSubclass)) or not suffix.startswith("["):
+        return None
+    try:
+        index = int(suffix[1 : suffix.index("]")])
+    except ValueError:
+        return None
+    metas = cls.meta_attrs
+    return metas[index] if 0 <= index < len(metas) else None
+
+
+def lint_contexts(value: object, name: str) -> list[Finding]:
+    """OSC001 findings for ``value`` (a subclass instance, at any nesting depth)."""
+    findings = []
+    for path, instance, ctx in subclass_contexts(value, name):
+        cls = type(instance)
+        for item in _scan(ctx, "", None, 0, set()):
+            attr = _meta_attr(cls, item.path)
+            where = f"{path}.<context>{item.path}"
+            inside = (
+                f", inside a {describe_type(item.holder)} whose == decides the guard"
+                if item.holder is not None
+                else ""
+            )
+            if "identity" in item.reason:
+                consequence = (
+                    "torch.compile guards the context with ==, which for this object is identity: the guard fails "
+                    "on the frame that created it (AssertionError: Guard failed on the same frame it was created)"
+                )
+            else:
+                consequence = (
+                    "torch.compile guards the context by equality and bakes it into the compiled graph, so a later "
+                    "call with an equal but different object passes the guard and runs with the first call's object "
+                    "(outputs carry a stale one)"
+                )
+            findings.append(
+                make(
+                    "OSC001",
+                    qualified_name(cls),
+                    where,
+                    f"the flatten context of {path!r} ({qualified_name(cls)}) holds {describe_type(item.obj)}, "
+                    f"{item.reason}{inside}; {consequence}.",
+                    _fix(cls, item, attr),
+                )
+            )
+    return findings

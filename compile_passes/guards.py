@@ -1,0 +1,90 @@
+"""Opaque sharing (lint OSC003) and guard failures in opaque terms.
+
+When two inputs hold one opaque object (``x._mesh is y._mesh``), the compiled
+graph is specialized on that sharing and guarded on it: a call where they hold
+different objects recompiles. :func:`lint_sharing` reports such groups;
+:func:`translate_guard` rewrites Dynamo's recompile reasons (``x._mesh is
+y._mesh``, ``___check_obj_id(...)``, ``___check_metadata_...``) into what they
+mean for opaques.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from .findings import Finding, make
+from .inputs import InputReport, explain_flat_inputs
+
+__all__ = ["graph_input_name", "lint_sharing", "sharing_report", "translate_guard"]
+
+_LOCAL = re.compile(r"\b[LG]\['([^']+)'\]")
+
+
+def graph_input_name(source_name: str) -> str:
+    """``L['x']._mesh`` -> ``x._mesh``; ``L['self'].w`` -> ``self.w``."""
+    return _LOCAL.sub(r"\1", source_name)
+
+
+def sharing_report(named: Sequence[tuple[str, Any]]) -> InputReport:
+    """The flat inputs of ``(name, value)`` pairs, with their opaque sharing."""
+    return explain_flat_inputs([v for _, v in named], names=[n for n, _ in named])
+
+
+def lint_sharing(report: InputReport) -> list[Finding]:
+    """OSC003 findings: one per group of flat inputs holding one opaque object."""
+    findings = []
+    by_index = {i.index: i for i in report.inputs}
+    for group in report.alias_pattern.shared:
+        paths = [by_index[s].path for s in group if s in by_index]
+        if len(paths) < 2:
+            continue
+        guard = " and ".join(f"{paths[0]} is {p}" for p in paths[1:])
+        findings.append(
+            make(
+                "OSC003",
+                None,
+                ", ".join(paths),
+                f"inputs {', '.join(paths)} hold one {by_index[group[0]].type_name} object; the graph is compiled for "
+                f"that sharing and guarded on it ({guard}): a call where they hold different objects recompiles.",
+                "nothing, if the sharing is intended; to compile once for both patterns, give the inputs distinct "
+                "objects from the first call on.",
+            )
+        )
+    return findings
+
+
+_SHARE = re.compile(r"^(?P<a>[\w.\[\]']+) is (?P<not>not )?(?P<b>[\w.\[\]']+)$")
+_OBJ_ID = re.compile(r"___check_obj_id\((?P<a>[^,]+), \d+\)")
+_METADATA = re.compile(r"___check_metadata_\w+")
+
+
+def translate_guard(reason: str) -> str:
+    """One recompile reason of Dynamo in opaque terms (unknown ones unchanged).
+
+    ``reason`` is a line of ``torch._dynamo.utils.guard_failures``, e.g.
+    ``"0/0: x._mesh is y._mesh   # def f(x, y): ..."``.
+    """
+    text = reason.split("\n", 1)[0]
+    text = text.split("#", 1)[0].strip()
+    text = re.sub(r"^\d+/\d+:\s*", "", text)
+    text = graph_input_name(text)
+    match = _SHARE.match(text)
+    if match:
+        a, b = match["a"], match["b"]
+        if match["not"]:
+            return f"inputs `{a}` and `{b}` now share one object (the graph was compiled for distinct objects)"
+        return f"inputs `{a}` and `{b}` no longer share one object (the graph was compiled for one shared object)"
+    match = _OBJ_ID.search(text)
+    if match:
+        return (
+            f"`{match['a'].strip()}` is not the object the graph was compiled with (it is guarded by identity: "
+            "a constant of the graph)"
+        )
+    if _METADATA.search(text):
+        return (
+            "a subclass input's flatten context differs (by ==) from the one the graph was compiled with: the "
+            "context is a constant of the graph"
+        )
+    return text

@@ -1,0 +1,266 @@
+"""compile_passes: explain(), the lints (OSC001-OSC003) and the opaque_check backend, on every leg."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import warnings
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import compile_passes as cp
+import opaque_subclass as osc
+from opaque_subclass import OpaqueSubclass
+from subclasses import Config, Mesh, MeshTensor, ShardLike, ShardSpec, ValueMesh, _Wrapper
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _codes(findings):
+    return [f.code for f in findings]
+
+
+class Outer(_Wrapper):
+    INNER = ("_data",)
+
+
+class IdentityHandle:
+    """No __eq__: compared by identity."""
+
+
+class Quantized(OpaqueSubclass):
+    tensor_attrs = ("_data",)
+    opaque_attrs = {"_mesh": Mesh}
+    meta_attrs = ("_cfg", "_bits")
+
+
+class MeshInMeta(OpaqueSubclass):
+    tensor_attrs = ("_data",)
+    meta_attrs = ("_mesh",)
+
+
+# ------------------------------------------------------------------ OSC001
+
+
+def test_mesh_in_a_context_spec_is_found_and_goes_stale():
+    """The ShardTensor shape: the mesh inside a spec in the context. The finding's
+    claim holds: an equal mesh over another group runs with the first one."""
+    a, b = ValueMesh(2, "group-a"), ValueMesh(2, "group-b")
+    report = cp.explain(lambda x: x * 2, ShardLike(torch.ones(2), ctx=ShardSpec(a, 0)))
+    (finding,) = report.findings
+    assert finding.code == "OSC001" and finding.severity == "error"
+    assert finding.subclass == "subclasses.ShardLike" and finding.path == "x.<context>.mesh"
+    assert "holds subclasses.ValueMesh, a registered reference opaque" in finding.message
+    assert "inside a subclasses.ShardSpec whose == decides the guard" in finding.message
+    assert "runs with the first call's object" in finding.message
+    assert "ShardLike.__tensor_flatten__" in finding.fix
+    assert "OSC001 (error) x.<context>.mesh" in str(report)
+
+    f = torch.compile(lambda x: x * 2, backend="aot_eager")
+    assert f(ShardLike(torch.ones(2), ctx=ShardSpec(a, 0))).spec.mesh is a
+    stale = f(ShardLike(torch.ones(2), ctx=ShardSpec(b, 0))).spec.mesh
+    assert stale is a  # torch's behaviour, which the finding describes
+
+
+def test_identity_compared_object_in_context_explains_torch_guard_crash():
+    handle = IdentityHandle()
+    report = cp.explain(lambda x: x + 1, ShardLike(torch.ones(2), ctx=(handle, 3)))
+    (finding,) = report.findings
+    assert finding.path == "x.<context>[0]" and "compared by identity (its class defines no __eq__)" in finding.message
+    assert "Guard failed on the same frame it was created" in finding.message
+    assert "register_opaque(IdentityHandle)" in finding.fix
+    assert any("Guard failed on the same frame" in e for e in report.errors)  # torch's crash, recorded
+
+
+def test_nested_and_opaque_subclass_meta_attr():
+    inner = ShardLike(torch.ones(2), ctx=(Mesh("inner"),))
+    report = cp.explain(lambda x: x * 2, Outer(inner, ctx=None))
+    assert [(f.code, f.path, f.subclass) for f in report.findings] == [("OSC001", "x._data.<context>[0]", "subclasses.ShardLike")]
+    meta = cp.explain(lambda x: x * 2, MeshInMeta(torch.ones(2), Mesh("m")))
+    (finding,) = meta.findings
+    assert finding.path == "x.<context>[0]"
+    assert "declare '_mesh' in MeshInMeta.opaque_attrs = {'_mesh': Mesh}" in finding.fix
+
+
+def test_no_false_positives_on_opaque_attributes_and_value_contexts():
+    m = Mesh("m")
+    cases = [
+        MeshTensor(torch.ones(2), m),  # the opaque is an attribute: an input
+        Quantized(torch.ones(2), m, Config(4), 8),  # value opaque and an int in the context
+        ShardLike(torch.ones(2), ctx=("row", 3, torch.float32, (1, 2), {"k": None})),
+        Outer(MeshTensor(torch.ones(2), m), ctx=ShardSpec(None, 0)),
+    ]
+    for value in cases:
+        torch._dynamo.reset()
+        report = cp.explain(lambda x: x * 2, value)
+        assert report.findings == [], (type(value), report.findings)
+        assert report.errors == []
+
+
+# ------------------------------------------------------------------ OSC003 and recompiles
+
+
+def test_shared_opaque_is_reported_and_its_recompile_translated():
+    m = Mesh("shared")
+    a, b = MeshTensor(torch.ones(2), m), MeshTensor(torch.ones(2), m)
+    report = cp.explain(lambda x, y: x + y, a, b)
+    (finding,) = report.findings
+    assert (finding.code, finding.severity, finding.path) == ("OSC003", "info", "x._mesh, y._mesh")
+    assert "guarded on it (x._mesh is y._mesh)" in finding.message
+    report.call(a, MeshTensor(torch.ones(2), Mesh("other")))
+    (recompile,) = report.recompiles
+    assert recompile.reason == "inputs `x._mesh` and `y._mesh` no longer share one object (the graph was compiled for one shared object)"
+    assert "x._mesh is y._mesh" in recompile.guard
+    assert len(report.graphs) == 2 and "recompilations" in str(report)
+
+
+def test_distinct_opaques_have_no_sharing_finding():
+    report = cp.explain(lambda x, y: x + y, MeshTensor(torch.ones(2), Mesh("a")), MeshTensor(torch.ones(2), Mesh("b")))
+    assert report.findings == []
+    assert [i.path for i in report.graphs[0].inputs.opaques] == ["x._mesh", "y._mesh"]
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        ("0/0: x._mesh is y._mesh   # def f(x, y): ...", "inputs `x._mesh` and `y._mesh` no longer share one object"),
+        ("1/0: L['x']._mesh is not L['y']._mesh", "inputs `x._mesh` and `y._mesh` now share one object"),
+        ("0/0: ___check_obj_id(L['m'], 140234)", "`m` is not the object the graph was compiled with"),
+        ("0/0: ___check_metadata_1402_c0/0   # x", "a subclass input's flatten context differs (by ==)"),
+        ("0/0: tensor 'x' size mismatch at index 0", "tensor 'x' size mismatch at index 0"),
+    ],
+)
+def test_translate_guard(reason, expected):
+    assert cp.translate_guard(reason).startswith(expected)
+
+
+# ------------------------------------------------------------------ OSC002
+
+
+def _graph_holding(obj):
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    gm.held = obj
+    with gm.graph.inserting_before(next(iter(gm.graph.nodes)).next):
+        gm.graph.create_node("get_attr", "held")
+    def captured(x):  # a call target closing over the object, as Dynamo's prim_from_local does
+        return x if obj is not None else x
+
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(out):
+        gm.graph.call_function(captured, (out.args[0],))
+    gm.recompile()
+    return gm
+
+
+def test_baked_reference_objects_are_found_values_are_not():
+    findings = cp.lint_baked(_graph_holding(Mesh("baked")), "g")
+    assert [(f.code, f.severity) for f in findings] == [("OSC002", "warning")] * 2
+    assert "holds it as an attribute (attribute 'held'): a subclasses.Mesh" in findings[0].message
+    assert "calls a function that captured it" in findings[1].message
+    assert cp.lint_baked(_graph_holding(Config(3)), "g") == []  # a value opaque is a constant by design
+    baked = list(cp.baked_objects(_graph_holding(Config(3))))
+    assert [b.how for b in baked] == ["attribute", "closure"] and all(b.reason is None for b in baked)
+
+
+# ------------------------------------------------------------------ the backend
+
+
+def test_backend_by_name_warns():
+    x = ShardLike(torch.ones(2), ctx=ShardSpec(ValueMesh(1, "g"), 0))
+    with pytest.warns(cp.OpaqueCheckWarning, match=r"OSC001 \(error\) x.<context>.mesh"):
+        out = torch.compile(lambda x: x * 2, backend="opaque_check")(x)
+    assert torch.equal(out._local, torch.full((2,), 2.0))
+
+
+def test_backend_raise_log_and_inner():
+    x = ShardLike(torch.ones(2), ctx=ShardSpec(ValueMesh(1, "g"), 0))
+    with pytest.raises(Exception, match=r"OSC001 \(error\) x.<context>.mesh.*Fix: list it among the attributes"):
+        torch.compile(lambda x: x * 2, backend=cp.checking_backend("eager", on_finding="raise"))(x)
+    torch._dynamo.reset()
+    seen = []
+
+    def inner(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    compiled = []
+
+    def check(c):
+        compiled.append(c)
+
+    backend = cp.checking_backend(inner, on_finding="log", on_check=check)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "log" never warns
+        out = torch.compile(lambda x: x * 3, backend=backend)(x)
+    assert len(seen) == 1 and _codes(compiled[0].findings) == ["OSC001"]
+    assert torch.equal(out._local, torch.full((2,), 3.0))
+    with pytest.raises(ValueError, match="on_finding='loud'"):
+        cp.checking_backend(on_finding="loud")
+
+
+def test_backend_returns_the_inner_compiled_callable():
+    """No run-time cost: the compiled callable is the inner backend's own."""
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    sentinel = object()
+    assert cp.checking_backend(lambda g, i: sentinel, "record")(gm, [torch.ones(1)]) is sentinel
+
+
+def test_backend_logs_through_its_module_logger(caplog):
+    x = ShardLike(torch.ones(2), ctx=ShardSpec(ValueMesh(1, "g"), 0))
+    with caplog.at_level(logging.INFO, logger="compile_passes.backend"):
+        torch.compile(lambda x: x * 2, backend=cp.checking_backend("eager", "log"))(x)
+    assert [r.levelname for r in caplog.records if r.name == "compile_passes.backend"] == ["ERROR"]
+
+
+# ------------------------------------------------------------------ distributed (gloo, world size 1)
+
+
+@pytest.fixture(scope="module")
+def device_mesh():
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=60))
+    try:
+        osc.register_opaque(DeviceMesh)
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dtensor(device_mesh):
+    """torch 2.11's DTensor keeps its mesh in the context (DTensorSpec): found.
+    Since 2.12 the mesh is a flatten attribute: nothing to report."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    x = distribute_tensor(torch.arange(4.0), device_mesh, [Shard(0)])
+    report = cp.explain(lambda x: x * 2, x)
+    if osc.support().mode == "backport":
+        (finding,) = report.findings
+        assert finding.code == "OSC001" and finding.path == "x.<context>[0].mesh"
+        assert "a DeviceMesh (its == compares the mesh's shape and ranks, not its process groups)" in finding.message
+        assert "inside a torch.distributed.tensor._dtensor_spec.DTensorSpec" in finding.message
+    else:
+        assert report.findings == []
+        assert [i.path for i in report.graphs[0].inputs.opaques] == ["x.device_mesh"]
+
+
+def test_project_sharded_tensor_has_no_finding(device_mesh):
+    from opaque_subclass.sharded import ShardedTensor
+
+    w = ShardedTensor.from_full(torch.arange(4.0), device_mesh, 0)
+    report = cp.explain(lambda x: x * 2, w)
+    assert report.findings == [] and report.errors == []
+    assert [i.path for i in report.graphs[0].inputs.opaques] == ["x._mesh"]
