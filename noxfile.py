@@ -116,3 +116,4 @@ def bench(session: nox.Session, torch: str) -> None:
     session.run("python", "benchmarks/bench_compiled.py", *session.posargs)
     session.run("python", "benchmarks/bench_compile_checks.py")
     session.run("python", "benchmarks/bench_export.py")
+    session.run("python", "benchmarks/bench_opaque_check.py")

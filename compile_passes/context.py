@@ -171,9 +171,15 @@ def _fix(cls: type, item: ContextItem, attr: str | None) -> str:
     if opaque_kind(item.obj) is None:
         register = " Register its class first: " + import_fix(obj_type, "opaque_subclass.register_opaque({cls})") + "."
     if isinstance(cls, type) and issubclass(cls, OpaqueSubclass) and attr is not None:
+        if item.path.count("[") == 1 and item.path.endswith("]"):  # the metadata attribute itself
+            return (
+                f"declare {attr!r} in {cls.__qualname__}.opaque_attrs = {{{attr!r}: {obj_type.__qualname__}}} "
+                f"instead of meta_attrs, so that it is a graph input guarded by identity.{register}"
+            )
         return (
-            f"declare {attr!r} in {cls.__qualname__}.opaque_attrs = {{{attr!r}: {obj_type.__qualname__}}} instead of "
-            f"meta_attrs, so that it is a graph input guarded by identity.{register}"
+            f"take the {obj_type.__qualname__} out of the metadata attribute {attr!r}: declare it as an opaque "
+            f"attribute of its own, {cls.__qualname__}.opaque_attrs = {{'_mesh': {obj_type.__qualname__}}}, and keep "
+            f"only values in {attr!r}, so that it is a graph input guarded by identity.{register}"
         )
     return (
         f"list it among the attributes: return its attribute name from {cls.__qualname__}.__tensor_flatten__ "

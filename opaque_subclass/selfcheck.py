@@ -184,6 +184,31 @@ def check_shared_opaque_guard() -> str:
     return "breaking the sharing recompiled once; sharing again reused the first graph"
 
 
+class _ContextGroupTensor(_GroupTensor):
+    """The pre-2.12 way: the group kept in the flatten context, not an attribute."""
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:  # type: ignore[override]  # the context differs on purpose
+        return ["_data"], (self._group,)
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> "_ContextGroupTensor":
+        return _ContextGroupTensor(inner["_data"], ctx[0])
+
+
+def check_context_lint() -> str:
+    # compile_passes stands on this package; the CLI, above both, imports it on use only.
+    import compile_passes
+
+    report = compile_passes.explain(lambda x: x * 2, _ContextGroupTensor(torch.ones(2), _Group("ctx")))
+    codes = [(f.code, f.path) for f in report.findings]
+    if codes != [("OSC001", "x.<context>[0]")]:
+        raise AssertionError(f"expected one OSC001 finding at x.<context>[0], got {codes}")
+    clean = compile_passes.explain(lambda x: x * 2, _GroupTensor(torch.ones(2), _Group("attr")))
+    if clean.findings:
+        raise AssertionError(f"a group held as an attribute was reported: {clean.findings}")
+    return "a group kept in the flatten context is reported (OSC001 at x.<context>[0]); held as an attribute, nothing"
+
+
 CHECKS: dict[str, Callable[[], str]] = {
     "round trip": check_round_trip,
     "run-time wrap/unwrap": check_runtime_wrap_unwrap,
@@ -191,6 +216,7 @@ CHECKS: dict[str, Callable[[], str]] = {
     "compile: forward": check_compile_forward,
     "compile: backward": check_compile_backward,
     "compile: shared-opaque guard": check_shared_opaque_guard,
+    "lint: group in a flatten context": check_context_lint,
 }
 
 

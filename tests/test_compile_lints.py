@@ -88,6 +88,10 @@ def test_nested_and_opaque_subclass_meta_attr():
     (finding,) = meta.findings
     assert finding.path == "x.<context>[0]"
     assert "declare '_mesh' in MeshInMeta.opaque_attrs = {'_mesh': Mesh}" in finding.fix
+    spec = cp.explain(lambda x: x * 2, MeshInMeta(torch.ones(2), ShardSpec(Mesh("m"), 0)))
+    (finding,) = spec.findings
+    assert finding.path == "x.<context>[0].mesh"
+    assert "take the Mesh out of the metadata attribute '_mesh'" in finding.fix
 
 
 def test_no_false_positives_on_opaque_attributes_and_value_contexts():

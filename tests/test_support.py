@@ -105,7 +105,7 @@ def test_cli_exits_zero_and_reports():
     for name in osc.support().patched + osc.support().fixes:
         assert f"  - {name}\n" in out.stdout
     assert "0 failed" in out.stdout
-    for check in ("compile: forward", "compile: backward", "compile: shared-opaque guard"):
+    for check in ("compile: forward", "compile: backward", "compile: shared-opaque guard", "lint: group in a flatten context"):
         assert f"[PASS] {check}" in out.stdout
 
 
