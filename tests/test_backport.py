@@ -7,7 +7,6 @@ when just that patch is suspended.
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 import textwrap
@@ -19,7 +18,11 @@ import torch
 import opaque_subclass
 from opaque_subclass.backport import PatchRefused, PatchSet, fingerprint
 from opaque_subclass.backport.patching import Patch
-from subclasses import direct_save_of_subclass_parameter_is_refused, save_and_load_opaque_constant
+from subclasses import (
+    direct_save_of_subclass_parameter_is_refused,
+    registered_mesh_world_of_one,
+    save_and_load_opaque_constant,
+)
 
 BACKPORT = opaque_subclass.support().mode == "backport"
 needs_backport = pytest.mark.skipif(not BACKPORT, reason="backport mode only (torch 2.11)")
@@ -452,31 +455,10 @@ def _export_subclass_input_non_strict():
     assert ep.module()(other)._mesh is other._mesh
 
 
-@contextlib.contextmanager
-def _registered_mesh_world_of_one():
-    """A gloo process group of one rank on 127.0.0.1 and its 1-D mesh, with
-    ``DeviceMesh`` registered as a reference opaque; destroyed on exit."""
-    import socket
-    from datetime import timedelta
-
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=30))
-    try:
-        opaque_subclass.register_opaque(DeviceMesh)
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
-
-
 def _device_mesh_is_a_graph_input():
     from opaque_subclass.collectives import all_reduce_sum
 
-    with _registered_mesh_world_of_one() as mesh:
+    with registered_mesh_world_of_one(timeout_s=30) as mesh:
         f = torch.compile(lambda x, m: (all_reduce_sum(x, m) * 2, m), backend="aot_eager", fullgraph=True)
         out, got = f(torch.ones(2), mesh)
         assert got is mesh and torch.equal(out, torch.full((2,), 2.0))
@@ -489,7 +471,7 @@ def _dtensor_mesh_stays_constant():
         y = x.redistribute(x.device_mesh, [Replicate()])
         return DTensor.from_local(y.to_local() * 2, x.device_mesh, [Replicate()])
 
-    with _registered_mesh_world_of_one() as mesh:
+    with registered_mesh_world_of_one(timeout_s=30) as mesh:
         out = torch.compile(f, backend="aot_eager", fullgraph=True)(distribute_tensor(torch.arange(4.0), mesh, [Shard(0)]))
         assert torch.equal(out.to_local(), torch.arange(4.0) * 2)
 

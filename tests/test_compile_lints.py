@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import socket
 import warnings
-from datetime import timedelta
 
 import pytest
 import torch
@@ -14,7 +12,7 @@ import torch.distributed as dist
 import compile_passes as cp
 import opaque_subclass as osc
 from opaque_subclass import OpaqueSubclass
-from subclasses import Config, Mesh, MeshTensor, ShardLike, ShardSpec, ValueMesh, _Wrapper
+from subclasses import Config, Mesh, MeshTensor, ShardLike, ShardSpec, ValueMesh, _Wrapper, registered_mesh_world_of_one
 
 
 @pytest.fixture(autouse=True)
@@ -231,17 +229,8 @@ def test_backend_logs_through_its_module_logger(caplog):
 def device_mesh():
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
-    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=60))
-    try:
-        osc.register_opaque(DeviceMesh)
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
+    with registered_mesh_world_of_one() as mesh:
+        yield mesh
 
 
 def test_dtensor(device_mesh):

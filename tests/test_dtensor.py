@@ -10,33 +10,19 @@ and ``DTensor.from_local(..., x.device_mesh, ...)`` failed with
 
 from __future__ import annotations
 
-import socket
-from datetime import timedelta
-
 import pytest
 import torch
 import torch.distributed as dist
 
-import opaque_subclass as osc
+from subclasses import registered_mesh_world_of_one
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available in this build")
 
 
 @pytest.fixture(scope="module")
 def mesh():
-    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=60)
-    )
-    try:
-        osc.register_opaque(DeviceMesh)
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
+    with registered_mesh_world_of_one() as device_mesh:
+        yield device_mesh
 
 
 def _redistribute_and_rebuild(x):
