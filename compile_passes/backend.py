@@ -22,8 +22,10 @@ from typing import Any
 
 import torch
 
-from .baked import lint_baked
-from .context import lint_contexts
+from opaque_subclass.errors import qualified_name
+
+from .baked import baked_findings, baked_objects
+from .context import context_findings, subclass_contexts
 from .findings import Finding, emit
 from .guards import graph_input_name, lint_sharing, sharing_report
 from .inputs import InputReport
@@ -89,18 +91,10 @@ class GraphCheck:
 
 def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
     """Run every lint on a Dynamo graph."""
-    from opaque_subclass.errors import qualified_name
-
-    from .baked import baked_objects
-    from .context import subclass_contexts
-
     named = graph_inputs(gm)
-    findings: list[Finding] = []
-    contexts = []
-    for name, value in named:
-        findings.extend(lint_contexts(value, name))
-        contexts.extend((p, qualified_name(type(t)), ctx) for p, t, ctx in subclass_contexts(value, name))
-    findings.extend(lint_baked(gm, f"graph {index}"))
+    contexts = tuple(c for name, value in named for c in subclass_contexts(value, name))
+    baked = tuple(baked_objects(gm))
+    findings = [*context_findings(contexts), *baked_findings(baked, f"graph {index}")]
     try:
         report: InputReport | None = sharing_report(named)
     except Exception as error:  # an input the flat walk refuses: its own error surfaces in compilation
@@ -108,7 +102,8 @@ def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
         report = None
     if report is not None:
         findings.extend(lint_sharing(report))
-    return GraphCheck(index, report, tuple(contexts), tuple(baked_objects(gm)), tuple(findings))
+    shown = tuple((path, qualified_name(cls), ctx) for path, cls, ctx in contexts)
+    return GraphCheck(index, report, shown, baked, tuple(findings))
 
 
 def checking_backend(

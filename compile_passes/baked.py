@@ -11,11 +11,9 @@ that did not.
 
 from __future__ import annotations
 
-import enum
 import functools
 import re
-import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +23,10 @@ from torch.utils import _pytree as pytree
 from opaque_subclass.errors import import_fix, qualified_name
 from opaque_subclass.registry import opaque_kind, opaque_type_of
 
-from .context import reference_reason
+from .context import PLAIN_TYPES, reference_reason
 from .findings import Finding, make
 
-__all__ = ["BakedObject", "baked_objects", "lint_baked"]
+__all__ = ["BakedObject", "baked_findings", "baked_objects", "lint_baked"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,18 +69,13 @@ def _origin(node: torch.fx.Node) -> str:
     return f"{last['file']}:{last['line']} in {last['func']}: {last['code'].strip()}"
 
 
-_CONSTANTS = (
-    type(None), bool, int, float, complex, str, bytes, slice, type(Ellipsis),
-    torch.dtype, torch.device, torch.layout, torch.memory_format,
-    torch.Tensor, torch.nn.Module, pytree.TreeSpec,
-    type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType, enum.Enum,
-)  # fmt: skip
+_HELD_ON_PURPOSE = (*PLAIN_TYPES, torch.Tensor, torch.nn.Module, pytree.TreeSpec)
 
 
 def _interesting(obj: object) -> bool:
     """Whether ``obj`` is an object a graph may hold by mistake (not a plain
     constant, a tensor, a module, a class or a function)."""
-    if isinstance(obj, _CONSTANTS) or type(obj).__module__.startswith("torch._dynamo"):  # Dynamo's own state
+    if isinstance(obj, _HELD_ON_PURPOSE) or type(obj).__module__.startswith("torch._dynamo"):  # Dynamo's own state
         return False
     return True
 
@@ -130,8 +123,13 @@ def baked_objects(gm: torch.fx.GraphModule) -> Iterator[BakedObject]:
 
 def lint_baked(gm: torch.fx.GraphModule, graph_name: str = "graph") -> list[Finding]:
     """OSC002 findings: the reference-like objects among :func:`baked_objects`."""
+    return baked_findings(baked_objects(gm), graph_name)
+
+
+def baked_findings(baked_list: Iterable[BakedObject], graph_name: str = "graph") -> list[Finding]:
+    """OSC002 findings for already listed :class:`BakedObject` s."""
     findings = []
-    for baked in baked_objects(gm):
+    for baked in baked_list:
         if baked.reason is None:
             continue
         cls = opaque_type_of(baked.obj)

@@ -28,24 +28,26 @@ from __future__ import annotations
 import dataclasses
 import enum
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
+from opaque_subclass import OpaqueSubclass
 from opaque_subclass.errors import describe_type, import_fix, qualified_name
-from opaque_subclass.flatten import is_wrapper_subclass
+from opaque_subclass.flatten import flatten_subclass, is_wrapper_subclass
 from opaque_subclass.registry import opaque_kind, opaque_type_of
+from opaque_subclass.schema import iter_subclasses
 
 from .findings import Finding, make
 
-__all__ = ["ContextItem", "lint_contexts", "reference_reason", "subclass_contexts"]
+__all__ = ["PLAIN_TYPES", "ContextItem", "context_findings", "lint_contexts", "reference_reason", "subclass_contexts"]
 
 _MAX_DEPTH = 8
 
-# Values compared by value, and objects that are program constants by nature
-# (classes, functions, modules): never reported.
-_PLAIN = (
+#: Values compared by value, and objects that are program constants by nature
+#: (classes, functions, modules): never reported, by this lint or the baked one.
+PLAIN_TYPES = (
     type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis),
     torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
     enum.Enum, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType,
@@ -77,7 +79,7 @@ def reference_reason(obj: object) -> str | None:
     value): a registered reference opaque, a ``DeviceMesh`` / ``ProcessGroup``,
     or an object compared by identity."""
     global _DISTRIBUTED
-    if isinstance(obj, _PLAIN) or isinstance(obj, torch.Tensor):
+    if isinstance(obj, PLAIN_TYPES) or isinstance(obj, torch.Tensor):
         return None
     kind = opaque_kind(obj)
     if kind == "value":
@@ -142,7 +144,7 @@ def _scan(obj: object, path: str, holder: object | None, depth: int, seen: set[i
     if why is not None:
         yield ContextItem(path, obj, why, holder)
         return
-    if isinstance(obj, _PLAIN) or isinstance(obj, torch.Tensor):
+    if isinstance(obj, PLAIN_TYPES) or isinstance(obj, torch.Tensor):
         return
     seen.add(id(obj))
     own_eq = not isinstance(obj, (tuple, list, dict, set, frozenset)) and type(obj).__eq__ is not object.__eq__
@@ -150,22 +152,18 @@ def _scan(obj: object, path: str, holder: object | None, depth: int, seen: set[i
         yield from _scan(child, path + suffix, obj if own_eq else holder, depth + 1, seen)
 
 
-def subclass_contexts(value: object, name: str) -> Iterator[tuple[str, torch.Tensor, Any]]:
-    """``(path, subclass instance, context)`` for ``value`` and every nested
-    subclass in it, outermost first (``path`` is the instance's path)."""
+def subclass_contexts(value: object, name: str) -> Iterator[tuple[str, type, Any]]:
+    """``(path, subclass, context)`` for ``value`` and every subclass nested in
+    it, outermost first, from the library's flatten walk (``path`` is the
+    instance's path). Nothing for a value that is not a traceable subclass."""
     if not is_wrapper_subclass(value):
         return
-    names, ctx = value.__tensor_flatten__()  # type: ignore[attr-defined]  # a traceable wrapper subclass
-    yield name, value, ctx  # type: ignore[misc]  # a tensor subclass instance
-    for attr in names:
-        inner = getattr(value, attr, None)
-        if isinstance(inner, torch.Tensor):
-            yield from subclass_contexts(inner, f"{name}.{attr}")
+    _, spec = flatten_subclass(value, name=name)  # type: ignore[arg-type]  # a tensor subclass instance
+    for path, meta in iter_subclasses(spec, name):
+        yield path, meta.subclass_type, meta.meta
 
 
 def _fix(cls: type, item: ContextItem, attr: str | None) -> str:
-    from opaque_subclass import OpaqueSubclass
-
     obj_type = opaque_type_of(item.obj)
     register = ""
     if opaque_kind(item.obj) is None:
@@ -190,8 +188,6 @@ def _fix(cls: type, item: ContextItem, attr: str | None) -> str:
 
 def _meta_attr(cls: type, suffix: str) -> str | None:
     """For an OpaqueSubclass, the meta attribute a context path starts with."""
-    from opaque_subclass import OpaqueSubclass
-
     if not (isinstance(cls, type) and issubclass(cls, OpaqueSubclass)) or not suffix.startswith("["):
         return None
     try:
@@ -204,9 +200,13 @@ def _meta_attr(cls: type, suffix: str) -> str | None:
 
 def lint_contexts(value: object, name: str) -> list[Finding]:
     """OSC001 findings for ``value`` (a subclass instance, at any nesting depth)."""
+    return context_findings(subclass_contexts(value, name))
+
+
+def context_findings(contexts: Iterable[tuple[str, type, Any]]) -> list[Finding]:
+    """OSC001 findings for ``(path, subclass, context)`` triples (:func:`subclass_contexts`)."""
     findings = []
-    for path, instance, ctx in subclass_contexts(value, name):
-        cls = type(instance)
+    for path, cls, ctx in contexts:
         for item in _scan(ctx, "", None, 0, set()):
             attr = _meta_attr(cls, item.path)
             where = f"{path}.<context>{item.path}"

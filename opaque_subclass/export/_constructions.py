@@ -245,7 +245,7 @@ def _describe_func(func: Any) -> str:
 
 
 def _importable_name(func: Any, where: str) -> str:
-    name = qualified_name(func) if isinstance(func, type) or callable(func) else None
+    name = qualified_name(func) if callable(func) else None
     if name is None or "<locals>" in name or import_qualified(name) is not func:
         raise OpaqueSubclassError(
             f"opaque_subclass.export.save: {where} calls {func!r}, which a loading process cannot import by "
