@@ -66,9 +66,7 @@ def _install_torch(session: nox.Session, version: str) -> None:
             return
         except nox.command.CommandFailed:
             if attempt == _INSTALL_ATTEMPTS:
-                session.error(
-                    f"pip could not install torch=={version} after {attempt} attempts"
-                )
+                session.error(f"pip could not install torch=={version} after {attempt} attempts")
             session.warn(f"installing torch=={version} failed (attempt {attempt}); retrying")
 
 

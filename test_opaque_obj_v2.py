@@ -11,7 +11,6 @@ torch runs them natively, on torch 2.11 the backport does.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from typing import Any
 
@@ -23,10 +22,10 @@ import torch._dynamo.testing
 import torch._functorch.config
 import torch._inductor.config
 from expecttest import TestCase as ExpectTestCase
-from opaque_subclass import OpaqueBase
 from torch.utils._pytree import tree_map_only
 
 import opaque_subclass
+from opaque_subclass import OpaqueBase
 
 BACKENDS = ["aot_eager", "inductor"]
 
@@ -50,7 +49,11 @@ class MeshTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, data: torch.Tensor, mesh: Any) -> MeshTensor:
         r = torch.Tensor._make_wrapper_subclass(
-            cls, data.shape, strides=data.stride(), dtype=data.dtype, device=data.device,
+            cls,
+            data.shape,
+            strides=data.stride(),
+            dtype=data.dtype,
+            device=data.device,
             requires_grad=data.requires_grad,
         )
         r._data = data
@@ -73,7 +76,10 @@ class MeshTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         mesh = next(a._mesh for a in tree_leaves_of(args) if isinstance(a, MeshTensor))
-        out = func(*tree_map_only(MeshTensor, lambda t: t._data, args), **tree_map_only(MeshTensor, lambda t: t._data, kwargs or {}))
+        out = func(
+            *tree_map_only(MeshTensor, lambda t: t._data, args),
+            **tree_map_only(MeshTensor, lambda t: t._data, kwargs or {}),
+        )
         return tree_map_only(torch.Tensor, lambda t: cls(t, mesh), out)
 
 
@@ -259,7 +265,11 @@ opaque_subclass.register_opaque(Config, kind="value")
 @pytest.mark.parametrize(
     "bad, found, fix",
     [
-        (NotRegistered(), "test_opaque_obj_v2.NotRegistered", 'opaque_subclass.register_opaque(NotRegistered, kind="reference")'),
+        (
+            NotRegistered(),
+            "test_opaque_obj_v2.NotRegistered",
+            'opaque_subclass.register_opaque(NotRegistered, kind="reference")',
+        ),
         (3, "holds int", "move '_mesh' into the flatten context"),
         (Config(4), "a value-type opaque", "return it in the context"),
     ],
@@ -486,7 +496,9 @@ def test_fsdp1_module_state_sync_keeps_opaques():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=30)
+    )
     check = _init_utils._check_module_states_for_sync_module_states
     _init_utils._check_module_states_for_sync_module_states = lambda states: None
     try:

@@ -35,9 +35,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import opaque_subclass  # noqa: E402
-from opaque_subclass import activation  # noqa: E402
-from subclasses import nested  # noqa: E402
+from subclasses import nested
+
+import opaque_subclass
+from opaque_subclass import activation
 
 TARGET = "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor"
 
@@ -90,12 +91,14 @@ def main() -> None:
         if not i % 2:
             on.append(_compile_once(args.k, args.backend))
     m_on, m_off = statistics.median(on), statistics.median(off)
-    print(f"torch {torch.__version__}, opaque_subclass {opaque_subclass.__version__} ({opaque_subclass.support().mode}), "
-          f"backend {args.backend}, k={args.k} nested MeshTensor arguments, {args.repeats} compilations each")
+    print(
+        f"torch {torch.__version__}, opaque_subclass {opaque_subclass.__version__} ({opaque_subclass.support().mode}), "
+        f"backend {args.backend}, k={args.k} nested MeshTensor arguments, {args.repeats} compilations each"
+    )
     print(f"compile with the check   : median {m_on * 1e3:8.1f} ms")
     print(f"compile, check suspended : median {m_off * 1e3:8.1f} ms")
     print(f"ratio                    : {m_on / m_off:.4f}  ({(m_on / m_off - 1) * 100:+.2f}%)")
-    from opaque_subclass.backport.hiding import validate_input
+    from opaque_subclass.backport._machinery.hiding import validate_input
 
     xs = [nested(2) for _ in range(args.k)]
     n = 2000
@@ -104,8 +107,10 @@ def main() -> None:
         for x in xs:
             validate_input(x, "L['x']")
     direct = (time.perf_counter() - t0) / n
-    print(f"the check itself         : {direct * 1e6:.1f} us for the {args.k} arguments "
-          f"({direct / m_off * 100:.3f}% of the compilation)")
+    print(
+        f"the check itself         : {direct * 1e6:.1f} us for the {args.k} arguments "
+        f"({direct / m_off * 100:.3f}% of the compilation)"
+    )
     if args.calls:
         c_on = _calls(args.k, args.backend, args.calls)
         with ps.suspended(TARGET):

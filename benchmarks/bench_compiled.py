@@ -76,13 +76,12 @@ import torch._dynamo
 import torch._dynamo.utils
 import torch._functorch.config
 import torch._inductor.config
-
 from torch.utils._pytree import tree_map_only
 
 import opaque_subclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from test_opaque_obj_v2 import Mesh, MeshTensor  # noqa: E402  # the scenario suite's opaque and subclass
+from test_opaque_obj_v2 import Mesh, MeshTensor  # the scenario suite's opaque and subclass
 
 KS = (1, 8, 64)
 KINDS = ("plain", "own", "shared", "tensor-only")
@@ -98,7 +97,11 @@ class DataTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, data: torch.Tensor) -> DataTensor:
         r = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
-            cls, data.shape, strides=data.stride(), dtype=data.dtype, device=data.device,
+            cls,
+            data.shape,
+            strides=data.stride(),
+            dtype=data.dtype,
+            device=data.device,
             requires_grad=data.requires_grad,
         )
         r._data = data
@@ -122,6 +125,7 @@ class DataTensor(torch.Tensor):
         unwrap = lambda t: t._data  # noqa: E731
         out = func(*tree_map_only(DataTensor, unwrap, args), **tree_map_only(DataTensor, unwrap, kwargs or {}))
         return tree_map_only(torch.Tensor, DataTensor, out)
+
 
 def _fn(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple([x * 2 + 1 for x in xs])
@@ -236,19 +240,28 @@ class Cell:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--backend", default="aot_eager", help="torch.compile backend (default aot_eager; e.g. inductor)")
     p.add_argument("--grad", action="store_true", help="inputs require grad (only the forward call is timed)")
     p.add_argument("--ks", default=",".join(map(str, KS)), help="k values, comma-separated (default 1,8,64)")
-    p.add_argument("--kinds", default="own,shared,tensor-only",
-                   help="subclass kinds to time: own, shared, tensor-only (default all; plain always runs)")
+    p.add_argument(
+        "--kinds",
+        default="own,shared,tensor-only",
+        help="subclass kinds to time: own, shared, tensor-only (default all; plain always runs)",
+    )
     p.add_argument("--repeats", type=int, default=15, help="timed loops per cell (default 15)")
     p.add_argument("--target-ms", type=float, default=30.0, help="minimum duration of one loop (default 30 ms)")
     p.add_argument("--warmup", type=int, default=20, help="calls after compiling, before timing (default 20)")
     p.add_argument("--stat", choices=("min", "median"), default="min", help="statistic shown and used for ratios")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    p.add_argument("--check-ratio", type=float, metavar="X",
-                   help="exit 1 if any subclass/plain ratio of the own or shared rows exceeds X")
+    p.add_argument(
+        "--check-ratio",
+        type=float,
+        metavar="X",
+        help="exit 1 if any subclass/plain ratio of the own or shared rows exceeds X",
+    )
     opts = p.parse_args(argv)
 
     ks = [int(s) for s in opts.ks.split(",") if s]
@@ -257,12 +270,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if kind not in KINDS[1:]:
             p.error(f"unknown kind {kind!r}; choose from {', '.join(KINDS[1:])}")
     support = opaque_subclass.support()
-    print(f"torch {torch.__version__}, opaque_subclass mode: {support.mode}, Python {platform.python_version()}, "
-          f"{platform.machine()}, {os.cpu_count()} CPU(s), torch threads {torch.get_num_threads()}")
-    print(f"backend {opts.backend}, fullgraph, inputs {'require' if opts.grad else 'do not require'} grad, "
-          f"fn: tuple([x * 2 + 1 for x in xs]), args of {SIZE} floats")
-    print(f"loops >= {opts.target_ms:g} ms, {opts.repeats} repeats round-robin, gc off while timing, "
-          f"statistic: {opts.stat}")
+    print(
+        f"torch {torch.__version__}, opaque_subclass mode: {support.mode}, Python {platform.python_version()}, "
+        f"{platform.machine()}, {os.cpu_count()} CPU(s), torch threads {torch.get_num_threads()}"
+    )
+    print(
+        f"backend {opts.backend}, fullgraph, inputs {'require' if opts.grad else 'do not require'} grad, "
+        f"fn: tuple([x * 2 + 1 for x in xs]), args of {SIZE} floats"
+    )
+    print(
+        f"loops >= {opts.target_ms:g} ms, {opts.repeats} repeats round-robin, gc off while timing, "
+        f"statistic: {opts.stat}"
+    )
     sys.stdout.flush()
 
     started = time.perf_counter()
@@ -276,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 try:
                     cell.warm_up(opts.warmup)
                     cell.calibrate(opts.target_ms / 1e3)
-                except Exception:  # noqa: BLE001  # reported, and the run fails
+                except Exception:  # reported, and the run fails
                     failures.append(f"{kind} k={k}:\n{traceback.format_exc()}")
                     print(f"FAILED {kind} k={k}:\n{traceback.format_exc()}", file=sys.stderr)
                     continue
@@ -304,24 +323,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             ratio = sub.stat(opts.stat) / plain.stat(opts.stat)
             if kind in CHECKED_KINDS:
                 worst = max(worst, ratio)
-            print(f"{k:>3}  {kind:<11} {plain.stat(opts.stat) * 1e6:>14.1f} {sub.stat(opts.stat) * 1e6:>17.1f} "
-                  f"{ratio:>6.2f}   {sub.n:>7} {sub.compile_s:>9.2f}")
-            records.append({
-                "k": k,
-                "kind": kind,
-                "plain_us_min": min(plain.times) * 1e6,
-                "plain_us_median": statistics.median(plain.times) * 1e6,
-                "subclass_us_min": min(sub.times) * 1e6,
-                "subclass_us_median": statistics.median(sub.times) * 1e6,
-                "ratio_min": min(sub.times) / min(plain.times),
-                "ratio_median": statistics.median(sub.times) / statistics.median(plain.times),
-                "plain_n": plain.n,
-                "subclass_n": sub.n,
-                "plain_compile_s": plain.compile_s,
-                "subclass_compile_s": sub.compile_s,
-                "plain_times_us": [t * 1e6 for t in plain.times],
-                "subclass_times_us": [t * 1e6 for t in sub.times],
-            })
+            print(
+                f"{k:>3}  {kind:<11} {plain.stat(opts.stat) * 1e6:>14.1f} {sub.stat(opts.stat) * 1e6:>17.1f} "
+                f"{ratio:>6.2f}   {sub.n:>7} {sub.compile_s:>9.2f}"
+            )
+            records.append(
+                {
+                    "k": k,
+                    "kind": kind,
+                    "plain_us_min": min(plain.times) * 1e6,
+                    "plain_us_median": statistics.median(plain.times) * 1e6,
+                    "subclass_us_min": min(sub.times) * 1e6,
+                    "subclass_us_median": statistics.median(sub.times) * 1e6,
+                    "ratio_min": min(sub.times) / min(plain.times),
+                    "ratio_median": statistics.median(sub.times) / statistics.median(plain.times),
+                    "plain_n": plain.n,
+                    "subclass_n": sub.n,
+                    "plain_compile_s": plain.compile_s,
+                    "subclass_compile_s": sub.compile_s,
+                    "plain_times_us": [t * 1e6 for t in plain.times],
+                    "subclass_times_us": [t * 1e6 for t in sub.times],
+                }
+            )
     print(f"\ncompile + checks + calibration {compile_done - started:.1f} s, timing {finished - compile_done:.1f} s")
 
     if opts.json:

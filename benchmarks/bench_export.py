@@ -127,7 +127,9 @@ def main() -> None:
     for name, (save, load, size) in rows.items():
         s = base_save if name == "plain" else _best(save, args.repeats)
         lo = base_load if name == "plain" else _best(load, args.repeats)
-        print(f"{name:<15} {s * 1e3:>9.1f} {s / base_save:>8.2f} {lo * 1e3:>9.1f} {lo / base_load:>8.2f} {size / 1024:>12.1f}")
+        print(
+            f"{name:<15} {s * 1e3:>9.1f} {s / base_save:>8.2f} {lo * 1e3:>9.1f} {lo / base_load:>8.2f} {size / 1024:>12.1f}"
+        )
 
 
 if __name__ == "__main__":

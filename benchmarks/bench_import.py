@@ -21,7 +21,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("torch._dynamo", "torch._inductor", "torch.distributed.tensor", "torch._functorch._aot_autograd.autograd_cache")
+HEAVY = (
+    "torch._dynamo",
+    "torch._inductor",
+    "torch.distributed.tensor",
+    "torch._functorch._aot_autograd.autograd_cache",
+)
 
 _PROBE = """
 import json, sys, time

@@ -32,8 +32,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import compile_passes  # noqa: E402
-from subclasses import nested  # noqa: E402
+from subclasses import nested
+
+import compile_passes
 
 
 def fn(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -92,10 +93,14 @@ def main() -> None:
     assert check.findings == (), check.findings  # the project's subclasses: nothing to report
 
     inner_m, checked_m = statistics.median(inner_times), statistics.median(checked_times)
-    print(f"torch {torch.__version__}; inner backend {args.inner}; k={args.k} nested MeshTensor arguments; {args.repeats} compilations each")
+    print(
+        f"torch {torch.__version__}; inner backend {args.inner}; k={args.k} nested MeshTensor arguments; {args.repeats} compilations each"
+    )
     print(f"compile, inner backend        : {inner_m * 1e3:8.1f} ms (median)")
     print(f"compile, opaque_check + inner : {checked_m * 1e3:8.1f} ms (median)  ratio {checked_m / inner_m:.3f}")
-    print(f"lints alone per compilation   : {statistics.median(lint) * 1e3:8.2f} ms (median)  = {statistics.median(lint) / inner_m:.2%} of the inner compile")
+    print(
+        f"lints alone per compilation   : {statistics.median(lint) * 1e3:8.2f} ms (median)  = {statistics.median(lint) / inner_m:.2%} of the inner compile"
+    )
     call_inner = _call_time(args.inner, xs, args.calls)
     call_checked = _call_time(checking, xs, args.calls)
     print(f"compiled call, inner          : {call_inner * 1e6:8.1f} us")

@@ -58,10 +58,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from opaque_subclass import OpaqueBase
 
 import opaque_subclass
 from opaque_subclass import (
+    OpaqueBase,
     SubclassCreationMeta,
     create_subclass_meta,
     unwrap_tensor_subclasses,
@@ -116,9 +116,7 @@ class MeshTensor(torch.Tensor):
         return ["_data", "_mesh"], None
 
     @staticmethod
-    def __tensor_unflatten__(
-        inner: dict[str, Any], ctx: Any, outer_size: Any, outer_stride: Any
-    ) -> MeshTensor:
+    def __tensor_unflatten__(inner: dict[str, Any], ctx: Any, outer_size: Any, outer_stride: Any) -> MeshTensor:
         return MeshTensor(inner["_data"], inner["_mesh"])
 
     def __repr__(self) -> str:  # data-free: never prints (fake) data
@@ -191,7 +189,10 @@ def setup_floor(args: Sequence[Any]) -> Callable[[], Any]:
                 flat += (inner._data, inner._mesh, a._mesh)
             wrapped = tuple(
                 unflatten(
-                    {"_data": unflatten({"_data": flat[i], "_mesh": flat[i + 1]}, None, size, stride), "_mesh": flat[i + 2]},
+                    {
+                        "_data": unflatten({"_data": flat[i], "_mesh": flat[i + 1]}, None, size, stride),
+                        "_mesh": flat[i + 2],
+                    },
                     None,
                     size,
                     stride,
@@ -367,8 +368,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=2.0,
         help="allowed growth of our us/arg from k=8 to the largest k (default 2.0)",
     )
-    parser.add_argument("--ks", type=lambda s: tuple(int(x) for x in s.split(",")), default=KS, help="comma-separated k values (default 1,8,64,512)")
-    parser.add_argument("--stat", choices=("min", "median"), default="min", help="statistic shown in the table (default min)")
+    parser.add_argument(
+        "--ks",
+        type=lambda s: tuple(int(x) for x in s.split(",")),
+        default=KS,
+        help="comma-separated k values (default 1,8,64,512)",
+    )
+    parser.add_argument(
+        "--stat", choices=("min", "median"), default="min", help="statistic shown in the table (default min)"
+    )
     opts = parser.parse_args(argv)
 
     target_s, repeats = (0.01, 3) if opts.quick else (0.04, 15)
@@ -406,8 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 msg = str(e).splitlines()[0] if str(e) else ""
                 where = traceback.extract_tb(e.__traceback__)[-1]
                 torch_errors[variant, k] = (
-                    f"{type(e).__name__}: {msg} "
-                    f"(at {where.filename.rsplit('site-packages/', 1)[-1]}:{where.lineno})"
+                    f"{type(e).__name__}: {msg} (at {where.filename.rsplit('site-packages/', 1)[-1]}:{where.lineno})"
                 )
                 verify(args, ours, ours_specless, floor)
             else:

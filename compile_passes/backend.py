@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from opaque_subclass.errors import qualified_name
+from opaque_subclass.core.errors import qualified_name
 
 from .baked import baked_findings, baked_objects
 from .context import context_findings, subclass_contexts
@@ -128,7 +128,9 @@ def checking_backend(
         Called with each graph's :class:`GraphCheck` (``compile_passes.explain`` records them).
     """
     if on_finding not in _ON_FINDING:
-        raise ValueError(f"checking_backend: on_finding={on_finding!r}; expected one of {', '.join(map(repr, _ON_FINDING))}.")
+        raise ValueError(
+            f"checking_backend: on_finding={on_finding!r}; expected one of {', '.join(map(repr, _ON_FINDING))}."
+        )
     count = [0]
 
     def opaque_check(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:

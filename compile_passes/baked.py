@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from opaque_subclass.errors import import_fix, qualified_name
-from opaque_subclass.registry import opaque_kind, opaque_type_of
+from opaque_subclass.core.errors import import_fix, qualified_name
+from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 
 from .context import PLAIN_TYPES, reference_reason
 from .findings import Finding, make
@@ -110,7 +110,9 @@ def baked_objects(gm: torch.fx.GraphModule) -> Iterator[BakedObject]:
             for part in str(node.target).split("."):
                 obj = getattr(obj, part, None)
             if _interesting(obj):
-                yield BakedObject(node.name, "attribute", _type_name(obj), f"attribute {node.target!r}", reference_reason(obj), obj)
+                yield BakedObject(
+                    node.name, "attribute", _type_name(obj), f"attribute {node.target!r}", reference_reason(obj), obj
+                )
         elif node.op in ("call_function", "call_method", "call_module"):
             for obj in _captured(node.target):
                 if _interesting(obj):

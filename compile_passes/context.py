@@ -34,10 +34,10 @@ from typing import Any
 import torch
 
 from opaque_subclass import OpaqueSubclass
-from opaque_subclass.errors import describe_type, import_fix, qualified_name
-from opaque_subclass.flatten import flatten_subclass, is_wrapper_subclass
-from opaque_subclass.registry import opaque_kind, opaque_type_of
-from opaque_subclass.schema import iter_subclasses
+from opaque_subclass.core.errors import describe_type, import_fix, qualified_name
+from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
+from opaque_subclass.core.registry import opaque_kind, opaque_type_of
+from opaque_subclass.core.spec import iter_subclasses
 
 from .findings import Finding, make
 
@@ -211,9 +211,7 @@ def context_findings(contexts: Iterable[tuple[str, type, Any]]) -> list[Finding]
             attr = _meta_attr(cls, item.path)
             where = f"{path}.<context>{item.path}"
             inside = (
-                f", inside a {describe_type(item.holder)} whose == decides the guard"
-                if item.holder is not None
-                else ""
+                f", inside a {describe_type(item.holder)} whose == decides the guard" if item.holder is not None else ""
             )
             if "identity" in item.reason:
                 consequence = (

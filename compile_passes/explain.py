@@ -82,7 +82,9 @@ class Explanation:
         try:
             self.outputs = self._compiled(*args, **kwargs)
         except Exception as error:
-            self.errors.append(f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}")
+            self.errors.append(
+                f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            )
             self.outputs = None
         for code, reasons in list(guard_failures.items()):
             for reason in reasons[before.get(code, 0) :]:

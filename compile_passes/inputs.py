@@ -32,7 +32,7 @@ from opaque_subclass import (
     opaque_alias_pattern,
     unwrap_tensor_subclasses,
 )
-from opaque_subclass.errors import qualified_name
+from opaque_subclass.core.errors import qualified_name
 
 __all__ = ["FlatInput", "InputReport", "explain_flat_inputs"]
 
@@ -93,7 +93,7 @@ class InputReport:
 
 
 def _type_name(value: Any) -> str:
-    from opaque_subclass.registry import opaque_type_of
+    from opaque_subclass.core.registry import opaque_type_of
 
     cls = opaque_type_of(value)
     return cls.__qualname__ if cls.__module__ == "builtins" else qualified_name(cls)

@@ -113,7 +113,7 @@ def run_file(path: Path) -> int:
         try:
             with contextlib.redirect_stdout(buf):
                 exec(compile(source, str(path), "exec"), module.__dict__)
-        except BaseException:  # noqa: BLE001 - reported, then the next block runs
+        except BaseException:
             failures += 1
             print(f"FAIL {where}\n{buf.getvalue()}{traceback.format_exc()}")
             continue
@@ -147,9 +147,7 @@ def _run_in_subprocess(path: Path) -> tuple[int, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="*", type=Path, help="Markdown files (default: docs/*.md, README.md)")
-    parser.add_argument(
-        "-j", "--jobs", type=int, default=1, help="files checked at once (default: 1; 0: one per CPU)"
-    )
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="files checked at once (default: 1; 0: one per CPU)")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.in_process:

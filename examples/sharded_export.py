@@ -25,10 +25,10 @@ import torch.distributed as dist
 from torch import nn
 
 import opaque_subclass.export as oexport
-from opaque_subclass.collectives import record_collectives
 from opaque_subclass import unwrap_tensor_subclass_parameters
-from opaque_subclass.demo import MLP_PLAN, shard_module
 from opaque_subclass.sharded import ShardedTensor
+from opaque_subclass.sharded.collectives import record_collectives
+from opaque_subclass.sharded.demo import MLP_PLAN, shard_module
 
 
 def _model() -> nn.Sequential:
@@ -84,7 +84,7 @@ def main() -> None:
     import json
     import tempfile
 
-    from opaque_subclass.demo import run_local_workers
+    from opaque_subclass.testing import run_local_workers
 
     with tempfile.TemporaryDirectory() as folder:
         payload = {"dir": folder, "strict": False}

@@ -23,16 +23,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from opaque_subclass.demo import run_local_workers, shard_module
 from opaque_subclass.sharded import record_collectives
+from opaque_subclass.sharded.demo import shard_module
+from opaque_subclass.testing import run_local_workers
 
 PLAN = {"0.weight": 0, "0.bias": 0, "2.weight": 1, "2.bias": None}
 
 
 def train(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(0)  # the same weights and data on every rank
-    model = shard_module(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)),
-                         init_device_mesh("cpu", (world_size,)), PLAN)
+    model = shard_module(
+        nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)), init_device_mesh("cpu", (world_size,)), PLAN
+    )
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")  # or "inductor"
     loss_fn = torch.compile(lambda x, y: F.mse_loss(model(x), y), backend=counter, fullgraph=True)
     losses, groups = [], []

@@ -22,25 +22,24 @@
 See ``docs/`` for a guide.
 """
 
-from .aliasing import OpaqueAliasPattern, opaque_alias_pattern
-from .authoring import OpaqueSubclass
-from .errors import OpaqueSubclassError
-from .flatten import (
+from opaque_subclass.activation import disable, enable, support
+from opaque_subclass.authoring.base import OpaqueSubclass
+from opaque_subclass.core.aliasing import OpaqueAliasPattern, opaque_alias_pattern
+from opaque_subclass.core.errors import OpaqueSubclassError
+from opaque_subclass.core.flatten import (
     create_subclass_meta,
     flatten_subclass,
     is_wrapper_subclass,
     unflatten_subclass,
 )
-from .parametrization import is_exportable_constructor, unwrap_tensor_subclass_parameters
-from .registry import KIND_ALIASES, OpaqueBase, OpaqueKind, is_opaque, opaque_kind, register_opaque
-from .runtime import (
+from opaque_subclass.core.registry import KIND_ALIASES, OpaqueBase, OpaqueKind, is_opaque, opaque_kind, register_opaque
+from opaque_subclass.core.runtime import (
     process_runtime_tangent,
     unwrap_tensor_subclasses,
     wrap_tensor_subclasses,
     wrap_tensor_subclasses_maybe_joint,
 )
-from .storage import untyped_storages
-from .schema import (
+from opaque_subclass.core.spec import (
     OpaqueMeta,
     PlainTensorMeta,
     SubclassCreationMeta,
@@ -48,9 +47,9 @@ from .schema import (
     iter_slots,
     iter_subclasses,
 )
-from .mode import SUPPORTED_TORCH, Support
-
-from .activation import disable, enable, support
+from opaque_subclass.mode import SUPPORTED_TORCH, Support
+from opaque_subclass.modules.parametrization import is_exportable_constructor, unwrap_tensor_subclass_parameters
+from opaque_subclass.modules.storage import untyped_storages
 
 __version__ = "0.1.0"
 
@@ -64,6 +63,7 @@ def __getattr__(name: str) -> object:
 
         return importlib.import_module(".export", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "KIND_ALIASES",

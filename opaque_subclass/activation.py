@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 import torch
 
-from ._versions import OLDEST_SUPPORTED, ReleaseSupport, current
-from .backport.patching import PatchRefused, PatchSet
-from .mode import Mode, Support
+from opaque_subclass._versions import OLDEST_SUPPORTED, ReleaseSupport, current
+from opaque_subclass.backport._machinery.patching import PatchRefused, PatchSet
+from opaque_subclass.mode import Mode, Support
 
 __all__ = ["disable", "enable", "support"]
 

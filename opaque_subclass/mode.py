@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._versions import RELEASES, Mode
+from opaque_subclass._versions import RELEASES, Mode
 
 __all__ = ["SUPPORTED_TORCH", "Mode", "Support"]
 

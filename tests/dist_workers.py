@@ -14,11 +14,11 @@ from datetime import timedelta
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
+from subclasses import Mesh, MeshTensor
 
-import opaque_subclass  # noqa: E402
-from subclasses import Mesh, MeshTensor  # noqa: E402
+import opaque_subclass
 
 
 class Weight(opaque_subclass.OpaqueSubclass):
@@ -70,7 +70,7 @@ def fsdp2_train(rank: int, world: int) -> dict:
         data = [torch.randn(5, 4) for _ in range(3)]
 
         def step(x: torch.Tensor) -> torch.Tensor:
-            out = model(x)
+            out = model(x)  # noqa: B023 - step is called only within this iteration
             return (out * out).sum()
 
         run = torch.compile(step, backend="aot_eager") if label == "compiled" else step

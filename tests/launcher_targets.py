@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-if len(sys.argv) > 3 and sys.argv[1] == "--worker" and sys.argv[2].endswith(":die_at_import") and sys.argv[3] == "1":
+if len(sys.argv) > 2 and sys.argv[1].endswith(":die_at_import") and sys.argv[2] == "1":
     os._exit(3)
 
 

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from opaque_subclass import OpaqueBase
 from torch.utils._pytree import tree_map_only
 
 import opaque_subclass
+from opaque_subclass import OpaqueBase
 
 
 class Mesh(OpaqueBase):
@@ -81,7 +81,9 @@ class _Wrapper(torch.Tensor):
     def __new__(cls, *values: Any, ctx: Any = None, outer: torch.Tensor | None = None) -> Any:
         first = values[0]
         like = outer if outer is not None else first
-        r = torch.Tensor._make_wrapper_subclass(cls, like.shape, strides=like.stride(), dtype=like.dtype, device=like.device)
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, like.shape, strides=like.stride(), dtype=like.dtype, device=like.device
+        )
         for name, v in zip(cls.INNER + cls.OPAQUES, values):
             setattr(r, name, v)
         r._ctx = ctx

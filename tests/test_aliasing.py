@@ -1,10 +1,10 @@
 """opaque_alias_pattern: identity sharing of opaques across flat slots."""
 
 import torch
+from subclasses import Config, Mesh, MeshTensor
 from torch._library.fake_class_registry import FakeScriptObject
 
 import opaque_subclass as osc
-from subclasses import Config, Mesh, MeshTensor
 
 
 def _flat(*args):

@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._pytree import tree_map_only
-
 from subclasses import Mesh
+from torch.utils._pytree import tree_map_only
 
 
 class Pick(torch.Tensor):
@@ -50,7 +49,9 @@ class Pick(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         ref = next(a for a in args if isinstance(a, Pick))
-        out = func(*tree_map_only(Pick, lambda t: t._data, args), **tree_map_only(Pick, lambda t: t._data, kwargs or {}))
+        out = func(
+            *tree_map_only(Pick, lambda t: t._data, args), **tree_map_only(Pick, lambda t: t._data, kwargs or {})
+        )
         listed = {k: getattr(ref, k) for k in ref._names if k != "_data"}
         return tree_map_only(torch.Tensor, lambda t: Pick(t, {**ref._meshes, **listed}, list(ref._names)), out)
 

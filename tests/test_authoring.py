@@ -3,11 +3,11 @@ flatten protocol, repr, autograd behaviour and dispatch."""
 
 import pytest
 import torch
+from subclasses import Config, Mesh, NotRegistered, Stream
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opaque_subclass as osc
 from opaque_subclass import OpaqueSubclass
-from subclasses import Config, Mesh, NotRegistered, Stream
 
 
 class Tagged(OpaqueSubclass):
@@ -29,10 +29,19 @@ class Pair(OpaqueSubclass):
     [
         ({}, "declares no tensor_attrs"),
         ({"tensor_attrs": "_data"}, "must be a tuple of names, got the string '_data'. Fix: tensor_attrs = ('_data',)"),
-        ({"tensor_attrs": ("_d", "_d2"), "meta_attrs": ("_d",)}, "'_d' is declared in both tensor_attrs and meta_attrs"),
+        (
+            {"tensor_attrs": ("_d", "_d2"), "meta_attrs": ("_d",)},
+            "'_d' is declared in both tensor_attrs and meta_attrs",
+        ),
         ({"tensor_attrs": ("data",)}, "would shadow torch.Tensor.data. Fix: rename it, e.g. '_data'"),
-        ({"tensor_attrs": ("_d",), "opaque_attrs": {"_m": NotRegistered}}, "is not a registered opaque type. Fix: register it before defining the class: `import opaque_subclass; from subclasses import NotRegistered; opaque_subclass.register_opaque(NotRegistered, kind=\"reference\")`"),
-        ({"tensor_attrs": ("_d",), "opaque_attrs": {"_c": Config}}, "a value-type opaque. Value opaques are constants compiled into the graph. Fix: declare '_c' in meta_attrs"),
+        (
+            {"tensor_attrs": ("_d",), "opaque_attrs": {"_m": NotRegistered}},
+            'is not a registered opaque type. Fix: register it before defining the class: `import opaque_subclass; from subclasses import NotRegistered; opaque_subclass.register_opaque(NotRegistered, kind="reference")`',
+        ),
+        (
+            {"tensor_attrs": ("_d",), "opaque_attrs": {"_c": Config}},
+            "a value-type opaque. Value opaques are constants compiled into the graph. Fix: declare '_c' in meta_attrs",
+        ),
         ({"tensor_attrs": ("_d",), "opaque_attrs": ["_m"]}, "opaque_attrs must map names to opaque classes"),
         ({"tensor_attrs": ("1x",)}, "is not a valid attribute name"),
     ],
@@ -69,9 +78,17 @@ def test_keyword_construction_and_outer_size():
         (lambda: Tagged(torch.ones(1), Mesh()), TypeError, "missing '_tag'"),
         (lambda: Tagged(torch.ones(1), Mesh(), 1, 2), TypeError, "takes 3 values"),
         (lambda: Tagged(torch.ones(1), Mesh(), 1, extra=2), TypeError, "unexpected argument 'extra'"),
-        (lambda: Tagged(torch.ones(1), Stream(), 1), TypeError, "Tagged._mesh must be a subclasses.Mesh (declared in opaque_attrs), got subclasses.Stream"),
+        (
+            lambda: Tagged(torch.ones(1), Stream(), 1),
+            TypeError,
+            "Tagged._mesh must be a subclasses.Mesh (declared in opaque_attrs), got subclasses.Stream",
+        ),
         (lambda: Tagged(3, Mesh(), 1), TypeError, "Tagged._data must be a tensor"),
-        (lambda: Tagged(torch.ones(1, requires_grad=True), Mesh(), 1, requires_grad=True), ValueError, "requires_grad=True asks for a leaf, but the inner tensor '_data' requires grad"),
+        (
+            lambda: Tagged(torch.ones(1, requires_grad=True), Mesh(), 1, requires_grad=True),
+            ValueError,
+            "requires_grad=True asks for a leaf, but the inner tensor '_data' requires grad",
+        ),
         (lambda: OpaqueSubclass(torch.ones(1)), TypeError, "is a base class"),
     ],
 )
@@ -124,7 +141,12 @@ def test_default_rule_rewraps_with_opaques_and_meta():
     m = Mesh()
     x = Pair(torch.ones(2), torch.zeros(2), m, Stream(1))
     y = x + 1
-    assert type(y) is Pair and y._mesh is m and torch.equal(y._a, torch.full((2,), 2.0)) and torch.equal(y._b, torch.ones(2))
+    assert (
+        type(y) is Pair
+        and y._mesh is m
+        and torch.equal(y._a, torch.full((2,), 2.0))
+        and torch.equal(y._b, torch.ones(2))
+    )
     x.mul_(3)
     assert torch.equal(x._a, torch.full((2,), 3.0))
     v = x.view(2, 1)
@@ -132,7 +154,9 @@ def test_default_rule_rewraps_with_opaques_and_meta():
 
 
 def test_default_rule_rejects_different_opaques_and_meta():
-    with pytest.raises(osc.OpaqueSubclassError, match="whose '_mesh' are different subclasses.Mesh objects.*@Tagged.implements"):
+    with pytest.raises(
+        osc.OpaqueSubclassError, match="whose '_mesh' are different subclasses.Mesh objects.*@Tagged.implements"
+    ):
         Tagged(torch.ones(1), Mesh(), "t") + Tagged(torch.ones(1), Mesh(), "t")
     m = Mesh()
     with pytest.raises(osc.OpaqueSubclassError, match="different '_tag' \\('a' and 'b'\\)"):
@@ -175,7 +199,7 @@ def test_compile_forward_backward_with_runtime_opaques():
 def test_register_opaques_defers_registration_to_the_first_instance():
     """``register_opaques=True``: declaring the class registers nothing; the
     first instance registers its opaque classes as reference opaques."""
-    from opaque_subclass.registry import opaque_kind
+    from opaque_subclass.core.registry import opaque_kind
 
     class Handle:  # nobody registered it
         pass
@@ -209,7 +233,9 @@ def test_register_opaques_refuses_a_class_registered_as_value_meanwhile():
         opaque_attrs = {"_h": Late}
 
     osc.register_opaque(Late, kind="value")
-    with pytest.raises(TypeError, match=r"Held: .*Late was registered as a value-type opaque after the class was declared.*Fix:"):
+    with pytest.raises(
+        TypeError, match=r"Held: .*Late was registered as a value-type opaque after the class was declared.*Fix:"
+    ):
         Held(torch.ones(2), Late())
 
 

@@ -14,15 +14,15 @@ import types
 
 import pytest
 import torch
-
-import opaque_subclass
-from opaque_subclass.backport import PatchRefused, PatchSet, fingerprint
-from opaque_subclass.backport.patching import Patch
 from subclasses import (
     direct_save_of_subclass_parameter_is_refused,
     registered_mesh_world_of_one,
     save_and_load_opaque_constant,
 )
+
+import opaque_subclass
+from opaque_subclass.backport import PatchRefused, PatchSet, fingerprint
+from opaque_subclass.backport._machinery.patching import Patch
 
 BACKPORT = opaque_subclass.support().mode == "backport"
 needs_backport = pytest.mark.skipif(not BACKPORT, reason="backport mode only (torch 2.11)")
@@ -143,9 +143,16 @@ def test_one_fingerprint_mismatch_refuses_the_whole_set(dummy_module):
 def test_changed_dependency_refuses_the_whole_set(dummy_module):
     mod, alias = dummy_module
     orig_double = mod.double
-    good = Patch(f"{mod.__name__}.double", fingerprint(mod.double), _plus_one, depends_on=((f"{mod.__name__}.triple", fingerprint(mod.triple)),))
+    good = Patch(
+        f"{mod.__name__}.double",
+        fingerprint(mod.double),
+        _plus_one,
+        depends_on=((f"{mod.__name__}.triple", fingerprint(mod.triple)),),
+    )
     assert PatchSet([good]).check() == []
-    stale = Patch(f"{mod.__name__}.double", fingerprint(mod.double), _plus_one, depends_on=((f"{mod.__name__}.triple", "0" * 16),))
+    stale = Patch(
+        f"{mod.__name__}.double", fingerprint(mod.double), _plus_one, depends_on=((f"{mod.__name__}.triple", "0" * 16),)
+    )
     ps = PatchSet([stale])
     with pytest.raises(
         PatchRefused,
@@ -215,7 +222,7 @@ def test_docs_list_every_patch():
 
 @needs_backport
 def test_no_torch_module_keeps_an_unpatched_alias():
-    from opaque_subclass.backport.patching import _resolve
+    from opaque_subclass.backport._machinery.patching import _resolve
 
     for record in PATCH_SET._applied:
         owner, attr, _ = _resolve(record.patch.target)
@@ -230,7 +237,7 @@ def test_no_torch_module_keeps_an_unpatched_alias():
 
 @needs_backport
 def test_disable_restores_stock_torch_and_enable_reapplies():
-    from opaque_subclass.backport.patching import _raw, _resolve
+    from opaque_subclass.backport._machinery.patching import _raw, _resolve
 
     originals = {a.patch.target: a.original for a in PATCH_SET._applied}
     try:
@@ -253,7 +260,7 @@ def test_disable_restores_stock_torch_and_enable_reapplies():
 
 @needs_backport
 def test_cli_compile_checks_fail_on_stock_torch():
-    from opaque_subclass import selfcheck
+    from opaque_subclass.cli import selfcheck
 
     selfcheck._setup()
     opaque_subclass.disable()
@@ -456,7 +463,7 @@ def _export_subclass_input_non_strict():
 
 
 def _device_mesh_is_a_graph_input():
-    from opaque_subclass.collectives import all_reduce_sum
+    from opaque_subclass.sharded.collectives import all_reduce_sum
 
     with registered_mesh_world_of_one(timeout_s=30) as mesh:
         f = torch.compile(lambda x, m: (all_reduce_sum(x, m) * 2, m), backend="aot_eager", fullgraph=True)
@@ -472,13 +479,14 @@ def _dtensor_mesh_stays_constant():
         return DTensor.from_local(y.to_local() * 2, x.device_mesh, [Replicate()])
 
     with registered_mesh_world_of_one(timeout_s=30) as mesh:
-        out = torch.compile(f, backend="aot_eager", fullgraph=True)(distribute_tensor(torch.arange(4.0), mesh, [Shard(0)]))
+        out = torch.compile(f, backend="aot_eager", fullgraph=True)(
+            distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
+        )
         assert torch.equal(out.to_local(), torch.arange(4.0) * 2)
 
 
 def _export_after_unwrap(strict):
     from opaque_subclass import OpaqueSubclass, unwrap_tensor_subclass_parameters
-
     from test_opaque_obj_v2 import Mesh
 
     class Lifted(OpaqueSubclass):
@@ -562,7 +570,6 @@ def _backport_cache_entries_keyed_apart():
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
         shutil.rmtree(fresh, ignore_errors=True)
     assert keys and all("-opaque-sharing-" in k for k in keys), keys
-
 
 
 NEEDED_BY = {

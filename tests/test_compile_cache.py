@@ -54,7 +54,11 @@ _SCRIPT = textwrap.dedent(
 
 
 def _run(calls: str, cache_dir: Path, *flags: str) -> list[str]:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+    }
     out = subprocess.run(
         [sys.executable, "-c", _SCRIPT, calls, *flags], capture_output=True, text=True, timeout=600, env=env
     )
@@ -95,9 +99,9 @@ def test_stock_torch_serves_the_wrong_mesh(tmp_path):
 
 
 def test_no_opaque_keeps_torchs_key():
-    from opaque_subclass.backport.native.autograd_cache import sharing_key
-
     from subclasses import Mesh, MeshTensor
+
+    from opaque_subclass.backport.native.autograd_cache import sharing_key
 
     assert sharing_key([torch.ones(2), 3]) is None
     m = Mesh("k")

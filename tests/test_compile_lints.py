@@ -8,11 +8,11 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
+from subclasses import Config, Mesh, MeshTensor, ShardLike, ShardSpec, ValueMesh, _Wrapper, registered_mesh_world_of_one
 
 import compile_passes as cp
 import opaque_subclass as osc
 from opaque_subclass import OpaqueSubclass
-from subclasses import Config, Mesh, MeshTensor, ShardLike, ShardSpec, ValueMesh, _Wrapper, registered_mesh_world_of_one
 
 
 @pytest.fixture(autouse=True)
@@ -81,7 +81,9 @@ def test_identity_compared_object_in_context_explains_torch_guard_crash():
 def test_nested_and_opaque_subclass_meta_attr():
     inner = ShardLike(torch.ones(2), ctx=(Mesh("inner"),))
     report = cp.explain(lambda x: x * 2, Outer(inner, ctx=None))
-    assert [(f.code, f.path, f.subclass) for f in report.findings] == [("OSC001", "x._data.<context>[0]", "subclasses.ShardLike")]
+    assert [(f.code, f.path, f.subclass) for f in report.findings] == [
+        ("OSC001", "x._data.<context>[0]", "subclasses.ShardLike")
+    ]
     meta = cp.explain(lambda x: x * 2, MeshInMeta(torch.ones(2), Mesh("m")))
     (finding,) = meta.findings
     assert finding.path == "x.<context>[0]"
@@ -119,7 +121,10 @@ def test_shared_opaque_is_reported_and_its_recompile_translated():
     assert "guarded on it (x._mesh is y._mesh)" in finding.message
     report.call(a, MeshTensor(torch.ones(2), Mesh("other")))
     (recompile,) = report.recompiles
-    assert recompile.reason == "inputs `x._mesh` and `y._mesh` no longer share one object (the graph was compiled for one shared object)"
+    assert (
+        recompile.reason
+        == "inputs `x._mesh` and `y._mesh` no longer share one object (the graph was compiled for one shared object)"
+    )
     assert "x._mesh is y._mesh" in recompile.guard
     assert len(report.graphs) == 2 and "recompilations" in str(report)
 
@@ -152,8 +157,9 @@ def _graph_holding(obj):
     gm.held = obj
     with gm.graph.inserting_before(next(iter(gm.graph.nodes)).next):
         gm.graph.create_node("get_attr", "held")
+
     def captured(x):  # a call target closing over the object, as Dynamo's prim_from_local does
-        return x if obj is not None else x
+        return x if obj is not None else x  # noqa: RUF034 - the target must read obj to close over it
 
     out = next(n for n in gm.graph.nodes if n.op == "output")
     with gm.graph.inserting_before(out):

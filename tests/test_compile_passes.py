@@ -1,9 +1,9 @@
 """compile_passes.explain_flat_inputs."""
 
 import torch
+from subclasses import Mesh, MeshTensor, nested
 
 from compile_passes import explain_flat_inputs
-from subclasses import Mesh, MeshTensor, nested
 
 
 def test_report_rows_and_sharing():

@@ -1,9 +1,6 @@
 """The reusable contract (opaque_subclass.testing) run against every test subclass."""
 
 import torch
-
-from opaque_subclass import OpaqueSubclass
-from opaque_subclass.testing import OpaqueSubclassContract
 from subclasses import (
     ForeignHandle,
     ForeignTensor,
@@ -15,6 +12,9 @@ from subclasses import (
     Stream,
     nested,
 )
+
+from opaque_subclass import OpaqueSubclass
+from opaque_subclass.testing import OpaqueSubclassContract
 
 SHARED = Mesh("shared")
 

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from opaque_subclass import __main__ as cli
-from opaque_subclass import demo
+from opaque_subclass import cli
+from opaque_subclass.sharded import demo
+from opaque_subclass.testing import workers
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available in this build")
 
@@ -32,10 +33,25 @@ def test_demo_trains_matches_and_reuses_the_graph_on_a_new_mesh():
 
 def test_report_failures_name_what_broke():
     report = demo.DemoReport(
-        torch_version="x", mode="native", world_size=2, steps=5, backend="aot_eager",
-        compilations_mesh_a=1, compilations_mesh_b=1, loss_error=1e-3, eager_loss_error=0.0, weight_error=0.0,
-        compiled_step_s=0.001, eager_step_s=0.002, first_step_s=1.0, groups_mesh_a=("0",), groups_mesh_b=("0",),
-        collectives_per_step=5, first_loss=1.0, last_loss=0.5, seconds=10.0,
+        torch_version="x",
+        mode="native",
+        world_size=2,
+        steps=5,
+        backend="aot_eager",
+        compilations_mesh_a=1,
+        compilations_mesh_b=1,
+        loss_error=1e-3,
+        eager_loss_error=0.0,
+        weight_error=0.0,
+        compiled_step_s=0.001,
+        eager_step_s=0.002,
+        first_step_s=1.0,
+        groups_mesh_a=("0",),
+        groups_mesh_b=("0",),
+        collectives_per_step=5,
+        first_loss=1.0,
+        last_loss=0.5,
+        seconds=10.0,
     )
     problems = report.failures(1e-5)
     assert len(problems) == 3
@@ -59,7 +75,7 @@ def echo(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_launcher_returns_results_by_rank():
-    assert demo.run_local_workers(f"{__file__}:echo", 2, payload={"a": 1}, timeout=60) == [
+    assert workers.run_local_workers(f"{__file__}:echo", 2, payload={"a": 1}, timeout=60) == [
         {"rank": 0, "world": 2, "payload": {"a": 1}},
         {"rank": 1, "world": 2, "payload": {"a": 1}},
     ]
@@ -67,8 +83,8 @@ def test_launcher_returns_results_by_rank():
 
 def test_launcher_reports_the_failing_rank_without_waiting_for_its_peers():
     t0 = time.monotonic()
-    with pytest.raises(demo.DemoError, match=r"(?s)rank 1 failed:.*RuntimeError: rank 1 broke on purpose"):
-        demo.run_local_workers(f"{__file__}:failing", 2, timeout=100)
+    with pytest.raises(workers.WorkersFailed, match=r"(?s)rank 1 failed:.*RuntimeError: rank 1 broke on purpose"):
+        workers.run_local_workers(f"{__file__}:failing", 2, timeout=100)
     assert time.monotonic() - t0 < 40  # the peer stuck in a barrier was stopped, not waited for
 
 
@@ -79,8 +95,8 @@ def test_launcher_sees_a_rank_dying_before_the_rendezvous_at_once():
     # Rank 0 waits at the rendezvous (its store would time out after 60 s);
     # the launcher must see rank 1's exit, blame rank 1, and stop rank 0.
     t0 = time.monotonic()
-    with pytest.raises(demo.DemoError) as info:
-        demo.run_local_workers(f"{TARGETS}:die_at_import", 2, timeout=100)
+    with pytest.raises(workers.WorkersFailed) as info:
+        workers.run_local_workers(f"{TARGETS}:die_at_import", 2, timeout=100)
     elapsed = time.monotonic() - t0
     msg = str(info.value)
     assert msg.startswith(f"{TARGETS}:die_at_import: rank 1 exited with code 3 without a result"), msg
@@ -89,8 +105,8 @@ def test_launcher_sees_a_rank_dying_before_the_rendezvous_at_once():
 
 
 def test_launcher_names_a_rank_killed_mid_run_and_its_signal():
-    with pytest.raises(demo.DemoError) as info:
-        demo.run_local_workers(f"{TARGETS}:killed_mid_run", 2, timeout=100)
+    with pytest.raises(workers.WorkersFailed) as info:
+        workers.run_local_workers(f"{TARGETS}:killed_mid_run", 2, timeout=100)
     msg = str(info.value)
     assert msg.startswith(f"{TARGETS}:killed_mid_run: rank 1 was killed by SIGKILL"), msg
     assert "rank 0 failed" not in msg.splitlines()[0]
@@ -118,15 +134,15 @@ def _workers_alive(marker: str) -> list[str]:
 
 @pytest.mark.parametrize("target", ["die_at_import", "killed_mid_run"])
 def test_launcher_leaves_no_process_behind(target):
-    with pytest.raises(demo.DemoError):
-        demo.run_local_workers(f"{TARGETS}:{target}", 2, timeout=100)
+    with pytest.raises(workers.WorkersFailed):
+        workers.run_local_workers(f"{TARGETS}:{target}", 2, timeout=100)
     assert _workers_alive(f"launcher_targets.py:{target}") == []
 
 
 def test_launcher_bounds_the_run():
     t0 = time.monotonic()
-    with pytest.raises(demo.DemoError, match="2 workers did not finish within 8 s"):
-        demo.run_local_workers(f"{__file__}:sleeping", 2, timeout=8)
+    with pytest.raises(workers.WorkersFailed, match="2 workers did not finish within 8 s"):
+        workers.run_local_workers(f"{__file__}:sleeping", 2, timeout=8)
     assert time.monotonic() - t0 < 20
 
 
@@ -136,14 +152,14 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="steps must be at least 2"):
         demo.run_demo(steps=1)
     with pytest.raises(ValueError, match="must be 'package.module:function' or '/path/file.py:function'"):
-        demo._load_target("no_colon")
+        workers._load_target("no_colon")
 
 
 @pytest.fixture
 def no_checks(monkeypatch):
-    import opaque_subclass.selfcheck
+    import opaque_subclass.cli.selfcheck
 
-    monkeypatch.setattr(opaque_subclass.selfcheck, "run_checks", lambda: [])
+    monkeypatch.setattr(opaque_subclass.cli.selfcheck, "run_checks", lambda: [])
 
 
 def test_cli_no_demo_skips_it(no_checks, monkeypatch, capsys):

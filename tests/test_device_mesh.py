@@ -8,12 +8,12 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
+from subclasses import MeshTensor, nested
 from torch._library import opaque_object
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import opaque_subclass as osc
 from opaque_subclass._versions import current
-from subclasses import MeshTensor, nested
 
 
 def _free_port() -> int:

@@ -12,9 +12,9 @@ import warnings
 
 import pytest
 import torch
+from subclasses import Mesh, MeshTensor, nested
 
 import opaque_subclass as osc
-from subclasses import Mesh, MeshTensor, nested
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_workers.py")
 

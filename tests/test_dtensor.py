@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-
 from subclasses import registered_mesh_world_of_one
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available in this build")

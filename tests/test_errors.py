@@ -1,16 +1,15 @@
 """Every bad input gets an error naming the subclass, the attribute path, the type
 found and a fix; fixes that are code are executed as written."""
 
-import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+from subclasses import Config, Mesh, MeshTensor, NotRegistered, nested
 
 import opaque_subclass as osc
-from subclasses import Config, Mesh, MeshTensor, NotRegistered, nested
 
 
 def _broken(value):
@@ -27,7 +26,7 @@ def test_unregistered_object_names_subclass_path_type_and_fix():
     assert "MeshTensor.__tensor_flatten__()" in msg
     assert "'x._data._mesh'" in msg
     assert "subclasses.NotRegistered" in msg
-    assert "register_opaque(NotRegistered, kind=\"reference\")" in msg
+    assert 'register_opaque(NotRegistered, kind="reference")' in msg
     assert "flatten context" in msg
 
 
@@ -60,7 +59,10 @@ def test_unregistered_fix_runs_as_written():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "FIXED import opaque_subclass; from subclasses import Handle; opaque_subclass.register_opaque(Handle" in out.stdout
+    assert (
+        "FIXED import opaque_subclass; from subclasses import Handle; opaque_subclass.register_opaque(Handle"
+        in out.stdout
+    )
 
 
 @pytest.mark.parametrize("value, found", [(3, "int"), (None, "NoneType"), ("s", "str")])
@@ -94,7 +96,9 @@ def test_value_opaque_rejected_by_every_entry_point():
 def test_missing_attribute():
     x = MeshTensor(torch.randn(2), Mesh())
     del x._mesh
-    with pytest.raises(AttributeError, match=r"MeshTensor.__tensor_flatten__\(\) lists attribute '_mesh' \(path 'x._mesh'\)"):
+    with pytest.raises(
+        AttributeError, match=r"MeshTensor.__tensor_flatten__\(\) lists attribute '_mesh' \(path 'x._mesh'\)"
+    ):
         osc.flatten_subclass(x)
 
 
@@ -133,7 +137,10 @@ def test_leaf_count_mismatch():
 
 def test_leaf_kind_mismatch_names_slot():
     leaves, spec = osc.flatten_subclass(nested(2))
-    with pytest.raises(TypeError, match=r"slot 1 \('x._data._mesh'\) expects a reference opaque of type subclasses.Mesh, got torch.Tensor"):
+    with pytest.raises(
+        TypeError,
+        match=r"slot 1 \('x._data._mesh'\) expects a reference opaque of type subclasses.Mesh, got torch.Tensor",
+    ):
         osc.unflatten_subclass([leaves[0], torch.ones(1), leaves[2]], spec)
     with pytest.raises(TypeError, match=r"slot 0 \('x._data._data'\) expects a tensor, got subclasses.Mesh"):
         osc.unflatten_subclass([leaves[1], leaves[1], leaves[2]], spec)
@@ -145,7 +152,9 @@ def test_wrap_flat_length_mismatch():
     flat = osc.unwrap_tensor_subclasses(args, is_joint_structure=False)
     with pytest.raises(osc.OpaqueSubclassError, match="describe 3 flat slots .3 values. but 4 values"):
         osc.wrap_tensor_subclasses([*flat, torch.ones(1)], subclass_metas=metas, is_runtime=True)
-    with pytest.raises(osc.OpaqueSubclassError, match="describe 3 flat slots plus 2 saved activations .5 values. but 2"):
+    with pytest.raises(
+        osc.OpaqueSubclassError, match="describe 3 flat slots plus 2 saved activations .5 values. but 2"
+    ):
         osc.wrap_tensor_subclasses(flat[:2], subclass_metas=metas, num_fw_outs_saved_for_bw=2, is_runtime=True)
 
 
@@ -188,7 +197,9 @@ def test_torch_value_type_attribute_suggests_the_context_not_registration(value)
 
 def test_create_subclass_meta_refuses_a_bare_tensor():
     x = MeshTensor(torch.randn(2), Mesh())
-    with pytest.raises(TypeError, match=r"expects a list or tuple of arguments, got .*MeshTensor.*create_subclass_meta\(\[x\]\)"):
+    with pytest.raises(
+        TypeError, match=r"expects a list or tuple of arguments, got .*MeshTensor.*create_subclass_meta\(\[x\]\)"
+    ):
         osc.create_subclass_meta(x)
     assert len(osc.create_subclass_meta([x])) == 1
 
@@ -231,7 +242,9 @@ def test_compile_names_an_unflatten_that_returns_another_type(grad):
         f(x)
     msg = str(info.value)
     assert "_ReturnsPlain.__tensor_unflatten__ (rebuilding \"L['t']\") returned torch.Tensor" in msg, msg
-    assert "expected an instance of test_errors._ReturnsPlain. Fix: make _ReturnsPlain.__tensor_unflatten__ return" in msg
+    assert (
+        "expected an instance of test_errors._ReturnsPlain. Fix: make _ReturnsPlain.__tensor_unflatten__ return" in msg
+    )
 
 
 def test_compile_names_an_unflatten_that_changes_the_dtype():
@@ -240,7 +253,10 @@ def test_compile_names_an_unflatten_that_changes_the_dtype():
     with pytest.raises(Exception) as info:
         f(x)
     msg = str(info.value)
-    assert "returned a _ReturnsDouble with dtype torch.float64, but the instance it was flattened from has dtype torch.float32" in msg, msg
+    assert (
+        "returned a _ReturnsDouble with dtype torch.float64, but the instance it was flattened from has dtype torch.float32"
+        in msg
+    ), msg
     assert "Fix:" in msg
 
 
@@ -266,7 +282,9 @@ def test_inductor_gets_the_named_error_instead_of_a_crash(tmp_path):
             print("NAMED" if "returned torch.Tensor, expected an instance of" in str(e) else "OTHER: " + str(e)[:500])
         """
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "tests")]), TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "tests")]), TORCHINDUCTOR_CACHE_DIR=str(tmp_path)
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
     assert out.stdout.strip().splitlines()[-1] == "NAMED", out.stdout
@@ -277,5 +295,7 @@ def test_non_strict_export_names_an_unflatten_that_returns_another_type():
         def forward(self, x):
             return x * 2
 
-    with pytest.raises(TypeError, match=r"_ReturnsPlain\.__tensor_unflatten__ \(rebuilding \"L\['x'\]\"\) returned torch\.Tensor"):
+    with pytest.raises(
+        TypeError, match=r"_ReturnsPlain\.__tensor_unflatten__ \(rebuilding \"L\['x'\]\"\) returned torch\.Tensor"
+    ):
         torch.export.export(Double(), (_ReturnsPlain(torch.ones(2), Mesh()),), strict=False)

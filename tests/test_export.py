@@ -4,9 +4,14 @@ import re
 
 import pytest
 import torch
-
-from opaque_subclass import OpaqueSubclass, OpaqueSubclassError, is_exportable_constructor, unwrap_tensor_subclass_parameters
 from subclasses import Mesh, MeshTensor
+
+from opaque_subclass import (
+    OpaqueSubclass,
+    OpaqueSubclassError,
+    is_exportable_constructor,
+    unwrap_tensor_subclass_parameters,
+)
 
 
 class Sharded(OpaqueSubclass):
@@ -191,7 +196,9 @@ def test_export_of_unrecordable_rebuild_names_subclass_path_and_fix(strict):
     # Non-strict raises ours; strict mode's Dynamo wraps it (Unsupported: Observed exception).
     assert isinstance(info.value, OpaqueSubclassError) or "Observed exception" in msg
     assert "'layer.w'" in msg and "subclasses.MeshTensor at 'layer.w'" in msg
-    assert "Unable to cast NotImplemented to Tensor" in msg and "mark_subclass_constructor_exportable_experimental" in msg
+    assert (
+        "Unable to cast NotImplemented to Tensor" in msg and "mark_subclass_constructor_exportable_experimental" in msg
+    )
     fix = re.search(r"Fix: [^`]*`([^`]+)`", msg).group(1)
     assert fix == "torch.nn.utils.parametrize.remove_parametrizations(module.layer, 'w')"
     exec(fix, {"torch": torch, "module": module})  # the fix runs as written
@@ -202,7 +209,7 @@ def test_export_of_unrecordable_rebuild_names_subclass_path_and_fix(strict):
 
 
 def test_unrecordable_nested_level_is_named():
-    from opaque_subclass.parametrization import UnwrapSubclass
+    from opaque_subclass.modules.parametrization import UnwrapSubclass
 
     class Outer(OpaqueSubclass):
         tensor_attrs = ("_inner",)

@@ -9,12 +9,12 @@ import zipfile
 
 import pytest
 import torch
+from subclasses import Config, HoldsMesh, Mesh, MeshTensor, Stream, nested
 
 import opaque_subclass
 import opaque_subclass.export as oexport
 from opaque_subclass import OpaqueSubclass, OpaqueSubclassError
-from opaque_subclass.demo import run_local_workers
-from subclasses import Config, HoldsMesh, Mesh, MeshTensor, Stream, nested
+from opaque_subclass.testing import run_local_workers
 
 WORKERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "sharded_export.py")
 STRICT = pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
@@ -68,7 +68,9 @@ class Unwrapped(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.w = torch.nn.Parameter(Tagged(torch.arange(3.0), Mesh("w"), None, Config(2)))
-        self.n = torch.nn.Parameter(Outer(Sharded(torch.arange(3.0) + 1, Mesh("inner-5e2a")), Mesh("outer")), requires_grad=False)
+        self.n = torch.nn.Parameter(
+            Outer(Sharded(torch.arange(3.0) + 1, Mesh("inner-5e2a")), Mesh("outer")), requires_grad=False
+        )
 
     def forward(self, x):
         return self.w * x, self.n * x, self.w
@@ -113,7 +115,10 @@ def test_archive_never_holds_the_opaque_while_torch_save_pickles_it():
     assert b"secret-4c1d9e" not in _archive_bytes(buf)
     stock = io.BytesIO()
     if opaque_subclass.support().mode == "backport":  # torch 2.11: refused, with the way out
-        with pytest.raises(TypeError, match=r"tensor 'w' holds the reference opaque 'w._mesh' \(subclasses.Mesh\).*Fix: `import opaque_subclass.export; opaque_subclass.export.save\(ep, f\)`"):
+        with pytest.raises(
+            TypeError,
+            match=r"tensor 'w' holds the reference opaque 'w._mesh' \(subclasses.Mesh\).*Fix: `import opaque_subclass.export; opaque_subclass.export.save\(ep, f\)`",
+        ):
             torch.export.save(ep, stock)
     else:  # native: torch's own save pickles the mesh by value (a documented limit)
         torch.export.save(ep, stock)
@@ -168,7 +173,10 @@ def test_user_names_and_resolver():
 def test_save_refuses_bad_names():
     mesh = Mesh("m")
     ep = torch.export.export(Scale(mesh), (torch.randn(3),), strict=False)
-    with pytest.raises(ValueError, match=r"names \['other'\], which the program does not hold \(it holds: 'w._mesh' \(subclasses.Mesh\)\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"names \['other'\], which the program does not hold \(it holds: 'w._mesh' \(subclasses.Mesh\)\)",
+    ):
         oexport.save(ep, io.BytesIO(), opaques={"other": Mesh("not in the program")})
     with pytest.raises(ValueError, match=r"is named both 'a' and 'b'"):
         oexport.save(ep, io.BytesIO(), opaques={"a": mesh, "b": mesh})
@@ -194,7 +202,10 @@ def test_missing_wrong_and_unknown_names_list_everything_needed():
     assert "no object for 'b._mesh'" in message
     assert "'w._mesh' (subclasses.Mesh) at state_dict['w']._mesh" in message
     assert "'b._mesh' (subclasses.Mesh) at state_dict['b']._mesh" in message
-    assert "Fix: pass this process's objects, opaque_subclass.export.load(f, opaques={'w._mesh': ..., 'b._mesh': ...})" in message
+    assert (
+        "Fix: pass this process's objects, opaque_subclass.export.load(f, opaques={'w._mesh': ..., 'b._mesh': ...})"
+        in message
+    )
     buf.seek(0)
     with pytest.raises(TypeError, match=r"'b._mesh' is a subclasses.Stream, not a subclasses.Mesh"):
         oexport.load(buf, opaques={"w._mesh": Mesh(), "b._mesh": Stream()})
@@ -212,7 +223,10 @@ def test_torch_load_alone_gives_placeholders_that_say_how_to_load():
     files = {oexport.MANIFEST_NAME: ""}
     plain = torch.export.load(buf, extra_files=files)  # torch's own tools open the archive
     assert json.loads(files[oexport.MANIFEST_NAME])["opaques"][0]["name"] == "w._mesh"
-    with pytest.raises(OpaqueSubclassError, match=r"saved placeholder of .*Sharded at 'w'.*Fix: load it with `opaque_subclass.export.load"):
+    with pytest.raises(
+        OpaqueSubclassError,
+        match=r"saved placeholder of .*Sharded at 'w'.*Fix: load it with `opaque_subclass.export.load",
+    ):
         plain.module()(torch.randn(3))
 
 
@@ -270,7 +284,10 @@ def test_version_mismatch_is_named_when_torch_cannot_load(monkeypatch, tmp_path)
         raise RuntimeError("Serialized version 1.0 does not match our current schema version")
 
     monkeypatch.setattr(torch.export, "load", refuse)
-    with pytest.raises(OpaqueSubclassError, match=r"torch .* cannot load the program in '.*old.pt2', saved with torch 2.0.0 \(RuntimeError: Serialized version.*Fix: load it with torch==2.0.0"):
+    with pytest.raises(
+        OpaqueSubclassError,
+        match=r"torch .* cannot load the program in '.*old.pt2', saved with torch 2.0.0 \(RuntimeError: Serialized version.*Fix: load it with torch==2.0.0",
+    ):
         oexport.load(path, opaques={"w._mesh": Mesh()})
 
 
@@ -303,7 +320,10 @@ def test_direct_torch_save_of_a_lifted_reference_opaque(tmp_path):
     native releases pickle it, as torch does (a documented limit)."""
     ep = torch.export.export(HoldsMesh(Mesh("direct-91ac")), (torch.ones(2),), strict=False)
     if opaque_subclass.support().mode == "backport":
-        with pytest.raises(TypeError, match=r"reference opaque constant 'lifted_custom_0' \(subclasses.Mesh\).*Fix: `import opaque_subclass.export; opaque_subclass.export.save\(ep, f\)`"):
+        with pytest.raises(
+            TypeError,
+            match=r"reference opaque constant 'lifted_custom_0' \(subclasses.Mesh\).*Fix: `import opaque_subclass.export; opaque_subclass.export.save\(ep, f\)`",
+        ):
             torch.export.save(ep, tmp_path / "direct.pt2")
     else:
         torch.export.save(ep, tmp_path / "direct.pt2")
@@ -330,7 +350,6 @@ def test_sharded_model_saved_by_one_job_runs_on_another_jobs_process_group(tmp_p
         assert all(r["on_new_group"]) and r["new_group_is_not_world"]
 
 
-
 @STRICT
 def test_after_unwrap_tensor_subclass_parameters(strict):
     """The subclasses are rebuilt inside the graph (flat_apply of the constructor,
@@ -341,13 +360,20 @@ def test_after_unwrap_tensor_subclass_parameters(strict):
     ep = torch.export.export(model, (x,), strict=strict)
     assert any(n.target is torch.ops.higher_order.flat_apply for n in ep.graph.nodes)
     # torch alone fails on every release (2.11 first refuses the lifted meshes)
-    stock = "reference opaque constant" if opaque_subclass.support().mode == "backport" else "Failed serializing node flat_apply"
+    stock = (
+        "reference opaque constant"
+        if opaque_subclass.support().mode == "backport"
+        else "Failed serializing node flat_apply"
+    )
     with pytest.raises(Exception, match=stock):
         torch.export.save(ep, io.BytesIO())
     buf, manifest = _saved(ep)
     assert manifest.names == ("w._mesh", "n._data._mesh", "n._mesh")
     assert [c.func for c in manifest.constructions] == [
-        f"{__name__}.Tagged", f"{__name__}.Sharded", f"{__name__}.Outer", f"{__name__}.Tagged"
+        f"{__name__}.Tagged",
+        f"{__name__}.Sharded",
+        f"{__name__}.Outer",
+        f"{__name__}.Tagged",
     ]
     assert b"inner-5e2a" not in _archive_bytes(buf)  # the meshes are stored by name only
     assert all(n.target is not torch.ops.opaque_subclass.stored_construction.default for n in ep.graph.nodes)
@@ -363,12 +389,17 @@ def test_after_unwrap_tensor_subclass_parameters(strict):
 
 
 def test_unwrapped_program_loaded_by_torch_alone_says_how_to_load():
-    ep = torch.export.export(opaque_subclass.unwrap_tensor_subclass_parameters(Scale(Mesh())), (torch.randn(3),), strict=False)
+    ep = torch.export.export(
+        opaque_subclass.unwrap_tensor_subclass_parameters(Scale(Mesh())), (torch.randn(3),), strict=False
+    )
     buf, manifest = _saved(ep)
     assert manifest.names == ("w._mesh",)  # w and b share one mesh, lifted once
     assert [c.args[-1] for c in manifest.constructions] == [("input", "parametrizations.w.0.lifted_custom_0")] * 2
     plain = torch.export.load(buf)
-    with pytest.raises(OpaqueSubclassError, match=r"construction 'flat_apply\w*' .*loaded with torch.export.load.*Fix: load it with `opaque_subclass.export.load"):
+    with pytest.raises(
+        OpaqueSubclassError,
+        match=r"construction 'flat_apply\w*' .*loaded with torch.export.load.*Fix: load it with `opaque_subclass.export.load",
+    ):
         plain.module()(torch.randn(3))
 
 
@@ -385,18 +416,31 @@ def test_unwrapped_program_needs_importable_subclasses():
         def forward(self, x):
             return self.w * x
 
-    ep = torch.export.export(opaque_subclass.unwrap_tensor_subclass_parameters(Holder()), (torch.ones(2),), strict=False)
-    with pytest.raises(OpaqueSubclassError, match=r"calls <class '.*<locals>.Local'>, which a loading process cannot import by name. Fix: define the subclass at module level"):
+    ep = torch.export.export(
+        opaque_subclass.unwrap_tensor_subclass_parameters(Holder()), (torch.ones(2),), strict=False
+    )
+    with pytest.raises(
+        OpaqueSubclassError,
+        match=r"calls <class '.*<locals>.Local'>, which a loading process cannot import by name. Fix: define the subclass at module level",
+    ):
         oexport.save(ep, io.BytesIO())
 
 
 def test_manifest_versions():
     record = {"name": "w._mesh", "type": "subclasses.Mesh", "sites": ["state_dict['w']._mesh"]}
-    v1 = {"format": "opaque-subclass/export", "version": 1, "torch": "2.13.0", "opaque_subclass": "0.1.0", "opaques": [record]}
+    v1 = {
+        "format": "opaque-subclass/export",
+        "version": 1,
+        "torch": "2.13.0",
+        "opaque_subclass": "0.1.0",
+        "opaques": [record],
+    }
     manifest = oexport.ExportManifest.from_json(json.dumps(v1))  # written before constructions existed
     assert manifest.names == ("w._mesh",) and manifest.constructions == ()
     assert oexport.ExportManifest.from_json(manifest.to_json()) == manifest
-    with pytest.raises(OpaqueSubclassError, match=r"saved by a newer opaque-subclass \(manifest version 3, this release reads 2\)"):
+    with pytest.raises(
+        OpaqueSubclassError, match=r"saved by a newer opaque-subclass \(manifest version 3, this release reads 2\)"
+    ):
         oexport.ExportManifest.from_json(json.dumps(dict(v1, version=3)))
     with pytest.raises(ValueError, match="not an opaque-subclass manifest"):
         oexport.ExportManifest.from_json(json.dumps(dict(v1, format="other")))

@@ -9,10 +9,10 @@ import importlib
 
 import pytest
 import torch
+from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor, save_and_load_opaque_constant
 
 import opaque_subclass as osc
 from opaque_subclass._versions import current
-from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor, save_and_load_opaque_constant
 
 ROW = current()
 FIX_SET = importlib.import_module(ROW.fixes).FIX_SET if ROW.fixes else None
@@ -88,7 +88,9 @@ def _inductor_cache_keeps_sharing_apart():
         f(MeshTensor(torch.ones(2), m), MeshTensor(torch.ones(2), m))
         a, b = Mesh("a"), Mesh("b")
         o1, o2 = f(MeshTensor(torch.ones(2), a), MeshTensor(torch.ones(2), b))
-        assert o1._mesh is a and o2._mesh is b, f"outputs carry {o1._mesh} and {o2._mesh}, expected Mesh('a') and Mesh('b')"
+        assert o1._mesh is a and o2._mesh is b, (
+            f"outputs carry {o1._mesh} and {o2._mesh}, expected Mesh('a') and Mesh('b')"
+        )
     finally:
         if previous is None:
             del os.environ["TORCHINDUCTOR_CACHE_DIR"]
@@ -132,11 +134,13 @@ def _export_names_a_bad_attribute():
     assert "holds int" in msg and "Fix:" in msg, msg
 
 
-
 #: target -> (scenario, the stock torch error it fails with when the fix is off;
 #: for a wrong result, the scenario's own assertion naming it)
 NEEDED_BY = {
-    "torch.export.pt2_archive._package._package_constants": (save_and_load_opaque_constant, "Unsupported constant type"),
+    "torch.export.pt2_archive._package._package_constants": (
+        save_and_load_opaque_constant,
+        "Unsupported constant type",
+    ),
     "torch.export.pt2_archive._package._load_constants": (
         save_and_load_opaque_constant,
         "We ran into an error when deserializing the saved file",  # torch's wrapper of "Unsupported constant type: opaque_obj_0"
@@ -157,8 +161,14 @@ NEEDED_BY = {
         _backward_logs_no_deprecation,
         "is_opaque_value is deprecated, use is_custom_class_obj instead",
     ),
-    "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor": (_compile_names_a_bad_attribute, "expected Tensor or "),
-    "torch._export.non_strict_utils._create_symbolic_context_for_tensor": (_export_names_a_bad_attribute, "expected Tensor or "),
+    "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor": (
+        _compile_names_a_bad_attribute,
+        "expected Tensor or ",
+    ),
+    "torch._export.non_strict_utils._create_symbolic_context_for_tensor": (
+        _export_names_a_bad_attribute,
+        "expected Tensor or ",
+    ),
 }
 
 

@@ -2,8 +2,6 @@
 
 import pytest
 import torch
-
-import opaque_subclass as osc
 from subclasses import (
     Interleaved,
     Mesh,
@@ -13,6 +11,8 @@ from subclasses import (
     Stream,
     nested,
 )
+
+import opaque_subclass as osc
 
 
 def test_plain_tensor_is_one_leaf():

@@ -5,7 +5,7 @@
   imported yet is checked against the module's source file and applied when
   torch imports the module; ``disable()`` removes those too.
 * It registers nothing: not ``DeviceMesh`` (``opaque_subclass.sharded`` and
-  ``opaque_subclass.collectives`` included), no custom op; the first
+  ``opaque_subclass.sharded.collectives`` included), no custom op; the first
   ``ShardedTensor`` does.
 * Unpickling what a patched process wrote (AOTAutograd cache entries on torch
   2.11) never imports, so never enables, the library.
@@ -35,7 +35,11 @@ def _run(code: str, tmp_path: Path, timeout: int = 300, prelude: str = "") -> di
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(tmp_path), env.get("PYTHONPATH", "")])
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor-cache")
     out = subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -55,7 +59,7 @@ def test_import_loads_no_compiler_and_registers_nothing(tmp_path):
         import torch.distributed.device_mesh
         before = registered()
         loaded = set(sys.modules)
-        import opaque_subclass, opaque_subclass.collectives, opaque_subclass.sharded
+        import opaque_subclass, opaque_subclass.sharded.collectives, opaque_subclass.sharded
         after = registered()
         s = opaque_subclass.support()
         print(json.dumps({
@@ -84,7 +88,7 @@ def test_waiting_patches_apply_on_import_and_disable_removes_them(tmp_path):
         import importlib, json, sys
         import opaque_subclass
         from opaque_subclass import activation
-        from opaque_subclass.backport.patching import _locate, _raw, _resolve, _function, fingerprint
+        from opaque_subclass.backport._machinery.patching import _locate, _raw, _resolve, _function, fingerprint
         ps = activation._PATCH_SET or activation._FIX_SET
         waiting = list(ps.waiting)
         target = waiting[0]
@@ -118,7 +122,7 @@ def test_a_changed_source_refuses_the_set_before_its_module_is_imported(tmp_path
         """
         import json, sys
         import torch
-        from opaque_subclass.backport.patching import Patch, PatchRefused, PatchSet, source_fingerprint
+        from opaque_subclass.backport._machinery.patching import Patch, PatchRefused, PatchSet, source_fingerprint
         target = "torch._functorch.partitioners.default_partition"
         real = source_fingerprint("torch._functorch.partitioners", ("default_partition",))
         good = PatchSet([Patch(target, real, lambda f: f)])
@@ -156,7 +160,7 @@ def test_source_fingerprints_match_the_imported_definitions():
     """For every target (and dependency) of this release's set, the fingerprint
     read from the source file equals the one of the imported object."""
     from opaque_subclass import activation
-    from opaque_subclass.backport.patching import _locate, source_fingerprint
+    from opaque_subclass.backport._machinery.patching import _locate, source_fingerprint
 
     ps = activation._PATCH_SET or activation._FIX_SET
     assert ps is not None
@@ -263,7 +267,7 @@ def test_sharded_tensor_registers_the_mesh_on_first_use(tmp_path):
         dist.init_process_group("gloo", rank=0, world_size=1)
         try:
             from torch.distributed.device_mesh import init_device_mesh, DeviceMesh
-            from opaque_subclass.registry import opaque_kind
+            from opaque_subclass.core.registry import opaque_kind
             import opaque_subclass
             from opaque_subclass.sharded import ShardedTensor
             mesh = init_device_mesh("cpu", (1,))
@@ -272,7 +276,7 @@ def test_sharded_tensor_registers_the_mesh_on_first_use(tmp_path):
             kind = opaque_kind(DeviceMesh)
             f = torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)
             y = f(x)
-            from opaque_subclass.collectives import all_gather
+            from opaque_subclass.sharded.collectives import all_gather
             ok = y.mesh is mesh and torch.equal(y._local, torch.arange(4.0) * 2)
             print(json.dumps({"before": before, "kind": kind, "ok": ok, "op": hasattr(torch.ops.opaque_subclass, "all_gather")}))
         finally:

@@ -3,11 +3,11 @@
 
 import pytest
 import torch
+from subclasses import Config, Mesh, MeshTensor, MultiOpaque, Stream, nested
 from torch.nn.utils import parametrize
 
 import opaque_subclass as osc
-from opaque_subclass.parametrization import UnwrapSubclass, unwrap_tensor_subclass_parameters
-from subclasses import Config, Mesh, MeshTensor, MultiOpaque, Stream, nested
+from opaque_subclass.modules.parametrization import UnwrapSubclass, unwrap_tensor_subclass_parameters
 
 BACKPORT = osc.support().mode == "backport"
 
@@ -33,7 +33,9 @@ def test_parameters_and_buffers_become_plain_leaves():
     assert set(names) == {"bias", "parametrizations.weight.original0"}
     assert lin.parametrizations.weight.original1 is m  # a plain attribute
     assert "original1" not in dict(lin.parametrizations.weight.named_parameters())
-    assert lin.parametrizations.stats.original1 is inner_mesh and lin.parametrizations.stats.original2 is lin.stats._mesh
+    assert (
+        lin.parametrizations.stats.original1 is inner_mesh and lin.parametrizations.stats.original2 is lin.stats._mesh
+    )
 
 
 def test_requires_grad_follows_the_original_parameter():

@@ -3,9 +3,9 @@
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from subclasses import Interleaved, Mesh, MeshTensor, MultiOpaque, PlainPair, Stream
 
 import opaque_subclass as osc
-from subclasses import Interleaved, Mesh, MeshTensor, MultiOpaque, PlainPair, Stream
 
 MESHES = [Mesh(f"m{i}") for i in range(3)]
 STREAMS = [Stream(i) for i in range(2)]

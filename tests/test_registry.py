@@ -7,12 +7,12 @@ import sys
 
 import pytest
 import torch
+from subclasses import Config, ForeignHandle, Mesh
 from torch._library import opaque_object
 
 import opaque_subclass as osc
 from opaque_subclass import OpaqueBase
 from opaque_subclass._versions import CUSTOM_CLASS_API, OPAQUE_OBJECT_API, current, parse_release
-from subclasses import Config, ForeignHandle, Mesh
 
 API = current().registry
 RELEASE = parse_release(torch.__version__)
@@ -91,7 +91,7 @@ def test_import_never_logs_torch_deprecations():
         "import opaque_subclass as osc\n"
         "class M(osc.OpaqueBase): pass\n"
         "osc.register_opaque(M)\n"
-        "import opaque_subclass.selfcheck\n"
+        "import opaque_subclass.cli.selfcheck\n"
         "print(osc.opaque_kind(M()))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -117,7 +117,9 @@ def test_register_twice_same_kind_is_noop():
 
 
 def test_register_other_kind_is_refused():
-    with pytest.raises(ValueError, match='already registered as a reference opaque.*register_opaque\\(Mesh, kind="reference"\\)'):
+    with pytest.raises(
+        ValueError, match='already registered as a reference opaque.*register_opaque\\(Mesh, kind="reference"\\)'
+    ):
         osc.register_opaque(Mesh, kind="value")
 
 

@@ -5,14 +5,14 @@ import pickle
 
 import pytest
 import torch
+from subclasses import Mesh, MeshTensor, MultiOpaque, PlainPair, Stream, nested
 from torch._dynamo.source import LocalSource
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import opaque_subclass as osc
-from opaque_subclass.codegen import compiled_unwrap, compiled_wrap
-from opaque_subclass.flatten import build
-from subclasses import Mesh, MeshTensor, MultiOpaque, PlainPair, Stream, nested
+from opaque_subclass.core.codegen import compiled_unwrap, compiled_wrap
+from opaque_subclass.core.flatten import build
 
 
 def _rt(metas):
@@ -38,7 +38,9 @@ def test_runtime_wrap_carries_new_opaques():
     metas = _rt(osc.create_subclass_meta([MeshTensor(torch.ones(2), Mesh("compile"))]))
     for i in range(5):
         runtime_mesh = Mesh(f"call{i}")
-        (out,) = osc.wrap_tensor_subclasses([torch.full((2,), float(i)), runtime_mesh], subclass_metas=metas, is_runtime=True)
+        (out,) = osc.wrap_tensor_subclasses(
+            [torch.full((2,), float(i)), runtime_mesh], subclass_metas=metas, is_runtime=True
+        )
         assert out._mesh is runtime_mesh and out._data[0].item() == i
 
 
@@ -105,13 +107,17 @@ def test_joint_structure_round_trip():
     p_metas, t_metas = osc.create_subclass_meta(primals), osc.create_subclass_meta(tangents)
     flat = osc.unwrap_tensor_subclasses((primals, tangents), is_joint_structure=True)
     assert isinstance(flat, tuple) and len(flat[0]) == 3 and flat[1][1] is tm
-    by_spec = osc.unwrap_tensor_subclasses((primals, tangents), is_joint_structure=True, subclass_metas=(p_metas, t_metas))
+    by_spec = osc.unwrap_tensor_subclasses(
+        (primals, tangents), is_joint_structure=True, subclass_metas=(p_metas, t_metas)
+    )
     assert all(a is b for a, b in zip(flat[0] + flat[1], by_spec[0] + by_spec[1]))
     wp, wt = osc.wrap_tensor_subclasses_maybe_joint(
         flat, is_joint_structure=True, inp_metas=_rt(p_metas), tangent_metas=_rt(t_metas), is_runtime=True
     )
     assert wp[0]._mesh is pm and wt[0]._mesh is tm and wp[1] is primals[1]
-    inference = osc.wrap_tensor_subclasses_maybe_joint(flat[0], is_joint_structure=False, inp_metas=_rt(p_metas), is_runtime=True)
+    inference = osc.wrap_tensor_subclasses_maybe_joint(
+        flat[0], is_joint_structure=False, inp_metas=_rt(p_metas), is_runtime=True
+    )
     assert inference[0]._mesh is pm
 
 
@@ -149,7 +155,7 @@ def test_symbolic_sizes_take_slots_and_are_read_back_at_run_time():
     assert isinstance(flat[0], FakeTensor) and isinstance(flat[2], torch.SymInt) and flat[1] is m_in
     with mode:
         (traced,) = osc.wrap_tensor_subclasses(flat, subclass_metas=[meta], is_runtime=False)
-    assert traced._mesh is m_out and traced.shape[0] is fake.shape[0] or str(traced.shape[0]) == str(fake.shape[0])
+    assert (traced._mesh is m_out and traced.shape[0] is fake.shape[0]) or str(traced.shape[0]) == str(fake.shape[0])
 
     safe = meta.runtime_safe()
     assert safe.outer_size == (None, 3) and safe.original_subclass is None and safe.arg_count == 5
@@ -212,7 +218,7 @@ def test_fast_paths_refuse_a_non_tensor_in_a_tensor_slot(bad):
     """The generated unwrap and wrap (per subclass, and per argument list) check
     every tensor slot: a value that is not a tensor raises a TypeError naming
     the subclass, the attribute path and the type, instead of reaching a graph."""
-    from opaque_subclass.codegen import ArgumentsPlan
+    from opaque_subclass.core.codegen import ArgumentsPlan
 
     m = Mesh()
     metas = osc.create_subclass_meta([nested(2)])
@@ -226,9 +232,14 @@ def test_fast_paths_refuse_a_non_tensor_in_a_tensor_slot(bad):
     rt = _rt(metas)
     width = rt[0].arg_count
     flat = [bad] + [m] * (width - 1)
-    with pytest.raises(TypeError, match=rf"wrap of .*MeshTensor: flat slot 0 rebuilds the tensor attribute x\._data\._data, got {kind}\b.*Fix:"):
+    with pytest.raises(
+        TypeError,
+        match=rf"wrap of .*MeshTensor: flat slot 0 rebuilds the tensor attribute x\._data\._data, got {kind}\b.*Fix:",
+    ):
         osc.wrap_tensor_subclasses(flat, subclass_metas=rt, is_runtime=True)
-    with pytest.raises(TypeError, match=rf"flat slot 0 rebuilds the tensor attribute args\[0\]\._data\._data, got {kind}\b"):
+    with pytest.raises(
+        TypeError, match=rf"flat slot 0 rebuilds the tensor attribute args\[0\]\._data\._data, got {kind}\b"
+    ):
         ArgumentsPlan(rt).wrap(flat)
 
 

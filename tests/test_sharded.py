@@ -23,10 +23,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opaque_subclass as osc
 from opaque_subclass import OpaqueSubclassError
-from opaque_subclass.demo import run_local_workers
-from opaque_subclass.testing import OpaqueSubclassContract
+from opaque_subclass.sharded import collectives
+from opaque_subclass.sharded import tensor as sharded
+from opaque_subclass.testing import OpaqueSubclassContract, run_local_workers
 
-from opaque_subclass import collectives, sharded
 ShardedTensor = sharded.ShardedTensor
 DeviceMesh = sharded.DeviceMesh
 
@@ -110,16 +110,32 @@ def test_global_shape_from_outer_size(mesh):
 @pytest.mark.parametrize(
     "make, exc, message",
     [
-        (lambda m: ShardedTensor(torch.ones(2, 3), m, -1), ValueError,
-         "ShardedTensor._shard_dim is -1, outside [0, 2) for a 2-d shard. Fix: pass 1."),
-        (lambda m: ShardedTensor(torch.ones(2, 3), m, 2), ValueError, "Fix: pass a dim in range, or None for replicated"),
-        (lambda m: ShardedTensor(torch.ones(2), m, "0"), TypeError,
-         "ShardedTensor._shard_dim must be an int or None (replicated), got str. Fix: pass the dim as an int, e.g. 0."),
+        (
+            lambda m: ShardedTensor(torch.ones(2, 3), m, -1),
+            ValueError,
+            "ShardedTensor._shard_dim is -1, outside [0, 2) for a 2-d shard. Fix: pass 1.",
+        ),
+        (
+            lambda m: ShardedTensor(torch.ones(2, 3), m, 2),
+            ValueError,
+            "Fix: pass a dim in range, or None for replicated",
+        ),
+        (
+            lambda m: ShardedTensor(torch.ones(2), m, "0"),
+            TypeError,
+            "ShardedTensor._shard_dim must be an int or None (replicated), got str. Fix: pass the dim as an int, e.g. 0.",
+        ),
         (lambda m: ShardedTensor(torch.ones(0, 2), m, 0), ValueError, "empty shards are not supported"),
-        (lambda m: ShardedTensor(torch.ones(2), "mesh", 0), TypeError,
-         "ShardedTensor._mesh must be a torch.distributed.device_mesh.DeviceMesh (declared in opaque_attrs), got str"),
-        (lambda m: ShardedTensor(torch.ones(2, requires_grad=True), m, 0, requires_grad=True), ValueError,
-         "requires_grad=True asks for a leaf, but the inner tensor '_local' requires grad"),
+        (
+            lambda m: ShardedTensor(torch.ones(2), "mesh", 0),
+            TypeError,
+            "ShardedTensor._mesh must be a torch.distributed.device_mesh.DeviceMesh (declared in opaque_attrs), got str",
+        ),
+        (
+            lambda m: ShardedTensor(torch.ones(2, requires_grad=True), m, 0, requires_grad=True),
+            ValueError,
+            "requires_grad=True asks for a leaf, but the inner tensor '_local' requires grad",
+        ),
     ],
 )
 def test_bad_construction(mesh, make, exc, message):
@@ -158,7 +174,9 @@ def test_mesh_mismatch_is_an_error(mesh):
 def test_shard_dim_mismatch_is_an_error(mesh):
     a = ShardedTensor.from_full(torch.ones(2, 2), mesh, 0)
     b = ShardedTensor.from_full(torch.ones(2, 2), mesh, 1)
-    with pytest.raises(OpaqueSubclassError, match=r"sharded along different dims \(0 and 1.*Fix: .*y.redistribute\(0\)"):
+    with pytest.raises(
+        OpaqueSubclassError, match=r"sharded along different dims \(0 and 1.*Fix: .*y.redistribute\(0\)"
+    ):
         a + b
     torch.testing.assert_close((a + b.redistribute(0)).full_tensor(), torch.full((2, 2), 2.0))
 
@@ -175,7 +193,10 @@ def test_op_without_rule_is_an_error_that_names_the_fix(mesh):
 
 def test_in_place_into_plain_tensor_is_an_error(mesh):
     x = ShardedTensor.from_full(torch.ones(2), mesh, 0)
-    with pytest.raises(OpaqueSubclassError, match="in-place aten.add_.Tensor would write a result sharded along dim 0 into 'self', a plain tensor"):
+    with pytest.raises(
+        OpaqueSubclassError,
+        match="in-place aten.add_.Tensor would write a result sharded along dim 0 into 'self', a plain tensor",
+    ):
         torch.zeros(2).add_(x)
 
 
@@ -209,7 +230,9 @@ def test_collectives_and_their_gradients(mesh):
     t = torch.arange(3.0, requires_grad=True)
     with sharded.record_collectives() as outer:
         with sharded.record_collectives() as inner:
-            out = sharded.all_reduce_sum(t, mesh) + sharded.all_gather(t, mesh, 0, 1) + sharded.local_chunk(t, mesh, 0, 1)
+            out = (
+                sharded.all_reduce_sum(t, mesh) + sharded.all_gather(t, mesh, 0, 1) + sharded.local_chunk(t, mesh, 0, 1)
+            )
         out.sum().backward()
     torch.testing.assert_close(out, 3 * t.detach())
     torch.testing.assert_close(t.grad, torch.full((3,), 3.0))
@@ -301,7 +324,9 @@ def two_ranks(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, 
         weight = torch.randn(ref_out.shape, generator=g)
         (ref_out * weight).sum().backward()
         ins = [
-            f.clone().requires_grad_(True) if p == "plain" else sh.ShardedTensor.from_full(f, mesh, p, requires_grad=True)
+            f.clone().requires_grad_(True)
+            if p == "plain"
+            else sh.ShardedTensor.from_full(f, mesh, p, requires_grad=True)
             for f, (_, p) in zip(fulls, specs)
         ]
         out = fn(*ins)
@@ -328,7 +353,13 @@ def two_ranks(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, 
                 check(f"mm {pa} x {pb}", torch.mm, ((4, 6), pa), ((6, 8), pb))
     check("linear column-parallel", F.linear, ((3, 4), "plain"), ((6, 4), 0), ((6,), 0))
     check("linear row-parallel", F.linear, ((3, 4), 1), ((6, 4), 1), ((6,), None))
-    check("addmm alpha beta", lambda b, x, w: torch.addmm(b, x, w, beta=0.5, alpha=2.0), ((6,), 0), ((3, 4), "plain"), ((4, 6), 1))
+    check(
+        "addmm alpha beta",
+        lambda b, x, w: torch.addmm(b, x, w, beta=0.5, alpha=2.0),
+        ((6,), 0),
+        ((3, 4), "plain"),
+        ((4, 6), 1),
+    )
     check("matmul 3-d", lambda x, w: x @ w.t(), ((2, 3, 4), "plain"), ((6, 4), 0))
     check("sum", torch.sum, ((4, 6), 0))
     check("sum over shard dim", lambda a: a.sum(0), ((4, 6), 0))
@@ -336,6 +367,7 @@ def two_ranks(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, 
     check("mean", torch.mean, ((4, 6), 1))
     check("mean dims", lambda a: a.mean((0, 2)), ((2, 4, 6), 2))
     check("mean other dim", lambda a: a.mean(1), ((4, 6), 0))
+
     def to_dim1(a: torch.Tensor) -> torch.Tensor:
         return (a.redistribute(1) if isinstance(a, sh.ShardedTensor) else a) * 1
 
@@ -360,7 +392,7 @@ def two_ranks(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, 
     want = _linear_net(x, *ref)
     want.backward()
     groups = []
-    for m in (mesh, sh.DeviceMesh.from_group(dist.new_group([0, 1]), "cpu")):
+    for m in (mesh, DeviceMesh.from_group(dist.new_group([0, 1]), "cpu")):
         params = _params(m)
         with sh.record_collectives() as records:
             loss = f(x, *params)

@@ -53,7 +53,13 @@ def test_every_patch_or_fix_module_of_the_table_exists():
 
 
 def test_supported_torch_is_derived_from_the_table():
-    assert osc.SUPPORTED_TORCH == {(2, 11): "backport", (2, 12): "native", (2, 13): "native", (2, 14): "native", (2, 15): "native"}
+    assert osc.SUPPORTED_TORCH == {
+        (2, 11): "backport",
+        (2, 12): "native",
+        (2, 13): "native",
+        (2, 14): "native",
+        (2, 15): "native",
+    }
 
 
 def test_listed_native_release_without_the_feature_is_unsupported(monkeypatch):
@@ -105,7 +111,12 @@ def test_cli_exits_zero_and_reports():
     for name in osc.support().patched + osc.support().fixes:
         assert f"  - {name}\n" in out.stdout
     assert "0 failed" in out.stdout
-    for check in ("compile: forward", "compile: backward", "compile: shared-opaque guard", "lint: group in a flatten context"):
+    for check in (
+        "compile: forward",
+        "compile: backward",
+        "compile: shared-opaque guard",
+        "lint: group in a flatten context",
+    ):
         assert f"[PASS] {check}" in out.stdout
 
 
@@ -146,7 +157,7 @@ def test_torch_210_gets_a_clear_refusal_without_importing_missing_modules():
             assert "Fix: python -m pip install 'torch>=2.11'" in str(e), e
         else:
             raise AssertionError("register_opaque worked on an unsupported torch")
-        from opaque_subclass.__main__ import main
+        from opaque_subclass.cli import main
         sys.exit(main(["--no-demo"]))
         """
     )

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from subclasses import Mesh, MeshTensor, MultiOpaque, PlainPair, Stream
 
 import opaque_subclass as osc
-from subclasses import Mesh, MeshTensor, MultiOpaque, PlainPair, Stream
 
 
 def test_plain_tangent_coerced_to_forward_memory_format():
@@ -12,7 +12,7 @@ def test_plain_tangent_coerced_to_forward_memory_format():
     (meta,) = osc.create_subclass_meta([out], with_memory_format=True)
     tangent = torch.randn(2, 3, 4, 4)
     new, leaves = osc.process_runtime_tangent(tangent, meta)
-    assert new.is_contiguous(memory_format=torch.channels_last) and leaves == [new] or leaves[0] is new
+    assert (new.is_contiguous(memory_format=torch.channels_last) and leaves == [new]) or leaves[0] is new
     assert torch.equal(new, tangent)
 
 

@@ -13,8 +13,8 @@ See ``docs/export.md`` ("Saving and loading") and
 :mod:`opaque_subclass.export.archive` for what is stored and rebound.
 """
 
-from .archive import OpaqueBindingError, OpaqueName, load, read_manifest, save
-from .manifest import MANIFEST_NAME, ExportManifest, OpaqueRecord
+from opaque_subclass.export.archive import OpaqueBindingError, OpaqueName, load, read_manifest, save
+from opaque_subclass.export.manifest import MANIFEST_NAME, ExportManifest, OpaqueRecord
 
 __all__ = [
     "MANIFEST_NAME",

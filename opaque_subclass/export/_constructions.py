@@ -38,9 +38,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from ..errors import OpaqueSubclassError, describe_type, qualified_name
-from ..registry import opaque_kind
-from .manifest import ConstructionRecord, import_qualified
+from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, qualified_name
+from opaque_subclass.core.registry import opaque_kind
+from opaque_subclass.export.manifest import ConstructionRecord, import_qualified
 
 __all__ = ["decode", "default_names", "encode"]
 

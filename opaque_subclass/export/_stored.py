@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from ..errors import OpaqueSubclassError, qualified_name
-from ..flatten import unflatten_subclass
-from ..schema import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
+from opaque_subclass.core.errors import OpaqueSubclassError, qualified_name
+from opaque_subclass.core.flatten import unflatten_subclass
+from opaque_subclass.core.spec import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
 
 __all__ = ["FORMAT_VERSION", "StoredSubclass", "restore_stored", "spec_from_tree", "spec_tree"]
 

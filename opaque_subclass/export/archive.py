@@ -35,22 +35,22 @@ import os
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any, Union
+from typing import IO, Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-from ..errors import OpaqueSubclassError, describe_type, qualified_name
-from ..flatten import flatten_subclass, is_wrapper_subclass
-from ..registry import OpaqueBase, opaque_kind, register_opaque
-from ..schema import OpaqueMeta, iter_slots
-from ._stored import FORMAT_VERSION, StoredSubclass, restore_stored, spec_tree
-from ._constructions import decode, default_names, encode
-from .manifest import MANIFEST_NAME, ConstructionRecord, ExportManifest, OpaqueRecord
+from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, qualified_name
+from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
+from opaque_subclass.core.registry import OpaqueBase, opaque_kind, register_opaque
+from opaque_subclass.core.spec import OpaqueMeta, iter_slots
+from opaque_subclass.export._constructions import decode, default_names, encode
+from opaque_subclass.export._stored import FORMAT_VERSION, StoredSubclass, restore_stored, spec_tree
+from opaque_subclass.export.manifest import MANIFEST_NAME, ConstructionRecord, ExportManifest, OpaqueRecord
 
 __all__ = ["OpaqueBindingError", "OpaqueName", "load", "read_manifest", "save"]
 
-FileLike = Union[str, os.PathLike, IO[bytes]]
+FileLike = str | os.PathLike | IO[bytes]
 Resolver = Callable[[str, type], object]
 
 
@@ -131,9 +131,7 @@ class _Plan:
         opaque_paths = {slot.unwrapped_idx: p for p, slot in iter_slots(spec, path) if isinstance(slot, OpaqueMeta)}
         if not opaque_paths:
             return t
-        names = [
-            self.name_of(leaves[i], site + p[len(path):], p) for i, p in sorted(opaque_paths.items())
-        ]
+        names = [self.name_of(leaves[i], site + p[len(path) :], p) for i, p in sorted(opaque_paths.items())]
         return restore_stored(
             FORMAT_VERSION,
             spec_tree(spec),
@@ -168,9 +166,7 @@ class _Plan:
             )
         from .. import __version__
 
-        records = tuple(
-            OpaqueRecord(f.name, qualified_name(type(f.obj)), tuple(f.sites)) for f in self.found.values()
-        )
+        records = tuple(OpaqueRecord(f.name, qualified_name(type(f.obj)), tuple(f.sites)) for f in self.found.values())
         return ExportManifest(torch.__version__, __version__, records, self.dropped_example_inputs, constructions)
 
 
@@ -180,9 +176,7 @@ def _strip(ep: Any, plan: _Plan) -> tuple[Any, tuple[ConstructionRecord, ...]]:
     constructions as the library op (``ep`` itself is not changed); with the
     records of those constructions."""
     defaults = default_names(ep)
-    state_dict = {
-        fqn: plan.stand_in(t, fqn, f"state_dict[{fqn!r}]") for fqn, t in ep.state_dict.items()
-    }
+    state_dict = {fqn: plan.stand_in(t, fqn, f"state_dict[{fqn!r}]") for fqn, t in ep.state_dict.items()}
     constants: dict[str, Any] = {}
     for fqn, c in ep.constants.items():
         if isinstance(c, torch.Tensor):

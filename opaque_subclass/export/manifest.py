@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import OpaqueSubclassError, qualified_name
+from opaque_subclass.core.errors import OpaqueSubclassError, qualified_name
 
 __all__ = ["MANIFEST_NAME", "ConstructionRecord", "ExportManifest", "OpaqueRecord", "import_qualified"]
 
@@ -122,7 +122,9 @@ class ConstructionRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ConstructionRecord:
-        return cls(str(data["key"]), str(data["func"]), str(data["in_spec"]), tuple((str(k), v) for k, v in data["args"]))
+        return cls(
+            str(data["key"]), str(data["func"]), str(data["in_spec"]), tuple((str(k), v) for k, v in data["args"])
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,9 +148,7 @@ class ExportManifest:
                 "version": _VERSION,
                 "torch": self.torch_version,
                 "opaque_subclass": self.library_version,
-                "opaques": [
-                    {"name": r.name, "type": r.type_name, "sites": list(r.sites)} for r in self.opaques
-                ],
+                "opaques": [{"name": r.name, "type": r.type_name, "sites": list(r.sites)} for r in self.opaques],
                 "example_inputs_dropped": self.example_inputs_dropped,
                 "constructions": [c.to_json() for c in self.constructions],
             },
@@ -166,9 +166,7 @@ class ExportManifest:
                     f"{source} was saved by a newer opaque-subclass (manifest version {data['version']}, this "
                     f"release reads {_VERSION}). Fix: python -m pip install -U opaque-subclass"
                 )
-            records = tuple(
-                OpaqueRecord(str(o["name"]), str(o["type"]), tuple(o["sites"])) for o in data["opaques"]
-            )
+            records = tuple(OpaqueRecord(str(o["name"]), str(o["type"]), tuple(o["sites"])) for o in data["opaques"])
             constructions = tuple(ConstructionRecord.from_json(c) for c in data.get("constructions", ()))
             return cls(
                 str(data["torch"]),

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from ...aliasing import opaque_alias_pattern
-from ...flatten import flatten_subclass
-from ..patching import Patch
+from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.core.aliasing import opaque_alias_pattern
+from opaque_subclass.core.flatten import flatten_subclass
 
 __all__ = ["make_autograd_cache_key", "sharing_key"]
 

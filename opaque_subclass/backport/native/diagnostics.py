@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...flatten import is_wrapper_subclass
-from ..hiding import source_name, validate_input
-from ..patching import Patch
+from opaque_subclass.backport._machinery.hiding import source_name, validate_input
+from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.core.flatten import is_wrapper_subclass
 
 __all__ = ["symbolic_context_patch", "wrap_tensor_patch"]
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from ...flatten import is_wrapper_subclass
-from ...registry import opaque_kind
-from ..hiding import skip_opaque_leaves, split_attrs, tensor_leaves
-from ..patching import Patch
+from opaque_subclass.backport._machinery.hiding import skip_opaque_leaves, split_attrs, tensor_leaves
+from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.core.flatten import is_wrapper_subclass
+from opaque_subclass.core.registry import opaque_kind
 
 __all__ = ["PATCHES", "fake_opaque", "fake_opaque_always"]
 
@@ -195,6 +195,7 @@ def make_set_proxy_slot(original: Callable[..., Any]) -> Callable[..., Any]:
 _FU = "torch._functorch._aot_autograd.functional_utils."
 _SU = "torch._functorch._aot_autograd.subclass_utils."
 
+
 def make_autograd_cache_key(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._functorch._aot_autograd.autograd_cache.autograd_cache_key``
     (torch 2.11).
@@ -210,7 +211,7 @@ def make_autograd_cache_key(original: Callable[..., Any]) -> Callable[..., Any]:
     backport entries (pytorch/pytorch#176457), but gets the same suffix from
     its own fix.
     """
-    from ..native.autograd_cache import make_autograd_cache_key as keyed
+    from opaque_subclass.backport.native.autograd_cache import make_autograd_cache_key as keyed
 
     return keyed(original)
 
@@ -220,7 +221,9 @@ PATCHES = [
     Patch(_SU + "create_subclass_metadata", "7b4c0b5f0341af60", make_create_subclass_metadata),
     Patch(_SU + "unwrap_tensor_subclasses", "11cc3ee45d7806e6", make_unwrap_tensor_subclasses),
     Patch("torch._functorch._aot_autograd.graph_capture_wrappers.sc_visit", "985398e20c16d699", make_sc_visit),
-    Patch("torch._functorch._aot_autograd.autograd_cache.autograd_cache_key", "e7516ac495df56aa", make_autograd_cache_key),
+    Patch(
+        "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key", "e7516ac495df56aa", make_autograd_cache_key
+    ),
     Patch(_FU + "is_fun", "717e7e67d125a4d1", make_is_fun),
     Patch(_FU + "sync_functional_tensor", "a32ff6debc413a1d", make_skip_opaque),
     Patch(_FU + "are_all_mutations_under_no_grad_or_inference_mode", "4c753f6f262dbd37", make_skip_opaque),

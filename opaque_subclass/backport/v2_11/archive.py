@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
-from ...errors import describe_type
-from ...flatten import flatten_subclass, is_wrapper_subclass
-from ...registry import opaque_kind
-from ...schema import OpaqueMeta, iter_slots
-from ..patching import Patch
+from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.core.errors import describe_type
+from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
+from opaque_subclass.core.registry import opaque_kind
+from opaque_subclass.core.spec import OpaqueMeta, iter_slots
 
 __all__ = ["PATCHES", "make_load_constants", "make_package_opaque_constants", "make_save_pickled_tensors"]
 
@@ -50,14 +50,18 @@ def _opaque_constants(ep: Any) -> dict[str, Any]:
 
 
 def _write_opaque_constants(original: Callable[..., Any], refuse_reference: bool) -> Callable[..., Any]:
-    def _package_constants(model_name: str, exported_program: Any, archive_writer: Any, *args: Any, **kwargs: Any) -> Any:
+    def _package_constants(
+        model_name: str, exported_program: Any, archive_writer: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         opaques = _opaque_constants(exported_program)
         if not opaques:
             return original(model_name, exported_program, archive_writer, *args, **kwargs)
         if refuse_reference:
-            from ...export.archive import OpaqueName  # the library's own name; imported on use only
+            from opaque_subclass.export.archive import OpaqueName  # the library's own name; imported on use only
 
-            unnamed = {fqn: c for fqn, c in opaques.items() if opaque_kind(c) == "reference" and not isinstance(c, OpaqueName)}
+            unnamed = {
+                fqn: c for fqn, c in opaques.items() if opaque_kind(c) == "reference" and not isinstance(c, OpaqueName)
+            }
             if unnamed:
                 fqn, obj = next(iter(unnamed.items()))
                 raise TypeError(
@@ -80,7 +84,9 @@ def _write_opaque_constants(original: Callable[..., Any], refuse_reference: bool
             path_name = f"{_OPAQUE_PREFIX}{index}"
             index += 1
             archive_writer.write_bytes(os.path.join(CONSTANTS_DIR, path_name), pickle.dumps(obj, protocol=protocol))
-            config.config[fqn] = schema.PayloadMeta(path_name=path_name, is_param=False, use_pickle=True, tensor_meta=None)
+            config.config[fqn] = schema.PayloadMeta(
+                path_name=path_name, is_param=False, use_pickle=True, tensor_meta=None
+            )
         return config
 
     return _package_constants

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from ...flatten import is_wrapper_subclass
-from ..hiding import tensor_leaves
-from ..patching import Patch
+from opaque_subclass.backport._machinery.hiding import tensor_leaves
+from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.core.flatten import is_wrapper_subclass
 
 __all__ = ["PATCHES"]
 

@@ -10,13 +10,14 @@ patches skip them, as torch 2.12 does (pytorch/pytorch#176457).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from ...flatten import is_wrapper_subclass
-from ..hiding import hide_in_fake_args, opaque_attrs, source_name, validate_input
-from ..patching import Patch
+from opaque_subclass.backport._machinery.hiding import hide_in_fake_args, opaque_attrs, source_name, validate_input
+from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.core.flatten import is_wrapper_subclass
 
 __all__ = ["PATCHES"]
 
@@ -124,7 +125,7 @@ def _reached_through_tensor_context(source: Any, tx: Any) -> bool:
         chain = _resolve(source, tx.output.root_tx.f_locals)
     except (LookupError, AttributeError, KeyError, IndexError, TypeError):
         return False
-    for (_, base), (hop, _) in zip(chain, chain[1:]):
+    for (_, base), (hop, _) in itertools.pairwise(chain):
         if isinstance(hop, AttrSource) and is_wrapper_subclass(base):
             if hop.member not in base.__tensor_flatten__()[0]:  # type: ignore[attr-defined]  # a wrapper subclass
                 return True
@@ -179,7 +180,7 @@ def make_is_device_mesh(original: Callable[..., Any]) -> Callable[..., Any]:
     that the ``VariableBuilder._wrap`` patch found in a tensor subclass's
     flatten context (a DTensor's). Unregistered, torch's behaviour is unchanged.
     """
-    from ...registry import opaque_kind
+    from opaque_subclass.core.registry import opaque_kind
 
     def is_device_mesh(value: object) -> bool:
         if not original(value):
@@ -193,5 +194,7 @@ def make_is_device_mesh(original: Callable[..., Any]) -> Callable[..., Any]:
 
 PATCHES.append(Patch("torch._dynamo.variables.builder.VariableBuilder._wrap", "9d1bd3172bb5c702", make_wrap))
 PATCHES.append(
-    Patch("torch._dynamo.variables.distributed.DeviceMeshVariable.is_device_mesh", "f6951f04a46572a5", make_is_device_mesh)
+    Patch(
+        "torch._dynamo.variables.distributed.DeviceMeshVariable.is_device_mesh", "f6951f04a46572a5", make_is_device_mesh
+    )
 )

@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from ...flatten import is_wrapper_subclass
-from ...registry import opaque_kind
-from ..hiding import source_name, validate_input
-from ..patching import Patch
+from opaque_subclass.backport._machinery.hiding import source_name, validate_input
+from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.core.flatten import is_wrapper_subclass
+from opaque_subclass.core.registry import opaque_kind
 
 __all__ = ["PATCHES"]
 
@@ -72,7 +72,7 @@ def make_lift_constants_pass(original: Callable[..., Any]) -> Callable[..., Any]
     constants hold the real object. Unnecessary since torch 2.12
     (pytorch/pytorch#176457 and follow-ups).
     """
-    from .aot_autograd import fake_opaque_always
+    from opaque_subclass.backport.v2_11.aot_autograd import fake_opaque_always
 
     def lift_constants_pass(gm: Any, graph_signature: Any, constant_attrs: Any) -> Any:
         swapped: dict[int, tuple[Any, Any, Any, str]] = {}
@@ -113,7 +113,9 @@ def make_assign_attr(original: Callable[..., Any]) -> Callable[..., Any]:
     (pytorch/pytorch#176457 and follow-ups in 2.12 and 2.13).
     """
 
-    def _assign_attr(from_obj: Any, to_module: torch.nn.Module, target: str, attr_kind: Any, *args: Any, **kwargs: Any) -> Any:
+    def _assign_attr(
+        from_obj: Any, to_module: torch.nn.Module, target: str, attr_kind: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         if not _is_reference_opaque(from_obj) or getattr(attr_kind, "name", None) != "CONSTANT":
             return original(from_obj, to_module, target, attr_kind, *args, **kwargs)
         result = original(torch.empty(0), to_module, target, attr_kind, *args, **kwargs)

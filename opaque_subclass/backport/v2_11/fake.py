@@ -14,8 +14,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ..hiding import is_opaque_leaf, opaque_attrs, split_attrs
-from ..patching import Patch
+from opaque_subclass.backport._machinery.hiding import is_opaque_leaf, opaque_attrs, split_attrs
+from opaque_subclass.backport._machinery.patching import Patch
 
 __all__ = ["PATCHES"]
 

@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from ...errors import describe_type, qualified_name
-from ...flatten import flatten_subclass, is_wrapper_subclass
-from ...registry import opaque_kind, opaque_type_of
-from ...schema import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
-from ..patching import Patch
+from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.core.errors import describe_type, qualified_name
+from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
+from opaque_subclass.core.registry import opaque_kind, opaque_type_of
+from opaque_subclass.core.spec import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
 
 __all__ = ["PATCHES"]
 
@@ -105,7 +105,9 @@ def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
     on the rebuilt value. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
 
-    def __init__(self: Any, modules: Sequence[torch.nn.Module], original_value: torch.Tensor, unsafe: bool = False) -> None:
+    def __init__(
+        self: Any, modules: Sequence[torch.nn.Module], original_value: torch.Tensor, unsafe: bool = False
+    ) -> None:
         owner = type(original_value).__qualname__
         last = modules[0] if len(modules) else None
         found: dict[int, Any] = {}

@@ -6,7 +6,7 @@ does it with data-driven loops over its metadata (``__tensor_flatten__`` and a
 dict per subclass on every call); torch 2.12+ generates straight-line code.
 With opaque attributes on 2.11 that loop is most of the per-call overhead. The
 patch here gives the per-call function of ``AOTDispatchSubclassWrapper`` two
-functions generated once per graph by :class:`opaque_subclass.codegen.ArgumentsPlan`,
+functions generated once per graph by :class:`opaque_subclass.core.codegen.ArgumentsPlan`,
 from torch's metas translated into :class:`opaque_subclass.SubclassCreationMeta`.
 """
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...codegen import ArgumentsPlan
-from ...errors import OpaqueSubclassError
-from ...schema import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
-from ..patching import Patch
+from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.core.codegen import ArgumentsPlan
+from opaque_subclass.core.errors import OpaqueSubclassError
+from opaque_subclass.core.spec import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
 
 __all__ = ["PATCHES", "plan_for", "translate"]
 

@@ -8,12 +8,19 @@ The set is applied all or nothing, listed in ``opaque_subclass.support().fixes``
 removed by ``opaque_subclass.disable()``.
 """
 
-from ..native import autograd_cache, diagnostics
-from ..patching import PatchSet
+from opaque_subclass.backport._machinery.patching import PatchSet
+from opaque_subclass.backport.native import autograd_cache, diagnostics
+
 from . import export, registry
 
 __all__ = ["FIX_SET"]
 
 FIX_SET = PatchSet(
-    [*registry.PATCHES, *export.PATCHES, autograd_cache.patch("b842f9aaedf60094"), diagnostics.wrap_tensor_patch("3e4cb5d422351e93"), diagnostics.symbolic_context_patch("98cb7c1802eb5fc7")]
+    [
+        *registry.PATCHES,
+        *export.PATCHES,
+        autograd_cache.patch("b842f9aaedf60094"),
+        diagnostics.wrap_tensor_patch("3e4cb5d422351e93"),
+        diagnostics.symbolic_context_patch("98cb7c1802eb5fc7"),
+    ]
 )

@@ -12,9 +12,9 @@ functions as 2.11's: the fixes write and read opaque constants as 2.13 does.
 
 from __future__ import annotations
 
-from ..patching import Patch
-from ..v2_11.archive import make_load_constants, make_package_opaque_constants
-from ..v2_11.export import make_assign_attr
+from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.backport.v2_11.archive import make_load_constants, make_package_opaque_constants
+from opaque_subclass.backport.v2_11.export import make_assign_attr
 
 __all__ = ["PATCHES"]
 

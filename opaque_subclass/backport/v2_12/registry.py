@@ -14,8 +14,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from ...registry import opaque_kind
-from ..patching import Patch
+from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.core.registry import opaque_kind
 
 __all__ = ["PATCHES"]
 

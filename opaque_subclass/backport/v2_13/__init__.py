@@ -6,11 +6,15 @@ nothing, listed in ``opaque_subclass.support().fixes``, removed by
 ``opaque_subclass.disable()``.
 """
 
-from ..native import autograd_cache, diagnostics
-from ..patching import PatchSet
+from opaque_subclass.backport._machinery.patching import PatchSet
+from opaque_subclass.backport.native import autograd_cache, diagnostics
 
 __all__ = ["FIX_SET"]
 
 FIX_SET = PatchSet(
-    [autograd_cache.patch("746e13724b1aa10b"), diagnostics.wrap_tensor_patch("4d0013f630d40596"), diagnostics.symbolic_context_patch("98cb7c1802eb5fc7")]
+    [
+        autograd_cache.patch("746e13724b1aa10b"),
+        diagnostics.wrap_tensor_patch("4d0013f630d40596"),
+        diagnostics.symbolic_context_patch("98cb7c1802eb5fc7"),
+    ]
 )

@@ -9,11 +9,19 @@ leftovers included. Applied all or nothing, listed in
 ``opaque_subclass.support().fixes``, removed by ``opaque_subclass.disable()``.
 """
 
-from ..native import autograd_cache, diagnostics
-from ..patching import PatchSet
+from opaque_subclass.backport._machinery.patching import PatchSet
+from opaque_subclass.backport.native import autograd_cache, diagnostics
+
 from . import aot_autograd
 
 __all__ = ["FIX_SET"]
 
 
-FIX_SET = PatchSet([*aot_autograd.PATCHES, autograd_cache.patch("ec0906f362c21ef6"), diagnostics.wrap_tensor_patch("3f917c5075df5856"), diagnostics.symbolic_context_patch("342a3851b99d5c47")])
+FIX_SET = PatchSet(
+    [
+        *aot_autograd.PATCHES,
+        autograd_cache.patch("ec0906f362c21ef6"),
+        diagnostics.wrap_tensor_patch("3f917c5075df5856"),
+        diagnostics.symbolic_context_patch("342a3851b99d5c47"),
+    ]
+)

@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from ..patching import Patch
+from opaque_subclass.backport._machinery.patching import Patch
 
 __all__ = ["PATCHES"]
 

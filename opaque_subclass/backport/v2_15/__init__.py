@@ -2,10 +2,17 @@
 still calls the deprecated ``is_opaque_value``, unchanged), and the AOTAutograd
 cache-key fix written against 2.15's own ``autograd_cache_key``."""
 
-from ..native import autograd_cache, diagnostics
-from ..patching import PatchSet
-from ..v2_14 import aot_autograd
+from opaque_subclass.backport._machinery.patching import PatchSet
+from opaque_subclass.backport.native import autograd_cache, diagnostics
+from opaque_subclass.backport.v2_14 import aot_autograd
 
 __all__ = ["FIX_SET"]
 
-FIX_SET = PatchSet([*aot_autograd.PATCHES, autograd_cache.patch("26aa5a210e4eaa85"), diagnostics.wrap_tensor_patch("3f917c5075df5856"), diagnostics.symbolic_context_patch("20b9804df638b119")])
+FIX_SET = PatchSet(
+    [
+        *aot_autograd.PATCHES,
+        autograd_cache.patch("26aa5a210e4eaa85"),
+        diagnostics.wrap_tensor_patch("3f917c5075df5856"),
+        diagnostics.symbolic_context_patch("20b9804df638b119"),
+    ]
+)

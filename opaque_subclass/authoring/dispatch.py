@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .errors import OpaqueSubclassError, describe_type
+from opaque_subclass.core.errors import OpaqueSubclassError, describe_type
 
 __all__ = ["dispatch", "lookup"]
 

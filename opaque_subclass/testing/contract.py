@@ -26,11 +26,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from .aliasing import opaque_alias_pattern
-from .flatten import create_subclass_meta, flatten_subclass, is_wrapper_subclass, unflatten_subclass
-from .registry import opaque_kind
-from .runtime import process_runtime_tangent, unwrap_tensor_subclasses, wrap_tensor_subclasses
-from .schema import OpaqueMeta, SubclassCreationMeta, iter_slots
+from opaque_subclass.core.aliasing import opaque_alias_pattern
+from opaque_subclass.core.flatten import create_subclass_meta, flatten_subclass, is_wrapper_subclass, unflatten_subclass
+from opaque_subclass.core.registry import opaque_kind
+from opaque_subclass.core.runtime import process_runtime_tangent, unwrap_tensor_subclasses, wrap_tensor_subclasses
+from opaque_subclass.core.spec import OpaqueMeta, SubclassCreationMeta, iter_slots
 
 __all__ = ["OpaqueSubclassContract", "assert_same_leaves"]
 
@@ -56,7 +56,9 @@ class OpaqueSubclassContract:
 
     def make(self) -> torch.Tensor:
         x = type(self).FACTORY()
-        assert type(x) is type(self).SUBCLASS, f"FACTORY returned {type(x).__qualname__}, not {type(self).SUBCLASS.__qualname__}"
+        assert type(x) is type(self).SUBCLASS, (
+            f"FACTORY returned {type(x).__qualname__}, not {type(self).SUBCLASS.__qualname__}"
+        )
         assert is_wrapper_subclass(x), f"FACTORY returned {type(x).__qualname__}, not a wrapper subclass"
         return x
 
@@ -101,10 +103,12 @@ class OpaqueSubclassContract:
         out = program.module()(x)
         assert type(out) is type(x)
         got, want = self._opaques(out), self._opaques(x)
-        assert len(got) == len(want) and all(a is b for a, b in zip(got, want)), "exported program lost the input's opaques"
+        assert len(got) == len(want) and all(a is b for a, b in zip(got, want)), (
+            "exported program lost the input's opaques"
+        )
 
     def test_parametrization_keeps_opaques(self) -> None:
-        from .parametrization import unwrap_tensor_subclass_parameters
+        from opaque_subclass.modules.parametrization import unwrap_tensor_subclass_parameters
 
         module = torch.nn.Module()
         x = self.make()
@@ -173,7 +177,9 @@ class OpaqueSubclassContract:
             (primals, tangents), is_joint_structure=True, subclass_metas=(p_metas, t_metas)
         )
         saved = [torch.zeros(1), torch.zeros(2)]
-        out = wrap_tensor_subclasses([*flat_p, *saved], subclass_metas=p_metas, num_fw_outs_saved_for_bw=2, is_runtime=True)
+        out = wrap_tensor_subclasses(
+            [*flat_p, *saved], subclass_metas=p_metas, num_fw_outs_saved_for_bw=2, is_runtime=True
+        )
         assert out[1] is saved[0] and out[2] is saved[1]
         assert_same_leaves(unwrap_tensor_subclasses([out[0]], is_joint_structure=False), flat_p)
         assert len(flat_t) == t_metas[0].arg_count

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from .errors import OpaqueSubclassError
-from .registry import register_opaque
+from opaque_subclass.core.errors import OpaqueSubclassError
+from opaque_subclass.core.registry import register_opaque
 
 __all__ = ["CollectiveRecord", "all_gather", "all_reduce_sum", "define_ops", "local_chunk", "record_collectives"]  # noqa: F822 - the ops come from __getattr__
 
@@ -206,7 +206,7 @@ def _ops() -> _Ops:
         raise OpaqueSubclassError(
             "opaque_subclass collectives: the ops are defined on first use, and their first use "
             "is inside torch.compile, which cannot define them. Fix: call "
-            "opaque_subclass.collectives.define_ops() before compiling (it also registers "
+            "opaque_subclass.sharded.collectives.define_ops() before compiling (it also registers "
             "DeviceMesh as a reference opaque where torch has not), or build the ShardedTensor "
             "arguments outside the compiled function."
         )
@@ -218,7 +218,7 @@ def define_ops() -> None:
     ``all_gather``, ``local_chunk``), registering ``DeviceMesh`` as a reference
     opaque where torch has not (torch 2.11; from 2.12 torch registers it
     itself). Importing this module does neither; the first access to one of
-    the ops (``from opaque_subclass.collectives import all_gather``) or the
+    the ops (``from opaque_subclass.sharded.collectives import all_gather``) or the
     first :class:`~opaque_subclass.sharded.ShardedTensor` collective does. Idempotent."""
     _define_ops()
 

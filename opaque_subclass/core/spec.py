@@ -41,7 +41,7 @@ __all__ = [
     "symint_placeholders",
 ]
 
-IntLike = Union[int, torch.SymInt]
+IntLike = int | torch.SymInt
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +96,10 @@ class SymIntMeta:
     dim: int
 
 
-SlotMeta = Union[PlainTensorMeta, OpaqueMeta, "SubclassCreationMeta"]
-FlatMeta = Union[PlainTensorMeta, OpaqueMeta, SymIntMeta]
+SlotMeta = Union[
+    PlainTensorMeta, OpaqueMeta, "SubclassCreationMeta"
+]  # a forward reference, which `|` cannot take at run time
+FlatMeta = PlainTensorMeta | OpaqueMeta | SymIntMeta
 
 
 class _FrozenAttrs(dict):  # type: ignore[type-arg]  # str -> SlotMeta, checked on build
@@ -180,7 +182,7 @@ class SubclassCreationMeta:
     num_opaques: int = field(init=False, compare=False, repr=False)
     size_placeholders: tuple[int, ...] = field(init=False, compare=False, repr=False)
     stride_placeholders: tuple[int, ...] = field(init=False, compare=False, repr=False)
-    # Compiled run-time helpers (see opaque_subclass.codegen); a cache, not metadata.
+    # Compiled run-time helpers (see opaque_subclass.core.codegen); a cache, not metadata.
     _compiled: dict[str, Any] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -191,8 +193,7 @@ class SubclassCreationMeta:
         setattr_(self, "outer_stride", tuple(self.outer_stride))
         if not isinstance(self.subclass_type, type) or not issubclass(self.subclass_type, torch.Tensor):
             raise TypeError(
-                f"SubclassCreationMeta.subclass_type must be a torch.Tensor subclass, "
-                f"got {self.subclass_type!r}"
+                f"SubclassCreationMeta.subclass_type must be a torch.Tensor subclass, got {self.subclass_type!r}"
             )
         count = tensors = opaques = 0
         expected = self.flat_tensor_start_idx
@@ -251,10 +252,10 @@ class SubclassCreationMeta:
     @property
     def symint_start_idx(self) -> int:
         """Flat index of this subclass's first symbolic size slot."""
-        return self.flat_tensor_start_idx + self.arg_count - (
-            len(self.size_placeholders) + len(self.stride_placeholders)
-            if self.included_subclass_symints
-            else 0
+        return (
+            self.flat_tensor_start_idx
+            + self.arg_count
+            - (len(self.size_placeholders) + len(self.stride_placeholders) if self.included_subclass_symints else 0)
         )
 
     def runtime_safe(self) -> SubclassCreationMeta:
@@ -264,15 +265,13 @@ class SubclassCreationMeta:
         time); nested ints become ``-1`` (nested-tensor subclasses ignore them).
         Returns ``self`` when it is already runtime safe.
         """
+
         def safe(x: IntLike | None) -> int | None:
             if isinstance(x, torch.SymInt):
                 return -1 if x.node.is_nested_int() else None
             return x
 
-        attrs = {
-            k: v.runtime_safe() if isinstance(v, SubclassCreationMeta) else v
-            for k, v in self.attrs.items()
-        }
+        attrs = {k: v.runtime_safe() if isinstance(v, SubclassCreationMeta) else v for k, v in self.attrs.items()}
         size = tuple(map(safe, self.outer_size))
         stride = tuple(map(safe, self.outer_stride))
         if (
@@ -282,9 +281,7 @@ class SubclassCreationMeta:
             and all(a is b for a, b in zip(attrs.values(), self.attrs.values()))
         ):
             return self
-        return dataclasses.replace(
-            self, attrs=attrs, outer_size=size, outer_stride=stride, original_subclass=None
-        )
+        return dataclasses.replace(self, attrs=attrs, outer_size=size, outer_stride=stride, original_subclass=None)
 
     def with_start(self, start: int) -> SubclassCreationMeta:
         """The same description, shifted so that its first slot is ``start``."""
@@ -299,7 +296,7 @@ class SubclassCreationMeta:
         ``leaves`` is indexed by this meta's absolute slot indices. Opaque
         slots receive the very objects given; no copies are made.
         """
-        from .flatten import unflatten_subclass
+        from opaque_subclass.core.flatten import unflatten_subclass
 
         return unflatten_subclass(leaves, self)
 

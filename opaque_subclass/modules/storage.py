@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .flatten import flatten_subclass, is_wrapper_subclass
+from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
 
 __all__ = ["untyped_storages"]
 

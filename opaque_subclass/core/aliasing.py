@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .registry import opaque_kind
+from opaque_subclass.core.registry import opaque_kind
 
 __all__ = ["OpaqueAliasPattern", "opaque_alias_pattern"]
 

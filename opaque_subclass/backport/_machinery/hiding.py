@@ -41,8 +41,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..flatten import _bad_attribute, check_rebuild, is_wrapper_subclass
-from ..registry import opaque_kind
+from opaque_subclass.core.flatten import _bad_attribute, check_rebuild, is_wrapper_subclass
+from opaque_subclass.core.registry import opaque_kind
 
 __all__ = [
     "hide_in_fake_args",
@@ -129,7 +129,7 @@ def validate_attrs(t: object, path: str) -> None:
 def validate_input(t: object, path: str) -> None:
     """Everything checked where torch first meets a subclass input while
     tracing: the attributes (:func:`validate_attrs`) and, for a real (not fake)
-    input, that ``__tensor_unflatten__`` rebuilds it (:func:`~opaque_subclass.flatten.check_rebuild`)."""
+    input, that ``__tensor_unflatten__`` rebuilds it (:func:`~opaque_subclass.core.flatten.check_rebuild`)."""
     validate_attrs(t, path)
     from torch._subclasses.fake_tensor import is_fake
 

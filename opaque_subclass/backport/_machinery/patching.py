@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["Patch", "PatchSet", "PatchRefused", "fingerprint"]
+__all__ = ["Patch", "PatchRefused", "PatchSet", "fingerprint"]
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def _module_file(module_name: str) -> str | None:
     torch_spec = importlib.util.find_spec("torch")
     if torch_spec is None or not torch_spec.submodule_search_locations:
         return None
-    base = os.path.join(list(torch_spec.submodule_search_locations)[0], *parts[1:])
+    base = os.path.join(next(iter(torch_spec.submodule_search_locations)), *parts[1:])
     for candidate in (base + ".py", os.path.join(base, "__init__.py")):
         if os.path.isfile(candidate):
             return candidate
@@ -320,7 +320,9 @@ class PatchSet:
             self._deferred = deferred
             if deferred:
                 _ImportHook.add(self)
-            log.debug("applied %d patches, %d wait for their module's import", len(applied), sum(map(len, deferred.values())))
+            log.debug(
+                "applied %d patches, %d wait for their module's import", len(applied), sum(map(len, deferred.values()))
+            )
             return self.targets
 
     def _apply(self, p: Patch) -> _Applied:

@@ -35,8 +35,8 @@ from typing import Any, get_args
 
 import torch
 
-from ._versions import OpaqueKind, RegistryAPI, current
-from .errors import import_fix, qualified_name
+from opaque_subclass._versions import OpaqueKind, RegistryAPI, current
+from opaque_subclass.core.errors import import_fix, qualified_name
 
 __all__ = [
     "KIND_ALIASES",
@@ -191,17 +191,14 @@ def _check_value_type_protocol(cls: type) -> None:
     if cls.__hash__ is None or cls.__hash__ is object.__hash__:
         missing.append("__hash__ consistent with __eq__ (used for fake-tensor caching)")
     if not hasattr(cls, "__fx_repr__"):
-        missing.append(
-            "__fx_repr__ returning (source, {name: type}) that rebuilds the value in generated code"
-        )
+        missing.append("__fx_repr__ returning (source, {name: type}) that rebuilds the value in generated code")
     if missing:
         raise TypeError(
             f"cannot register {qualified_name(cls)} as a value-type opaque: it lacks "
             + "; ".join(missing)
             + ". A value opaque is a constant that torch.compile compares and bakes in. "
             "Fix: define the missing methods, or register it as a reference opaque if "
-            "its identity matters: "
-            + import_fix(cls, 'opaque_subclass.register_opaque({cls}, kind="reference")')
+            "its identity matters: " + import_fix(cls, 'opaque_subclass.register_opaque({cls}, kind="reference")')
         )
 
 

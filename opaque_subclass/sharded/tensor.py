@@ -79,12 +79,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
-from .authoring import OpaqueSubclass
+from opaque_subclass.authoring.base import OpaqueSubclass
+from opaque_subclass.authoring.dispatch import lookup
+from opaque_subclass.core.errors import OpaqueSubclassError, describe_type
+from opaque_subclass.core.registry import opaque_type_of
+from opaque_subclass.sharded.collectives import CollectiveRecord, _ops, _resized, record_collectives
+
 from . import collectives as _collectives
-from .collectives import CollectiveRecord, _ops, _resized, record_collectives
-from .dispatch import lookup
-from .errors import OpaqueSubclassError, describe_type
-from .registry import opaque_type_of
 
 __all__ = [  # noqa: F822 - the collective ops come from __getattr__
     "CollectiveRecord",
@@ -99,13 +100,15 @@ log = logging.getLogger(__name__)
 
 
 def __getattr__(name: str) -> Any:
-    # The collective ops are re-exported from opaque_subclass.collectives, where
+    # The collective ops are re-exported from opaque_subclass.sharded.collectives, where
     # they are defined on first access (importing this module defines nothing).
     if name in _collectives._OP_NAMES:
         return getattr(_collectives, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 aten = torch.ops.aten
+
 
 @torch.library.custom_op("opaque_subclass::redistribute", mutates_args=())
 def _redistribute_op(x: torch.Tensor, shard_dim: Optional[int], num_shards: int) -> torch.Tensor:  # noqa: UP045 - custom_op schema inference wants Optional
@@ -141,7 +144,9 @@ def _is_fake(obj: object) -> bool:
 
 
 def _same_object(a: object, b: object) -> bool:
-    unwrap = (lambda o: object.__getattribute__(o, "real_obj") if _is_fake(o) else o)
+    def unwrap(o: object) -> object:
+        return object.__getattribute__(o, "real_obj") if _is_fake(o) else o
+
     return unwrap(a) is unwrap(b)
 
 
@@ -218,11 +223,22 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
             outer_size = _resized(local, dim, local.shape[dim] * mesh.size())
             outer_stride = _dense_strides_like(outer_size, local.stride())
         return OpaqueSubclass.__new__(
-            cls, outer_size=outer_size, outer_stride=outer_stride, requires_grad=requires_grad, _trusted=_trusted, **bound
+            cls,
+            outer_size=outer_size,
+            outer_stride=outer_stride,
+            requires_grad=requires_grad,
+            _trusted=_trusted,
+            **bound,
         )
 
     @classmethod
-    def from_inner(cls, *values: Any, outer_size: Sequence[int] | None = None, outer_stride: Sequence[int] | None = None, **named: Any) -> Any:
+    def from_inner(
+        cls,
+        *values: Any,
+        outer_size: Sequence[int] | None = None,
+        outer_stride: Sequence[int] | None = None,
+        **named: Any,
+    ) -> Any:
         """The constructor, differentiable with respect to ``_local`` (as the constructor is)."""
         return cls(*values, outer_size=outer_size, outer_stride=outer_stride, **named)
 
@@ -311,7 +327,9 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
 
 class _FromLocal(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, mesh: DeviceMesh, dim: int | None, outer_size: Any, outer_stride: Any) -> ShardedTensor:  # type: ignore[override]
+    def forward(
+        ctx: Any, local: torch.Tensor, mesh: DeviceMesh, dim: int | None, outer_size: Any, outer_stride: Any
+    ) -> ShardedTensor:  # type: ignore[override]
         out = ShardedTensor(local.detach(), mesh, dim, outer_size=outer_size, outer_stride=outer_stride)
         ctx.mesh, ctx.dim, ctx.n = mesh, dim, _num_shards(out)
         return out
@@ -330,8 +348,18 @@ class _FromLocal(torch.autograd.Function):
 _SHAPE_KEEPING = frozenset(
     getattr(aten, name)
     for name in (
-        "clone", "detach", "alias", "empty_like", "zeros_like", "ones_like", "full_like",
-        "_to_copy", "copy_", "fill_", "zero_", "lift_fresh",
+        "clone",
+        "detach",
+        "alias",
+        "empty_like",
+        "zeros_like",
+        "ones_like",
+        "full_like",
+        "_to_copy",
+        "copy_",
+        "fill_",
+        "zero_",
+        "lift_fresh",
     )
 )
 
@@ -345,7 +373,11 @@ def _check_shard_dim(cls: type, local: torch.Tensor, dim: object) -> None:
             f"{describe_type(dim)}. Fix: pass the dim as an int, e.g. 0."
         )
     if not 0 <= dim < local.dim():
-        fix = f"pass {dim % local.dim()}" if local.dim() and -local.dim() <= dim < 0 else "pass a dim in range, or None for replicated"
+        fix = (
+            f"pass {dim % local.dim()}"
+            if local.dim() and -local.dim() <= dim < 0
+            else "pass a dim in range, or None for replicated"
+        )
         raise ValueError(
             f"{cls.__qualname__}._shard_dim is {dim}, outside [0, {local.dim()}) for a "
             f"{local.dim()}-d shard. Fix: {fix}."
@@ -486,7 +518,14 @@ def _rule(*ops: Any) -> Callable[[Rule], Rule]:
     return register
 
 
-def _moved(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], x: ShardedTensor, dim: int | None, local_args: tuple[Any, ...]) -> Any:
+def _moved(
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    x: ShardedTensor,
+    dim: int | None,
+    local_args: tuple[Any, ...],
+) -> Any:
     out = _wrap(func(x._local, *local_args), x._mesh, dim, _num_shards(x))
     return return_and_correct_aliasing(func, args, kwargs, out)
 

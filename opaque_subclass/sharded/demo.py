@@ -13,31 +13,20 @@ group and training goes on with the same compiled function. It must not
 recompile, it must still match, and the collectives must run on the new group
 (recorded by :func:`~opaque_subclass.sharded.record_collectives` as they run).
 
-:func:`run_local_workers` is the launcher underneath: a function run by every
-rank of a local gloo group, with every wait bounded, so that a failure never
-hangs.
+:func:`~opaque_subclass.testing.run_local_workers` is the launcher underneath.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import json
 import logging
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from opaque_subclass.testing.workers import WorkersFailed, run_local_workers
 
 if TYPE_CHECKING:
     import torch
@@ -49,7 +38,6 @@ __all__ = [
     "DemoError",
     "DemoReport",
     "run_demo",
-    "run_local_workers",
     "shard_module",
     "train_worker",
 ]
@@ -58,221 +46,21 @@ log = logging.getLogger(__name__)
 
 #: Shard dim of each parameter of the demo MLP (``None``: replicated).
 MLP_PLAN: dict[str, int | None] = {
-    "0.weight": 0, "0.bias": 0,  # column-parallel: output features split
-    "2.weight": 1, "2.bias": None,  # row-parallel: contraction over the split, all-reduce
-    "4.weight": 0, "4.bias": 0,  # column-parallel again: the output stays split
+    "0.weight": 0,
+    "0.bias": 0,  # column-parallel: output features split
+    "2.weight": 1,
+    "2.bias": None,  # row-parallel: contraction over the split, all-reduce
+    "4.weight": 0,
+    "4.bias": 0,  # column-parallel again: the output stays split
 }
 
 
 class DemoError(RuntimeError):
-    """The demo (or a worker of :func:`run_local_workers`) failed; the message says how."""
+    """The demo failed (a rank failed, or the results are wrong); the message says how."""
 
     def __init__(self, message: str, report: DemoReport | None = None) -> None:
         super().__init__(message)
         self.report = report
-
-
-# ---------------------------------------------------------------- launcher
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _load_target(target: str) -> Callable[..., Any]:
-    where, sep, name = target.rpartition(":")
-    if not sep or not where or not name:
-        raise ValueError(f"worker target {target!r} must be 'package.module:function' or '/path/file.py:function'")
-    if where.endswith(".py"):
-        spec = importlib.util.spec_from_file_location(Path(where).stem, where)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load worker file {where!r}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
-    return getattr(module, name)  # type: ignore[no-any-return]
-
-
-def _worker_main(target: str, rank: int, world_size: int, port: int, workdir: str, pg_timeout: float) -> int:
-    """One rank: join the group, run the target, write the result, leave the group."""
-    result: dict[str, Any] = {"rank": rank}
-    try:
-        import torch.distributed as dist
-
-        fn = _load_target(target)
-        payload = json.loads(Path(workdir, "payload.json").read_text())
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=pg_timeout),
-        )
-        try:
-            result["value"] = fn(rank, world_size, payload)
-        finally:
-            dist.destroy_process_group()
-        result["ok"] = True
-    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
-        result["ok"] = False
-        result["error"] = traceback.format_exc()
-    path = Path(workdir, f"result{rank}.json")
-    path.with_suffix(".tmp").write_text(json.dumps(result))
-    path.with_suffix(".tmp").replace(path)
-    return 0 if result["ok"] else 1
-
-
-def _tail(path: Path, chars: int = 3000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return ""
-
-
-def run_local_workers(
-    target: str, world_size: int = 2, *, payload: Mapping[str, Any] | None = None, timeout: float = 100.0
-) -> list[Any]:
-    """Run ``fn(rank, world_size, payload)`` in ``world_size`` local processes.
-
-    Parameters
-    ----------
-    target
-        ``"package.module:function"`` or ``"/path/to/file.py:function"``. The
-        function runs after ``torch.distributed.init_process_group("gloo")`` on
-        127.0.0.1 and must return something JSON-serializable.
-    world_size
-        Number of processes (ranks).
-    payload
-        JSON-serializable arguments passed to every rank.
-    timeout
-        Seconds for the whole run. Collectives time out earlier, so a rank
-        waiting for a dead peer fails instead of hanging.
-
-    Returns
-    -------
-    list
-        The return values, by rank.
-
-    Raises
-    ------
-    DemoError
-        If a rank raised, died, or the run took longer than ``timeout``; the
-        message holds the failing rank's traceback or output.
-    """
-    if world_size < 1:
-        raise ValueError(f"run_local_workers: world_size must be at least 1, got {world_size}")
-    package_root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    deadline = time.monotonic() + timeout
-    with tempfile.TemporaryDirectory(prefix="opaque_subclass_workers_") as workdir:
-        Path(workdir, "payload.json").write_text(json.dumps(dict(payload or {})))
-        port = _free_port()
-        pg_timeout = max(5.0, timeout * 0.6)
-        log.debug("starting %d workers for %s on 127.0.0.1:%d in %s", world_size, target, port, workdir)
-        procs: list[subprocess.Popen[bytes]] = []
-        logs: list[Path] = []
-        try:
-            for rank in range(world_size):
-                log_path = Path(workdir, f"log{rank}.txt")
-                logs.append(log_path)
-                with open(log_path, "wb") as out:
-                    procs.append(
-                        subprocess.Popen(
-                            [sys.executable, "-m", "opaque_subclass.demo", "--worker", target, str(rank),
-                             str(world_size), str(port), workdir, str(pg_timeout)],
-                            stdout=out, stderr=subprocess.STDOUT, env=env,
-                        )
-                    )
-            exited_at = _watch(procs, deadline, on_timeout=lambda: DemoError(
-                f"{target}: {world_size} workers did not finish within {timeout:.0f} s" + _logs_text(procs, logs)
-            ))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait(timeout=10)
-        reports: list[dict[str, Any] | None] = []
-        for rank in range(world_size):
-            path = Path(workdir, f"result{rank}.json")
-            reports.append(json.loads(path.read_text()) if path.exists() else None)
-        failed = [
-            rank
-            for rank, (report, proc) in enumerate(zip(reports, procs))
-            if report is None or not report["ok"] or proc.returncode != 0
-        ]
-        if failed:
-            # The first rank seen to exit is the cause; its peers often only lost
-            # their connection to it. Ranks still running when the launcher
-            # stopped them come last.
-            order = sorted(failed, key=lambda r: (exited_at.get(r, float("inf")), reports[r] is not None, r))
-            first = order[0]
-
-            def how(r: int, brief: bool) -> str:
-                if r not in exited_at:
-                    return "was still running and was stopped by the launcher"
-                return _how_it_ended(procs[r], reports[r], brief=brief)
-
-            others = "".join(f"\nthen rank {r} {how(r, True)}" for r in order[1:])
-            raise DemoError(
-                f"{target}: rank {first} {how(first, False)}"
-                f"{others}\noutput of rank {first}:\n{_tail(logs[first])}"
-            )
-        results = [report["value"] for report in reports if report is not None]
-        return results
-
-
-#: After the first rank fails, how long its peers get to write their own
-#: reports before the launcher stops them.
-_GRACE_S = 1.0
-_POLL_S = 0.02
-
-
-def _watch(
-    procs: Sequence[subprocess.Popen[bytes]], deadline: float, *, on_timeout: Callable[[], Exception]
-) -> dict[int, float]:
-    """Poll every rank until all have exited, or one failed and the grace period
-    passed; returns when each rank was first seen to have exited. A death is seen
-    within one poll interval, whichever rank it is."""
-    exited_at: dict[int, float] = {}
-    while True:
-        now = time.monotonic()
-        for rank, p in enumerate(procs):
-            if rank not in exited_at and p.poll() is not None:
-                exited_at[rank] = now
-        if len(exited_at) == len(procs):
-            return exited_at
-        failures = [exited_at[r] for r in exited_at if procs[r].returncode != 0]
-        if failures and now - min(failures) > _GRACE_S:
-            return exited_at
-        if now > deadline:
-            raise on_timeout()
-        time.sleep(_POLL_S)
-
-
-def _how_it_ended(proc: subprocess.Popen[bytes], report: Mapping[str, Any] | None, *, brief: bool) -> str:
-    code = proc.returncode
-    if report is not None and not report["ok"]:
-        error = str(report["error"])
-        return "failed: " + error.strip().splitlines()[-1] if brief else "failed:\n" + error
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name}" + ("" if report is None else " after finishing its work")
-    if report is None:
-        return f"exited with code {code} without a result"
-    return f"exited with code {code} after finishing its work"
-
-
-def _logs_text(procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path]) -> str:
-    parts = [f"\n--- rank {i} (exit code {p.poll()}):\n{_tail(path)}" for i, (p, path) in enumerate(zip(procs, logs))]
-    return "".join(parts)
 
 
 # ---------------------------------------------------------------- the demo
@@ -293,12 +81,14 @@ def shard_module(module: nn.Module, mesh: DeviceMesh, plan: Mapping[str, int | N
     """
     import torch.nn as nn
 
-    from .sharded import ShardedTensor
+    from opaque_subclass.sharded.tensor import ShardedTensor
 
     names = dict(module.named_parameters())
     missing = sorted(set(plan) - set(names))
     if missing:
-        raise ValueError(f"shard_module: the plan names {missing}, which are not parameters of {type(module).__qualname__}")
+        raise ValueError(
+            f"shard_module: the plan names {missing}, which are not parameters of {type(module).__qualname__}"
+        )
     for name, dim in plan.items():
         value = names[name].detach()
         full = value.full_tensor() if isinstance(value, ShardedTensor) else value
@@ -340,8 +130,7 @@ def train_worker(rank: int, world_size: int, payload: Mapping[str, Any]) -> dict
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     import opaque_subclass
-
-    from .sharded import record_collectives
+    from opaque_subclass.sharded.tensor import record_collectives
 
     torch.set_num_threads(1)
     steps, backend, lr = int(payload["steps"]), str(payload["backend"]), float(payload["lr"])
@@ -499,10 +288,17 @@ def run_demo(
     if steps < 2:
         raise ValueError(f"run_demo: steps must be at least 2 (the first compiled step is not timed), got {steps}")
     if 8 % world_size:
-        raise ValueError(f"run_demo: world_size {world_size} does not divide the layer widths 32 and 8; use 1, 2, 4 or 8")
+        raise ValueError(
+            f"run_demo: world_size {world_size} does not divide the layer widths 32 and 8; use 1, 2, 4 or 8"
+        )
     t0 = time.perf_counter()
     payload = {"steps": steps, "backend": backend, "lr": lr, "seed": seed}
-    results = run_local_workers("opaque_subclass.demo:train_worker", world_size, payload=payload, timeout=timeout)
+    try:
+        results = run_local_workers(
+            "opaque_subclass.sharded.demo:train_worker", world_size, payload=payload, timeout=timeout
+        )
+    except WorkersFailed as e:
+        raise DemoError(f"demo failed: {e}") from e
     first = results[0]
     report = DemoReport(
         torch_version=first["torch_version"],
@@ -537,20 +333,13 @@ def run_demo(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m opaque_subclass.demo [--steps N] [--world-size N] [--backend B]``."""
+    """``python -m opaque_subclass.sharded.demo [--steps N] [--world-size N] [--backend B]``."""
     import argparse
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["--worker"]:
-        target, rank, world_size, port, workdir, pg_timeout = args[1:7]
-        code = _worker_main(target, int(rank), int(world_size), int(port), workdir, float(pg_timeout))
-        # The result is on disk and the process group destroyed. Skip interpreter
-        # teardown: background threads of gloo and torch.compile can abort it
-        # ("terminate called without an active exception") after the work is done.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    parser = argparse.ArgumentParser(prog="python -m opaque_subclass.demo", description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m opaque_subclass.sharded.demo", description=(__doc__ or "").split("\n\n")[0]
+    )
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--backend", default="aot_eager")

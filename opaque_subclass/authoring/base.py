@@ -13,7 +13,7 @@ Example::
 The class gets ``__tensor_flatten__`` (tensors then opaques, metadata in the
 context), ``__tensor_unflatten__``, a ``__repr__`` that never reads tensor
 data, a per-class op table (:meth:`OpaqueSubclass.implements`) and a default
-``__torch_dispatch__`` (see :mod:`opaque_subclass.dispatch`). Declarations are
+``__torch_dispatch__`` (see :mod:`opaque_subclass.authoring.dispatch`). Declarations are
 checked when the class statement runs, not on first use (only the registration
 of opaque classes may be left to the first instance, with
 ``register_opaques=True``).
@@ -28,8 +28,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from .errors import describe_type, import_fix, qualified_name
-from .registry import opaque_kind, opaque_type_of, register_opaque
+from opaque_subclass.core.errors import describe_type, import_fix, qualified_name
+from opaque_subclass.core.registry import opaque_kind, opaque_type_of, register_opaque
 
 __all__ = ["OpaqueSubclass"]
 
@@ -53,7 +53,9 @@ def _register_pending(cls: type) -> None:
             f"{qualified_name(cls)}: its first instance is built inside torch.compile, where its opaque "
             f"classes ({', '.join(qualified_name(c) for c in _PENDING.get(cls, ()))}) cannot be registered. "
             f"Fix: build one {cls.__qualname__} before compiling, or register them first: "
-            + "; ".join(import_fix(c, 'opaque_subclass.register_opaque({cls}, kind="reference")') for c in _PENDING.get(cls, ()))
+            + "; ".join(
+                import_fix(c, 'opaque_subclass.register_opaque({cls}, kind="reference")') for c in _PENDING.get(cls, ())
+            )
         )
     with _PENDING_LOCK:
         for opaque_cls in _PENDING.get(cls, ()):
@@ -62,7 +64,7 @@ def _register_pending(cls: type) -> None:
                 raise TypeError(
                     f"{qualified_name(cls)}: {qualified_name(opaque_cls)} was registered as a value-type opaque "
                     "after the class was declared; its opaque_attrs need a reference opaque. Fix: register "
-                    "it with kind=\"reference\" (before any other registration), or declare the attribute "
+                    'it with kind="reference" (before any other registration), or declare the attribute '
                     "in meta_attrs."
                 )
             if kind is None:
@@ -72,7 +74,9 @@ def _register_pending(cls: type) -> None:
 
 def _check_names(cls: type, group: str, names: Sequence[str]) -> tuple[str, ...]:
     if isinstance(names, str):
-        raise _declaration_error(cls, f"{group} must be a tuple of names, got the string {names!r}. Fix: {group} = ({names!r},)")
+        raise _declaration_error(
+            cls, f"{group} must be a tuple of names, got the string {names!r}. Fix: {group} = ({names!r},)"
+        )
     if not isinstance(names, (tuple, list)):
         raise _declaration_error(cls, f"{group} must be a tuple of attribute names, got {describe_type(names)}")
     for name in names:
@@ -81,8 +85,7 @@ def _check_names(cls: type, group: str, names: Sequence[str]) -> tuple[str, ...]
         if name in _TENSOR_NAMES:
             raise _declaration_error(
                 cls,
-                f"{group} entry {name!r} would shadow torch.Tensor.{name}. Fix: rename it, "
-                f"e.g. '_{name}'.",
+                f"{group} entry {name!r} would shadow torch.Tensor.{name}. Fix: rename it, e.g. '_{name}'.",
             )
     return tuple(names)
 
@@ -135,7 +138,8 @@ class OpaqueSubclass(torch.Tensor):
         tensors = _check_names(cls, "tensor_attrs", cls.tensor_attrs)
         if not tensors:
             raise _declaration_error(
-                cls, 'declares no tensor_attrs; a wrapper subclass needs at least one inner tensor. Fix: tensor_attrs = ("_data",)'
+                cls,
+                'declares no tensor_attrs; a wrapper subclass needs at least one inner tensor. Fix: tensor_attrs = ("_data",)',
             )
         if not isinstance(cls.opaque_attrs, Mapping):
             raise _declaration_error(
@@ -150,7 +154,8 @@ class OpaqueSubclass(torch.Tensor):
             for name in names:
                 if name in seen:
                     raise _declaration_error(
-                        cls, f"{name!r} is declared in both {seen[name]} and {group}; each attribute belongs to one group"
+                        cls,
+                        f"{name!r} is declared in both {seen[name]} and {group}; each attribute belongs to one group",
                     )
                 seen[name] = group
         pending: list[type] = []
@@ -247,9 +252,7 @@ class OpaqueSubclass(torch.Tensor):
         if "_none" in named:  # metadata that is None, named apart in a recorded export call (see _recorded)
             named = {n: v for n, v in named.items() if n != "_none"} | dict.fromkeys(named["_none"])
         if len(values) > len(names):
-            raise TypeError(
-                f"{cls.__qualname__}() takes {len(names)} values ({', '.join(names)}), got {len(values)}"
-            )
+            raise TypeError(f"{cls.__qualname__}() takes {len(names)} values ({', '.join(names)}), got {len(values)}")
         bound = dict(zip(names, values))
         for name, value in named.items():
             if name not in names:
@@ -267,8 +270,7 @@ class OpaqueSubclass(torch.Tensor):
             value = bound[name]
             if not isinstance(value, torch.Tensor):
                 raise TypeError(
-                    f"{cls.__qualname__}.{name} must be a tensor (declared in tensor_attrs), got "
-                    f"{describe_type(value)}"
+                    f"{cls.__qualname__}.{name} must be a tensor (declared in tensor_attrs), got {describe_type(value)}"
                 )
         for name, expected in cls.opaque_attrs.items():
             value = bound[name]
@@ -281,7 +283,13 @@ class OpaqueSubclass(torch.Tensor):
         return bound
 
     @classmethod
-    def from_inner(cls, *values: Any, outer_size: Sequence[int] | None = None, outer_stride: Sequence[int] | None = None, **named: Any) -> Any:
+    def from_inner(
+        cls,
+        *values: Any,
+        outer_size: Sequence[int] | None = None,
+        outer_stride: Sequence[int] | None = None,
+        **named: Any,
+    ) -> Any:
         """Build an instance that is differentiable with respect to its inner tensors.
 
         Gradients flowing into the result flow back to the inner tensors given
@@ -299,7 +307,9 @@ class OpaqueSubclass(torch.Tensor):
         return [*cls.tensor_attrs, *cls.opaque_attrs], tuple(getattr(self, n) for n in cls.meta_attrs)
 
     @classmethod
-    def __tensor_unflatten__(cls, inner: dict[str, Any], ctx: tuple[Any, ...], outer_size: Any, outer_stride: Any) -> Any:
+    def __tensor_unflatten__(
+        cls, inner: dict[str, Any], ctx: tuple[Any, ...], outer_size: Any, outer_stride: Any
+    ) -> Any:
         named = {n: inner[n] for n in (*cls.tensor_attrs, *cls.opaque_attrs)}
         named.update(zip(cls.meta_attrs, ctx))
         if torch.compiler.is_exporting():
@@ -371,7 +381,7 @@ class OpaqueSubclass(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        from .dispatch import dispatch
+        from opaque_subclass.authoring.dispatch import dispatch
 
         return dispatch(cls, func, args, kwargs or {})
 
@@ -402,7 +412,9 @@ def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
 
 class _FromInner(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, cls: Any, others: dict[str, Any], outer_size: Any, outer_stride: Any, *tensors: torch.Tensor) -> Any:  # type: ignore[override]
+    def forward(
+        ctx: Any, cls: Any, others: dict[str, Any], outer_size: Any, outer_stride: Any, *tensors: torch.Tensor
+    ) -> Any:  # type: ignore[override]
         named = dict(zip(cls.tensor_attrs, (t.detach() for t in tensors)))
         named.update(others)
         ctx.tensor_attrs = cls.tensor_attrs
@@ -410,5 +422,9 @@ class _FromInner(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
-        grads = tuple(getattr(grad, n) for n in ctx.tensor_attrs) if isinstance(grad, OpaqueSubclass) else (grad,) * len(ctx.tensor_attrs)
+        grads = (
+            tuple(getattr(grad, n) for n in ctx.tensor_attrs)
+            if isinstance(grad, OpaqueSubclass)
+            else (grad,) * len(ctx.tensor_attrs)
+        )
         return (None, None, None, None, *grads)

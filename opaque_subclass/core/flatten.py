@@ -2,7 +2,7 @@
 
 :func:`describe` is the single inspection of a live subclass: it calls
 ``__tensor_flatten__`` at every level, validates each listed attribute and
-builds the :class:`~opaque_subclass.schema.SubclassCreationMeta`. Flattening,
+builds the :class:`~opaque_subclass.core.spec.SubclassCreationMeta`. Flattening,
 ``create_subclass_meta`` and the spec-less unwrap all go through it or through
 :func:`append_leaves`, which performs the same checks without building metas.
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from .errors import describe_type, import_fix, qualified_name
-from .registry import is_torch_handled_type, opaque_kind, opaque_type_of
-from .schema import (
+from opaque_subclass.core.errors import describe_type, import_fix, qualified_name
+from opaque_subclass.core.registry import is_torch_handled_type, opaque_kind, opaque_type_of
+from opaque_subclass.core.spec import (
     OpaqueMeta,
     PlainTensorMeta,
     SlotMeta,
@@ -61,14 +61,14 @@ def _flatten_names(x: torch.Tensor, path: str) -> tuple[Sequence[str], Any]:
         raise TypeError(
             f"{cls.__qualname__}.__tensor_flatten__() at {path!r} returned "
             f"{describe_type(result)}; it must return a pair (attribute_names, context). "
-            "Fix: `return [\"_data\", \"_mesh\"], ctx` with ctx any hashable value."
+            'Fix: `return ["_data", "_mesh"], ctx` with ctx any hashable value.'
         )
     names, ctx = result
     if isinstance(names, str) or not all(isinstance(n, str) for n in names):
         raise TypeError(
             f"{cls.__qualname__}.__tensor_flatten__() at {path!r} returned attribute names "
             f"{names!r}; the first element must be a list of attribute-name strings. "
-            "Fix: return a list such as [\"_data\", \"_mesh\"]."
+            'Fix: return a list such as ["_data", "_mesh"].'
         )
     return names, ctx
 

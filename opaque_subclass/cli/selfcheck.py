@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
-from . import (
+from opaque_subclass import (
     OpaqueBase,
     SubclassCreationMeta,
     create_subclass_meta,
@@ -27,7 +27,7 @@ from . import (
     wrap_tensor_subclasses,
 )
 
-__all__ = ["CheckResult", "CHECKS", "run_checks"]
+__all__ = ["CHECKS", "CheckResult", "run_checks"]
 
 
 class _Group(OpaqueBase):
@@ -47,7 +47,7 @@ class _GroupTensor(torch.Tensor):
     _group: _Group
 
     @staticmethod
-    def __new__(cls, data: torch.Tensor, group: _Group) -> "_GroupTensor":
+    def __new__(cls, data: torch.Tensor, group: _Group) -> _GroupTensor:
         r = torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device)  # type: ignore[attr-defined]  # private constructor
         r._data = data
         r._group = group
@@ -60,7 +60,7 @@ class _GroupTensor(torch.Tensor):
         return ["_data", "_group"], None
 
     @staticmethod
-    def __tensor_unflatten__(inner: dict[str, Any], ctx: None, size: Any, stride: Any) -> "_GroupTensor":
+    def __tensor_unflatten__(inner: dict[str, Any], ctx: None, size: Any, stride: Any) -> _GroupTensor:
         return _GroupTensor(inner["_data"], inner["_group"])
 
     @classmethod
@@ -191,7 +191,7 @@ class _ContextGroupTensor(_GroupTensor):
         return ["_data"], (self._group,)
 
     @staticmethod
-    def __tensor_unflatten__(inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> "_ContextGroupTensor":
+    def __tensor_unflatten__(inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> _ContextGroupTensor:
         return _ContextGroupTensor(inner["_data"], ctx[0])
 
 
@@ -236,7 +236,7 @@ def run_checks() -> list[CheckResult]:
         t0 = time.perf_counter()
         try:
             detail, ok = fn(), True
-        except Exception:  # noqa: BLE001 - a failing check is reported, not raised
+        except Exception:
             detail, ok = traceback.format_exc(limit=4).strip(), False
         results.append(CheckResult(name, ok, detail, time.perf_counter() - t0))
     return results

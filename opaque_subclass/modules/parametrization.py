@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch.nn.utils import parametrize
 
-from .codegen import compiled_wrap
-from .errors import OpaqueSubclassError, qualified_name
-from .flatten import flatten_subclass, is_wrapper_subclass
-from .schema import SubclassCreationMeta, iter_subclasses
+from opaque_subclass.core.codegen import compiled_wrap
+from opaque_subclass.core.errors import OpaqueSubclassError, qualified_name
+from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
+from opaque_subclass.core.spec import SubclassCreationMeta, iter_subclasses
 
 __all__ = ["UnwrapSubclass", "is_exportable_constructor", "unwrap_tensor_subclass_parameters"]
 
@@ -123,7 +123,9 @@ def _export_error(spec: SubclassCreationMeta, path: str | None) -> str | None:
     """The message for exporting a rebuild of ``spec`` that torch cannot record,
     or ``None`` when every subclass level has an exportable constructor."""
     name = path or "x"
-    unmarked = [(p, m.subclass_type) for p, m in iter_subclasses(spec, name) if not is_exportable_constructor(m.subclass_type)]
+    unmarked = [
+        (p, m.subclass_type) for p, m in iter_subclasses(spec, name) if not is_exportable_constructor(m.subclass_type)
+    ]
     if not unmarked:
         return None
     where = ", ".join(f"{qualified_name(t)} at '{p}'" for p, t in unmarked)

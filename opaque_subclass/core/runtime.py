@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from .codegen import compiled_unwrap, compiled_wrap
-from .errors import OpaqueSubclassError, describe_type, qualified_name
-from .flatten import append_leaves, build, flat_width, is_wrapper_subclass
-from .registry import opaque_kind
-from .schema import OpaqueMeta, SlotMeta, SubclassCreationMeta
+from opaque_subclass.core.codegen import compiled_unwrap, compiled_wrap
+from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, qualified_name
+from opaque_subclass.core.flatten import append_leaves, build, flat_width, is_wrapper_subclass
+from opaque_subclass.core.registry import opaque_kind
+from opaque_subclass.core.spec import OpaqueMeta, SlotMeta, SubclassCreationMeta
 
 __all__ = [
     "process_runtime_tangent",
@@ -35,9 +35,7 @@ __all__ = [
 _SCM = SubclassCreationMeta
 
 
-def _unwrap_flat(
-    args: Sequence[Any], metas: Sequence[SlotMeta] | None, append_symints: bool, what: str
-) -> list[Any]:
+def _unwrap_flat(args: Sequence[Any], metas: Sequence[SlotMeta] | None, append_symints: bool, what: str) -> list[Any]:
     out: list[Any] = []
     if metas is None:
         for i, x in enumerate(args):
@@ -280,8 +278,9 @@ def process_runtime_tangent(x: Any, meta: SlotMeta, *, name: str = "tangent") ->
                 "type and context, or make backward produce one."
             )
         coerced = coerce(expected_ctx) if runtime_type is expected_type else coerce(expected_ctx, expected_type)
-        if coerced is None or type(coerced) is not expected_type and not (
-            expected_type is torch.Tensor and not is_wrapper_subclass(coerced)
+        if coerced is None or (
+            type(coerced) is not expected_type
+            and not (expected_type is torch.Tensor and not is_wrapper_subclass(coerced))
         ):
             raise TypeError(
                 f"tangent {name!r}: {runtime_type.__qualname__}.__coerce_same_metadata_as_tangent__ "

@@ -1,7 +1,7 @@
 """Straight-line run-time wrap/unwrap functions generated from a subclass meta.
 
 The run-time helpers run on every call of a compiled function, so for each
-:class:`~opaque_subclass.schema.SubclassCreationMeta` we generate, once, a
+:class:`~opaque_subclass.core.spec.SubclassCreationMeta` we generate, once, a
 Python function with every index, attribute name and type baked in. For a
 subclass ``MeshTensor`` holding ``_data`` and ``_mesh`` the generated code is::
 
@@ -16,7 +16,7 @@ subclass ``MeshTensor`` holding ``_data`` and ``_mesh`` the generated code is::
             bad_result(0, r0)
         return r0
 
-Both follow the slot order of :func:`~opaque_subclass.schema.iter_slots`. The
+Both follow the slot order of :func:`~opaque_subclass.core.spec.iter_slots`. The
 generated source is logged at DEBUG level. Metas whose attribute names are
 not Python identifiers fall back to the generic, data-driven path.
 """
@@ -30,8 +30,8 @@ from typing import Any
 
 from torch import Tensor
 
-from .errors import describe_type, qualified_name
-from .schema import PlainTensorMeta, SubclassCreationMeta, SymIntMeta, iter_slots
+from opaque_subclass.core.errors import describe_type, qualified_name
+from opaque_subclass.core.spec import PlainTensorMeta, SubclassCreationMeta, SymIntMeta, iter_slots
 
 __all__ = ["ArgumentsPlan", "compiled_unwrap", "compiled_wrap"]
 
@@ -44,7 +44,7 @@ def _identifier(name: str) -> bool:
 
 def _exec(source: str, namespace: dict[str, Any], fn_name: str) -> Callable[..., Any]:
     log.debug("generated %s:\n%s", fn_name, source)
-    code = compile(source, f"<opaque_subclass.codegen.{fn_name}>", "exec")
+    code = compile(source, f"<opaque_subclass.core.codegen.{fn_name}>", "exec")
     exec(code, namespace)
     return namespace[fn_name]  # type: ignore[no-any-return]  # defined by the exec above
 
@@ -100,7 +100,7 @@ def _slot_reads(
             local = f"{tag}_{n}"
             lines.append(f"    {local} = {path}")
             lines.append(f"    if {local}.__class__ is not Tensor and not isinstance({local}, Tensor):")
-            lines.append(f"        {bad_leaf}({shown + path[len(root):]!r}, {local})")
+            lines.append(f"        {bad_leaf}({shown + path[len(root) :]!r}, {local})")
             exprs.append(local)
         else:
             exprs.append(path)
@@ -134,7 +134,7 @@ def compiled_unwrap(meta: SubclassCreationMeta, append_symints: bool) -> Callabl
         return fn  # type: ignore[no-any-return]  # cache holds what we stored
     source = _unwrap_source(meta, append_symints)
     if source is None:
-        from .flatten import append_leaves
+        from opaque_subclass.core.flatten import append_leaves
 
         def fn(x: Any) -> tuple[Any, ...]:
             out: list[Any] = []
@@ -142,7 +142,12 @@ def compiled_unwrap(meta: SubclassCreationMeta, append_symints: bool) -> Callabl
             return tuple(out)
 
     else:
-        namespace = {"T0": meta.subclass_type, "Tensor": Tensor, "bad_input": _bad_input(meta), "bad_leaf": _bad_leaf(meta)}
+        namespace = {
+            "T0": meta.subclass_type,
+            "Tensor": Tensor,
+            "bad_input": _bad_input(meta),
+            "bad_leaf": _bad_leaf(meta),
+        }
         fn = _exec(source, namespace, "unwrap")
     meta._compiled[key] = fn
     return fn
@@ -159,7 +164,9 @@ class _WrapEmitter:
         self.namespace[name] = value
         return name
 
-    def outer(self, meta: SubclassCreationMeta, values: tuple[Any, ...], placeholders: tuple[int, ...], first: int) -> tuple[str, int]:
+    def outer(
+        self, meta: SubclassCreationMeta, values: tuple[Any, ...], placeholders: tuple[int, ...], first: int
+    ) -> tuple[str, int]:
         if not (meta.included_subclass_symints and placeholders):
             return self.const("S", values), first
         items = []
@@ -219,13 +226,13 @@ def compiled_wrap(meta: SubclassCreationMeta) -> Callable[[Sequence[Any]], Any]:
     emitter = _WrapEmitter()
     root = emitter.emit(meta, "x")
     if root is None:
-        from .flatten import build
+        from opaque_subclass.core.flatten import build
 
         def fn(flat: Sequence[Any]) -> Any:
             return build(meta, flat, is_runtime=True)
 
     else:
-        from .flatten import _bad_unflatten_result
+        from opaque_subclass.core.flatten import _bad_unflatten_result
 
         metas = emitter.metas
 
@@ -251,7 +258,7 @@ class ArgumentsPlan:
     per-subclass functions.
     """
 
-    __slots__ = ("metas", "width", "_unwrap", "_unwrap_symints", "_wrap")
+    __slots__ = ("_unwrap", "_unwrap_symints", "_wrap", "metas", "width")
 
     def __init__(self, metas: Sequence[Any]) -> None:
         self.metas = tuple(metas)
@@ -277,7 +284,7 @@ class ArgumentsPlan:
 
     def _build_unwrap(self, append_symints: bool) -> Callable[[Sequence[Any]], list[Any]]:
         namespace: dict[str, Any] = {"bad_count": _bad_count(len(self.metas)), "Tensor": Tensor}
-        lines = [f"def unwrap(args):", f"    if len(args) != {len(self.metas)}:", "        bad_count(args)"]
+        lines = ["def unwrap(args):", f"    if len(args) != {len(self.metas)}:", "        bad_count(args)"]
         exprs: list[str] = []
         for i, meta in enumerate(self.metas):
             lines.append(f"    a{i} = args[{i}]")
@@ -318,7 +325,7 @@ class ArgumentsPlan:
                 name = emitter.const("W", compiled_wrap(meta))
                 root = f"{name}(flat)"
             exprs.append(root)
-        from .flatten import _bad_unflatten_result
+        from opaque_subclass.core.flatten import _bad_unflatten_result
 
         metas = emitter.metas
 

@@ -1,0 +1,33 @@
+"""The reference sharded tensor: :class:`ShardedTensor` (a local shard, its
+``DeviceMesh`` as a reference opaque, a shard dim), its collectives (custom ops
+that take the mesh and resolve its process group when they run), and the demo
+of ``python -m opaque_subclass`` (:mod:`opaque_subclass.sharded.demo`).
+
+Importing this package registers nothing and defines no collective op: the
+first ``ShardedTensor`` collective, or the first access to an op here, does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opaque_subclass.sharded import collectives as _collectives
+from opaque_subclass.sharded.collectives import CollectiveRecord, define_ops, record_collectives
+from opaque_subclass.sharded.tensor import ShardedTensor
+
+__all__ = [
+    "CollectiveRecord",
+    "ShardedTensor",
+    "all_gather",
+    "all_reduce_sum",
+    "define_ops",
+    "local_chunk",
+    "record_collectives",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The collective ops are defined on first access (PEP 562), in collectives.
+    if name in _collectives._OP_NAMES:
+        return getattr(_collectives, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,275 @@
+"""The one multi-process launcher: run a function in every rank of a local gloo
+group on 127.0.0.1, every wait bounded, so that a failure never hangs.
+
+Used by the demo (:mod:`opaque_subclass.sharded.demo`), the examples and the
+tests::
+
+    from opaque_subclass.testing import run_local_workers
+
+    def train(rank, world_size, payload):  # in an importable module or a file
+        ...
+        return {"loss": 0.5}
+
+    results = run_local_workers("my_module:train", world_size=2, timeout=100)
+
+A rank runs ``python -m opaque_subclass.testing.workers TARGET RANK WORLD PORT
+WORKDIR PG_TIMEOUT``; the parent reads each rank's JSON result from ``WORKDIR``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+__all__ = ["WorkersFailed", "run_local_workers"]
+
+log = logging.getLogger(__name__)
+
+
+class WorkersFailed(RuntimeError):
+    """A rank of :func:`run_local_workers` raised, died, or the run took too long;
+    the message holds the failing rank's traceback or output."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _load_target(target: str) -> Callable[..., Any]:
+    where, sep, name = target.rpartition(":")
+    if not sep or not where or not name:
+        raise ValueError(f"worker target {target!r} must be 'package.module:function' or '/path/file.py:function'")
+    if where.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(Path(where).stem, where)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load worker file {where!r}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    return getattr(module, name)  # type: ignore[no-any-return]
+
+
+def _worker_main(target: str, rank: int, world_size: int, port: int, workdir: str, pg_timeout: float) -> int:
+    """One rank: join the group, run the target, write the result, leave the group."""
+    result: dict[str, Any] = {"rank": rank}
+    try:
+        import torch.distributed as dist
+
+        fn = _load_target(target)
+        payload = json.loads(Path(workdir, "payload.json").read_text())
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=pg_timeout),
+        )
+        try:
+            result["value"] = fn(rank, world_size, payload)
+        finally:
+            dist.destroy_process_group()
+        result["ok"] = True
+    except BaseException:
+        result["ok"] = False
+        result["error"] = traceback.format_exc()
+    path = Path(workdir, f"result{rank}.json")
+    path.with_suffix(".tmp").write_text(json.dumps(result))
+    path.with_suffix(".tmp").replace(path)
+    return 0 if result["ok"] else 1
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+def run_local_workers(
+    target: str, world_size: int = 2, *, payload: Mapping[str, Any] | None = None, timeout: float = 100.0
+) -> list[Any]:
+    """Run ``fn(rank, world_size, payload)`` in ``world_size`` local processes.
+
+    Parameters
+    ----------
+    target
+        ``"package.module:function"`` or ``"/path/to/file.py:function"``. The
+        function runs after ``torch.distributed.init_process_group("gloo")`` on
+        127.0.0.1 and must return something JSON-serializable.
+    world_size
+        Number of processes (ranks).
+    payload
+        JSON-serializable arguments passed to every rank.
+    timeout
+        Seconds for the whole run. Collectives time out earlier, so a rank
+        waiting for a dead peer fails instead of hanging.
+
+    Returns
+    -------
+    list
+        The return values, by rank.
+
+    Raises
+    ------
+    WorkersFailed
+        If a rank raised, died, or the run took longer than ``timeout``; the
+        message holds the failing rank's traceback or output.
+    """
+    if world_size < 1:
+        raise ValueError(f"run_local_workers: world_size must be at least 1, got {world_size}")
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    deadline = time.monotonic() + timeout
+    with tempfile.TemporaryDirectory(prefix="opaque_subclass_workers_") as workdir:
+        Path(workdir, "payload.json").write_text(json.dumps(dict(payload or {})))
+        port = _free_port()
+        pg_timeout = max(5.0, timeout * 0.6)
+        log.debug("starting %d workers for %s on 127.0.0.1:%d in %s", world_size, target, port, workdir)
+        procs: list[subprocess.Popen[bytes]] = []
+        logs: list[Path] = []
+        try:
+            for rank in range(world_size):
+                log_path = Path(workdir, f"log{rank}.txt")
+                logs.append(log_path)
+                with open(log_path, "wb") as out:
+                    procs.append(
+                        subprocess.Popen(
+                            [
+                                sys.executable,
+                                "-m",
+                                "opaque_subclass.testing.workers",
+                                target,
+                                str(rank),
+                                str(world_size),
+                                str(port),
+                                workdir,
+                                str(pg_timeout),
+                            ],
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            env=env,
+                        )
+                    )
+            exited_at = _watch(
+                procs,
+                deadline,
+                on_timeout=lambda: WorkersFailed(
+                    f"{target}: {world_size} workers did not finish within {timeout:.0f} s" + _logs_text(procs, logs)
+                ),
+            )
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(timeout=10)
+        reports: list[dict[str, Any] | None] = []
+        for rank in range(world_size):
+            path = Path(workdir, f"result{rank}.json")
+            reports.append(json.loads(path.read_text()) if path.exists() else None)
+        failed = [
+            rank
+            for rank, (report, proc) in enumerate(zip(reports, procs))
+            if report is None or not report["ok"] or proc.returncode != 0
+        ]
+        if failed:
+            # The first rank seen to exit is the cause; its peers often only lost
+            # their connection to it. Ranks still running when the launcher
+            # stopped them come last.
+            order = sorted(failed, key=lambda r: (exited_at.get(r, float("inf")), reports[r] is not None, r))
+            first = order[0]
+
+            def how(r: int, brief: bool) -> str:
+                if r not in exited_at:
+                    return "was still running and was stopped by the launcher"
+                return _how_it_ended(procs[r], reports[r], brief=brief)
+
+            others = "".join(f"\nthen rank {r} {how(r, True)}" for r in order[1:])
+            raise WorkersFailed(
+                f"{target}: rank {first} {how(first, False)}{others}\noutput of rank {first}:\n{_tail(logs[first])}"
+            )
+        results = [report["value"] for report in reports if report is not None]
+        return results
+
+
+#: After the first rank fails, how long its peers get to write their own
+#: reports before the launcher stops them.
+_GRACE_S = 1.0
+_POLL_S = 0.02
+
+
+def _watch(
+    procs: Sequence[subprocess.Popen[bytes]], deadline: float, *, on_timeout: Callable[[], Exception]
+) -> dict[int, float]:
+    """Poll every rank until all have exited, or one failed and the grace period
+    passed; returns when each rank was first seen to have exited. A death is seen
+    within one poll interval, whichever rank it is."""
+    exited_at: dict[int, float] = {}
+    while True:
+        now = time.monotonic()
+        for rank, p in enumerate(procs):
+            if rank not in exited_at and p.poll() is not None:
+                exited_at[rank] = now
+        if len(exited_at) == len(procs):
+            return exited_at
+        failures = [exited_at[r] for r in exited_at if procs[r].returncode != 0]
+        if failures and now - min(failures) > _GRACE_S:
+            return exited_at
+        if now > deadline:
+            raise on_timeout()
+        time.sleep(_POLL_S)
+
+
+def _how_it_ended(proc: subprocess.Popen[bytes], report: Mapping[str, Any] | None, *, brief: bool) -> str:
+    code = proc.returncode
+    if report is not None and not report["ok"]:
+        error = str(report["error"])
+        return "failed: " + error.strip().splitlines()[-1] if brief else "failed:\n" + error
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}" + ("" if report is None else " after finishing its work")
+    if report is None:
+        return f"exited with code {code} without a result"
+    return f"exited with code {code} after finishing its work"
+
+
+def _logs_text(procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path]) -> str:
+    parts = [f"\n--- rank {i} (exit code {p.poll()}):\n{_tail(path)}" for i, (p, path) in enumerate(zip(procs, logs))]
+    return "".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """One rank: ``python -m opaque_subclass.testing.workers TARGET RANK WORLD PORT WORKDIR PG_TIMEOUT``."""
+    target, rank, world_size, port, workdir, pg_timeout = list(sys.argv[1:] if argv is None else argv)[:6]
+    code = _worker_main(target, int(rank), int(world_size), int(port), workdir, float(pg_timeout))
+    # The result is on disk and the process group destroyed. Skip interpreter
+    # teardown: background threads of gloo and torch.compile can abort it
+    # ("terminate called without an active exception") after the work is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
