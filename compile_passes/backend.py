@@ -133,7 +133,7 @@ def checking_backend(
         )
     count = [0]
 
-    def opaque_check(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+    def opaque_check(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], **kwargs: Any) -> Any:
         check = check_graph(gm, count[0])
         count[0] += 1
         if on_check is not None:

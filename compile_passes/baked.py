@@ -106,7 +106,7 @@ def baked_objects(gm: torch.fx.GraphModule) -> Iterator[BakedObject]:
     """Every non-tensor, non-module object ``gm`` uses without taking it as an input."""
     for node in gm.graph.nodes:
         if node.op == "get_attr":
-            obj = gm
+            obj: object = gm
             for part in str(node.target).split("."):
                 obj = getattr(obj, part, None)
             if _interesting(obj):

@@ -33,6 +33,7 @@ from opaque_subclass import (
     unwrap_tensor_subclasses,
 )
 from opaque_subclass.core.errors import qualified_name
+from opaque_subclass.core.registry import opaque_type_of
 
 __all__ = ["FlatInput", "InputReport", "explain_flat_inputs"]
 
@@ -93,8 +94,6 @@ class InputReport:
 
 
 def _type_name(value: Any) -> str:
-    from opaque_subclass.core.registry import opaque_type_of
-
     cls = opaque_type_of(value)
     return cls.__qualname__ if cls.__module__ == "builtins" else qualified_name(cls)
 

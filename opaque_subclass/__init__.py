@@ -22,6 +22,7 @@
 See ``docs/`` for a guide.
 """
 
+from opaque_subclass._versions import LIBRARY_VERSION
 from opaque_subclass.activation import disable, enable, support
 from opaque_subclass.authoring.base import OpaqueSubclass
 from opaque_subclass.core.aliasing import OpaqueAliasPattern, opaque_alias_pattern
@@ -51,7 +52,7 @@ from opaque_subclass.mode import SUPPORTED_TORCH, Support
 from opaque_subclass.modules.parametrization import is_exportable_constructor, unwrap_tensor_subclass_parameters
 from opaque_subclass.modules.storage import untyped_storages
 
-__version__ = "0.1.0"
+__version__ = LIBRARY_VERSION
 
 enable()
 

@@ -28,6 +28,7 @@ against exact sources and would be refused anyway).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import re
@@ -38,6 +39,9 @@ from functools import cache
 from typing import Any, Literal
 
 import torch
+
+#: This library's version (``opaque_subclass.__version__``), recorded in saved archives.
+LIBRARY_VERSION = "0.1.0"
 
 __all__ = [
     "CUSTOM_CLASS_API",
@@ -98,6 +102,36 @@ class RegistryAPI:
     def register_in_torch(self, cls: type, kind: OpaqueKind) -> None:
         """Call torch's own registration function with this release's names."""
         getattr(self.torch_module(), self.register)(cls, typ=self.kinds[kind])
+
+    def enter_in_tables(self, cls: type, kind: OpaqueKind) -> None:
+        """Enter ``cls`` in torch's opaque tables directly, for a foreign class
+        that cannot take torch's metaclass (torch's own registration function
+        requires it). Refuses a torch whose table entry has fields this library
+        does not know, leaving torch untouched."""
+        registry = self.torch_module()
+        info_type = registry._OpaqueTypeInfo
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        known: dict[str, Any] = {
+            "class_name": name,
+            "opaque_typ": self.kinds[kind],
+            "guard_fn": None,
+            "members": {},
+            "hoist": False,
+            "reconstruct_fn": None,
+        }
+        field_names = [f.name for f in dataclasses.fields(info_type)]
+        unknown = [n for n in field_names if n not in known]
+        if unknown:
+            raise RuntimeError(
+                f"cannot register {name} as an opaque on torch {torch.__version__}: torch's "
+                f"opaque registry entry has fields {unknown} that opaque-subclass does not know. "
+                "Fix: make the class inherit opaque_subclass.OpaqueBase, or use a torch "
+                "version listed in opaque_subclass.SUPPORTED_TORCH."
+            )
+        info = info_type(**{n: known[n] for n in field_names})
+        registry._OPAQUE_TYPES[cls] = info
+        registry._OPAQUE_TYPES_BY_NAME[name] = info
+        torch._C._register_opaque_type(name)
 
     def is_available(self) -> bool:
         """Whether the running torch has these names."""

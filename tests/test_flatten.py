@@ -91,14 +91,10 @@ def test_unflatten_uses_new_leaves():
     assert y._data._mesh is new_mesh and torch.equal(y._data._data, torch.zeros(2, 3))
 
 
-def test_spec_method_and_shift():
+def test_spec_method():
     x = MeshTensor(torch.randn(3), Mesh())
     leaves, spec = osc.flatten_subclass(x)
     assert spec.unflatten(leaves)._mesh is leaves[1]
-    moved = spec.with_start(5)
-    assert moved.flat_tensor_start_idx == 5 and moved.attrs["_mesh"].unwrapped_idx == 6
-    y = osc.unflatten_subclass([None] * 5 + leaves, moved)
-    assert y._mesh is leaves[1]
 
 
 def test_spec_is_frozen():

@@ -12,7 +12,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 
 import opaque_subclass as osc
 from opaque_subclass.core.codegen import compiled_unwrap, compiled_wrap
-from opaque_subclass.core.flatten import build
+from opaque_subclass.core.spec import rebuild as build
 
 
 def _rt(metas):

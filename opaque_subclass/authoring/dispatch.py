@@ -10,6 +10,13 @@ metadata; otherwise the op has no single meaning and an
 :class:`~opaque_subclass.OpaqueSubclassError` says which attribute differs and
 how to fix it. Results go through torch's ``return_and_correct_aliasing`` so
 in-place and view ops keep plain-tensor aliasing semantics.
+
+A ``TypeError`` raised by a rule (a registered one, or the default rule's
+``wrap_like``) leaves :func:`dispatch` as an ``OpaqueSubclassError`` with the
+``TypeError`` chained: torch's Python operators (``Tensor.__mul__`` and the
+others) turn a ``TypeError`` from anywhere below them into ``NotImplemented``,
+so ``x * 2`` would report only ``unsupported operand type(s)`` and hide the
+rule's message.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ import torch
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from opaque_subclass.core.errors import OpaqueSubclassError, describe_type
+from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, qualified_name
+from opaque_subclass.core.registry import real_object
 
 __all__ = ["dispatch", "lookup"]
 
@@ -41,11 +49,7 @@ def lookup(cls: type, func: Any) -> Callable[..., Any] | None:
 
 
 def _identity(obj: object) -> int:
-    from torch._library.fake_class_registry import FakeScriptObject
-
-    if type(obj) is FakeScriptObject:
-        return id(object.__getattribute__(obj, "real_obj"))
-    return id(obj)
+    return id(real_object(obj))
 
 
 def _common_attrs(cls: Any, func: Any, instances: list[Any]) -> Any:
@@ -74,8 +78,21 @@ def _common_attrs(cls: Any, func: Any, instances: list[Any]) -> Any:
 def dispatch(cls: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``__torch_dispatch__`` of an ``OpaqueSubclass``: the op table, then the default rule."""
     impl = lookup(cls, func)
-    if impl is not None:
-        return impl(func, args, kwargs)
+    try:
+        if impl is not None:
+            return impl(func, args, kwargs)
+        return _default_rule(cls, func, args, kwargs)
+    except TypeError as e:
+        rule = "the default rule" if impl is None else f"the rule {getattr(impl, '__qualname__', impl)!s}"
+        raise OpaqueSubclassError(
+            f"{qualified_name(cls)}: {rule} for {func} raised {type(e).__name__}: {e}. It is raised "
+            "as OpaqueSubclassError, with the original chained above, because torch turns a TypeError "
+            "inside a Python operator (x * 2) into NotImplemented, which would show only "
+            "'unsupported operand type(s)'. Fix: correct the rule where the chained traceback points."
+        ) from e
+
+
+def _default_rule(cls: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     flat, spec = tree_flatten((args, kwargs))
     instances = [a for a in flat if isinstance(a, cls)]
     if not instances:

@@ -10,7 +10,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils._pytree import tree_map_only
@@ -48,12 +48,12 @@ class _GroupTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, group: _Group) -> _GroupTensor:
-        r = torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device)  # type: ignore[attr-defined]  # private constructor
+        r = torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device)
         r._data = data
         r._group = group
         return r
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # type: ignore[override]  # Tensor's takes tensor_contents=, the data this never shows
         return f"_GroupTensor(shape={tuple(self.shape)}, group={self._group.name!r})"
 
     def __tensor_flatten__(self) -> tuple[list[str], None]:
@@ -64,7 +64,9 @@ class _GroupTensor(torch.Tensor):
         return _GroupTensor(inner["_data"], inner["_group"])
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(  # type: ignore[override]  # Tensor declares its disabled default as a plain function
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
         group = next(a._group for a in args if isinstance(a, _GroupTensor))
         out = func(*tree_map_only(_GroupTensor, lambda t: t._data, args), **(kwargs or {}))
         return tree_map_only(torch.Tensor, lambda t: _GroupTensor(t, group), out)
@@ -82,9 +84,10 @@ def check_round_trip() -> str:
     if len(leaves) != 3 or leaves[2] is not g:
         raise AssertionError(f"unexpected leaves {leaves!r}")
     y = unflatten_subclass(leaves, spec)
-    if type(y) is not _GroupTensor or y._group is not g or y._data._group is not inner._group:
+    # x's and y's _data are _GroupTensor objects themselves (the nested level)
+    if type(y) is not _GroupTensor or y._group is not g or cast(_GroupTensor, y._data)._group is not inner._group:
         raise AssertionError("opaques did not come back as the same objects")
-    if not torch.equal(y._data._data, x._data._data):
+    if not torch.equal(cast(_GroupTensor, y._data)._data, cast(_GroupTensor, x._data)._data):
         raise AssertionError("tensor leaf changed in the round trip")
     return "nested subclass, 3 leaves, opaques kept by identity"
 
@@ -187,7 +190,7 @@ def check_shared_opaque_guard() -> str:
 class _ContextGroupTensor(_GroupTensor):
     """The pre-2.12 way: the group kept in the flatten context, not an attribute."""
 
-    def __tensor_flatten__(self) -> tuple[list[str], Any]:  # type: ignore[override]  # the context differs on purpose
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:  # the context differs on purpose
         return ["_data"], (self._group,)
 
     @staticmethod

@@ -15,15 +15,9 @@ from typing import Any
 
 import torch
 
-from opaque_subclass.core.registry import opaque_kind
+from opaque_subclass.core.registry import opaque_kind, real_object
 
 __all__ = ["OpaqueAliasPattern", "opaque_alias_pattern"]
-
-_FAKE: type | None
-try:
-    from torch._library.fake_class_registry import FakeScriptObject as _FAKE
-except ImportError:  # pragma: no cover - every supported torch has it
-    _FAKE = None
 
 _NOT_OPAQUE = (torch.Tensor, int, float, bool, str, type(None), torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -63,25 +57,9 @@ class OpaqueAliasPattern:
     def has_sharing(self) -> bool:
         return len(self.groups) != len(self.slots)
 
-    def dedup(self, flat: Sequence[Any]) -> tuple[list[Any], dict[int, int]]:
-        """One entry per distinct opaque (the first occurrence) and a map from every
-        opaque slot to its index in that list; the inputs a graph needs when it
-        takes each shared opaque once."""
-        unique: list[Any] = []
-        where: dict[int, int] = {}
-        position: dict[int, int] = {}
-        for s, o in zip(self.slots, self.owners):
-            if o not in position:
-                position[o] = len(unique)
-                unique.append(flat[o])
-            where[s] = position[o]
-        return unique, where
-
 
 def _identity(obj: object) -> int:
-    if _FAKE is not None and type(obj) is _FAKE:
-        return id(object.__getattribute__(obj, "real_obj"))
-    return id(obj)
+    return id(real_object(obj))
 
 
 def opaque_alias_pattern(flat_args: Sequence[Any]) -> OpaqueAliasPattern:

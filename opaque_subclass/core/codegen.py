@@ -31,7 +31,15 @@ from typing import Any
 from torch import Tensor
 
 from opaque_subclass.core.errors import describe_type, qualified_name
-from opaque_subclass.core.spec import PlainTensorMeta, SubclassCreationMeta, SymIntMeta, iter_slots
+from opaque_subclass.core.flatten import append_leaves
+from opaque_subclass.core.spec import (
+    PlainTensorMeta,
+    SubclassCreationMeta,
+    SymIntMeta,
+    bad_unflatten_type,
+    iter_slots,
+    rebuild,
+)
 
 __all__ = ["ArgumentsPlan", "compiled_unwrap", "compiled_wrap"]
 
@@ -134,7 +142,6 @@ def compiled_unwrap(meta: SubclassCreationMeta, append_symints: bool) -> Callabl
         return fn  # type: ignore[no-any-return]  # cache holds what we stored
     source = _unwrap_source(meta, append_symints)
     if source is None:
-        from opaque_subclass.core.flatten import append_leaves
 
         def fn(x: Any) -> tuple[Any, ...]:
             out: list[Any] = []
@@ -226,19 +233,16 @@ def compiled_wrap(meta: SubclassCreationMeta) -> Callable[[Sequence[Any]], Any]:
     emitter = _WrapEmitter()
     root = emitter.emit(meta, "x")
     if root is None:
-        from opaque_subclass.core.flatten import build
 
         def fn(flat: Sequence[Any]) -> Any:
-            return build(meta, flat, is_runtime=True)
+            return rebuild(meta, flat, is_runtime=True)
 
     else:
-        from opaque_subclass.core.flatten import _bad_unflatten_result
-
         metas = emitter.metas
 
         def bad_result(n: int, result: object) -> None:
             m, path = metas[n]
-            raise _bad_unflatten_result(m, result, path)
+            raise bad_unflatten_type(m.subclass_type, result, path)
 
         emitter.namespace["bad_result"] = bad_result
         source = "def wrap(flat):\n" + "\n".join(emitter.lines) + f"\n    return {root}\n"
@@ -311,7 +315,7 @@ class ArgumentsPlan:
             self._unwrap_symints = fn
         else:
             self._unwrap = fn
-        return fn  # type: ignore[no-any-return]  # the generated function
+        return fn
 
     def _build_wrap(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
         emitter = _WrapEmitter()
@@ -325,13 +329,11 @@ class ArgumentsPlan:
                 name = emitter.const("W", compiled_wrap(meta))
                 root = f"{name}(flat)"
             exprs.append(root)
-        from opaque_subclass.core.flatten import _bad_unflatten_result
-
         metas = emitter.metas
 
         def bad_result(n: int, result: object) -> None:
             m, path = metas[n]
-            raise _bad_unflatten_result(m, result, path)
+            raise bad_unflatten_type(m.subclass_type, result, path)
 
         emitter.namespace["bad_result"] = bad_result
         body = ", ".join(exprs) + ("," if len(exprs) == 1 else "")

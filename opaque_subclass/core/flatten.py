@@ -1,10 +1,11 @@
 """Flattening subclasses into leaves (tensors and opaques) and back.
 
-:func:`describe` is the single inspection of a live subclass: it calls
-``__tensor_flatten__`` at every level, validates each listed attribute and
-builds the :class:`~opaque_subclass.core.spec.SubclassCreationMeta`. Flattening,
-``create_subclass_meta`` and the spec-less unwrap all go through it or through
-:func:`append_leaves`, which performs the same checks without building metas.
+Built on the one walk (:mod:`opaque_subclass.core.walk`): :func:`describe`
+builds the :class:`~opaque_subclass.core.spec.SubclassCreationMeta` of a live
+value from its levels, :func:`append_leaves` lists its leaves, and
+:func:`check_rebuild` rebuilds every level with the class's own
+``__tensor_unflatten__``. Each reads a level once, validated by the walk.
+Unflattening is the spec's :func:`~opaque_subclass.core.spec.unflatten_checked`.
 """
 
 from __future__ import annotations
@@ -13,17 +14,20 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake as _is_fake_tensor
 
-from opaque_subclass.core.errors import describe_type, import_fix, qualified_name
-from opaque_subclass.core.registry import is_torch_handled_type, opaque_kind, opaque_type_of
+from opaque_subclass.core.errors import describe_type
+from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.spec import (
     OpaqueMeta,
     PlainTensorMeta,
     SlotMeta,
     SubclassCreationMeta,
     _is_symbolic,
-    iter_slots,
+    bad_unflatten_type,
+    unflatten_checked,
 )
+from opaque_subclass.core.walk import Attr, Level, is_wrapper_subclass, read_level, walk
 
 __all__ = [
     "append_leaves",
@@ -35,95 +39,6 @@ __all__ = [
 ]
 
 _Tensor = torch.Tensor
-_WRAPPER_TYPES: dict[type, bool] = {}
-
-
-def is_wrapper_subclass(x: object) -> bool:
-    """Whether ``x`` is a traceable wrapper subclass instance (defines both
-    ``__tensor_flatten__`` and ``__tensor_unflatten__``)."""
-    cls = type(x)
-    known = _WRAPPER_TYPES.get(cls)
-    if known is None:
-        known = (
-            issubclass(cls, _Tensor)
-            and cls is not _Tensor
-            and hasattr(cls, "__tensor_flatten__")
-            and hasattr(cls, "__tensor_unflatten__")
-        )
-        _WRAPPER_TYPES[cls] = known
-    return known
-
-
-def _flatten_names(x: torch.Tensor, path: str) -> tuple[Sequence[str], Any]:
-    cls = type(x)
-    result = x.__tensor_flatten__()  # type: ignore[attr-defined]  # checked by is_wrapper_subclass
-    if not (isinstance(result, tuple) and len(result) == 2):
-        raise TypeError(
-            f"{cls.__qualname__}.__tensor_flatten__() at {path!r} returned "
-            f"{describe_type(result)}; it must return a pair (attribute_names, context). "
-            'Fix: `return ["_data", "_mesh"], ctx` with ctx any hashable value.'
-        )
-    names, ctx = result
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-        raise TypeError(
-            f"{cls.__qualname__}.__tensor_flatten__() at {path!r} returned attribute names "
-            f"{names!r}; the first element must be a list of attribute-name strings. "
-            'Fix: return a list such as ["_data", "_mesh"].'
-        )
-    return names, ctx
-
-
-def _bad_attribute(owner: torch.Tensor, name: str, path: str, value: object) -> Exception:
-    owner_cls = type(owner)
-    value_cls = opaque_type_of(value)
-    kind = opaque_kind(value_cls)
-    where = (
-        f"{owner_cls.__qualname__}.__tensor_flatten__() lists attribute {name!r} "
-        f"(path {path!r}), which holds {describe_type(value)}"
-    )
-    if kind == "value":
-        error = TypeError(
-            f"{where}, a value-type opaque. Value opaques are constants that torch.compile "
-            "compares and bakes into the graph, so they belong in the flatten context, not "
-            "in the attribute list. Fix: remove it from the names and return it in the "
-            f"context (`return names, (..., self.{name})`), or, if its identity matters, "
-            "re-register the class as a reference opaque in a fresh process."
-        )
-        # Read by callers that must raise torch's exception type for this case.
-        error.opaque_kind = kind  # type: ignore[attr-defined]  # a plain attribute on the instance
-        return error
-    if is_torch_handled_type(value_cls):
-        return TypeError(
-            f"{where}, one of torch's own value types, which torch.compile handles itself "
-            "and which cannot be an opaque. Fix: move "
-            f"{name!r} into the flatten context (second return value of __tensor_flatten__) "
-            "and read it back in __tensor_unflatten__."
-        )
-    if value_cls.__module__ == "builtins" or value_cls is type(None):
-        return TypeError(
-            f"{where}. Only tensors and registered reference opaques may be listed. "
-            f"Fix: move {name!r} into the flatten context (second return value of "
-            "__tensor_flatten__) and read it back in __tensor_unflatten__."
-        )
-    return TypeError(
-        f"{where}, which is neither a tensor nor a registered reference opaque. Fix: "
-        + import_fix(
-            value_cls,
-            'opaque_subclass.register_opaque({cls}, kind="reference")',
-        )
-        + f", or move {name!r} into the flatten context if it is a constant."
-    )
-
-
-def _get(owner: torch.Tensor, name: str, path: str) -> Any:
-    try:
-        return getattr(owner, name)
-    except AttributeError:
-        raise AttributeError(
-            f"{type(owner).__qualname__}.__tensor_flatten__() lists attribute {name!r} "
-            f"(path {path!r}) but the tensor has no such attribute. Fix: return only names "
-            "of attributes that __init__/__new__ sets on every instance."
-        ) from None
 
 
 def describe(
@@ -148,34 +63,62 @@ def describe(
         if with_memory_format and isinstance(x, _Tensor):
             fmt = torch._prims_common.suggest_memory_format(x)
         return PlainTensorMeta(start_idx, attr, fmt)
-    assert isinstance(x, _Tensor)  # for type checkers: is_wrapper_subclass implies it
-    names, ctx = _flatten_names(x, path)
+    return _describe_level(
+        read_level(x, path),  # type: ignore[arg-type]  # a wrapper subclass is a tensor
+        start_idx,
+        attr,
+        count_symints=count_symints,
+        with_memory_format=with_memory_format,
+    )
+
+
+def _describe_level(
+    level: Level,
+    start_idx: int,
+    attr: str | None,
+    *,
+    count_symints: bool,
+    with_memory_format: bool,
+    leaves: list[Any] | None = None,
+) -> SubclassCreationMeta:
+    """The meta of one level (nested levels read once each); with ``leaves``,
+    the level's leaves are appended to it in the same pass."""
     attrs: dict[str, SlotMeta] = {}
     idx = start_idx
-    for name in names:
-        inner_path = f"{path}.{name}"
-        value = _get(x, name, inner_path)
-        if isinstance(value, _Tensor):
-            sub = describe(
-                value,
+    is_fake: bool | None = None  # decided by the first tensor leaf, as torch decides it
+    for a in level.attrs:
+        sub: SlotMeta
+        if a.kind == "subclass":
+            sub = _describe_level(
+                read_level(a.value, a.path),
                 idx,
-                attr=name,
-                path=inner_path,
+                a.name,
                 count_symints=count_symints,
                 with_memory_format=with_memory_format,
+                leaves=leaves,
             )
-            idx += sub.arg_count if isinstance(sub, SubclassCreationMeta) else 1
-        elif opaque_kind(value) == "reference":
-            sub = OpaqueMeta(idx, name, opaque_type_of(value))
+            idx += sub.arg_count
+            if is_fake is None:
+                is_fake = sub.original_subclass is not None
+        elif a.kind == "opaque":
+            sub = OpaqueMeta(idx, a.name, opaque_type_of(a.value))
             idx += 1
+            if leaves is not None:
+                leaves.append(a.value)
         else:
-            raise _bad_attribute(x, name, inner_path, value)
-        attrs[name] = sub
-    is_fake = _holds_fake(x)
+            fmt = torch._prims_common.suggest_memory_format(a.value) if with_memory_format else None
+            sub = PlainTensorMeta(idx, a.name, fmt)
+            idx += 1
+            if is_fake is None:
+                is_fake = bool(_is_fake_tensor(a.value))
+            if leaves is not None:
+                leaves.append(a.value)
+        attrs[a.name] = sub
+    x = level.owner
     return SubclassCreationMeta(
         flat_tensor_start_idx=start_idx,
         attrs=attrs,
-        meta=ctx,
+        meta=level.ctx,
         outer_size=tuple(x.size()),
         outer_stride=tuple(x.stride()),
         subclass_type=type(x),
@@ -186,18 +129,6 @@ def describe(
     )
 
 
-def _holds_fake(x: torch.Tensor) -> bool:
-    """Whether a wrapper subclass's tensor leaves are fake (opaques skipped: torch
-    2.11's own ``is_fake`` walks every listed attribute as a tensor)."""
-    from torch._subclasses.fake_tensor import is_fake
-
-    for name in x.__tensor_flatten__()[0]:  # type: ignore[attr-defined]  # a wrapper subclass
-        value = getattr(x, name, None)
-        if isinstance(value, _Tensor):
-            return _holds_fake(value) if is_wrapper_subclass(value) else bool(is_fake(value))
-    return False
-
-
 def append_leaves(x: object, out: list[Any], path: str = "x", *, symints: bool = False) -> None:
     """Append the leaves of ``x`` to ``out``: a subclass's tensors and opaques,
     depth-first, or ``x`` itself. Validates like :func:`describe`. With
@@ -206,22 +137,20 @@ def append_leaves(x: object, out: list[Any], path: str = "x", *, symints: bool =
     if not is_wrapper_subclass(x):
         out.append(x)
         return
-    assert isinstance(x, _Tensor)  # for type checkers: is_wrapper_subclass implies it
-    names, _ = _flatten_names(x, path)
-    for name in names:
-        value = _get(x, name, f"{path}.{name}")
-        if isinstance(value, _Tensor):
-            if is_wrapper_subclass(value):
-                append_leaves(value, out, f"{path}.{name}", symints=symints)
-            else:
-                out.append(value)
-        elif opaque_kind(value) == "reference":
-            out.append(value)
+    if not symints:
+        out.extend(slot.value for _, slot in walk(x, path) if isinstance(slot, Attr))
+        return
+    _append_with_symints(read_level(x, path), out)  # type: ignore[arg-type]  # a wrapper subclass is a tensor
+
+
+def _append_with_symints(level: Level, out: list[Any]) -> None:
+    for a in level.attrs:
+        if a.kind == "subclass":
+            _append_with_symints(read_level(a.value, a.path), out)
         else:
-            raise _bad_attribute(x, name, f"{path}.{name}", value)
-    if symints:
-        out.extend(s for s in x.size() if _is_symbolic(s))
-        out.extend(s for s in x.stride() if _is_symbolic(s))
+            out.append(a.value)
+    out.extend(s for s in level.owner.size() if _is_symbolic(s))
+    out.extend(s for s in level.owner.stride() if _is_symbolic(s))
 
 
 def flatten_subclass(t: torch.Tensor, *, name: str = "x") -> tuple[list[Any], SlotMeta]:
@@ -246,74 +175,12 @@ def flatten_subclass(t: torch.Tensor, *, name: str = "x") -> tuple[list[Any], Sl
             f"flatten_subclass expects a tensor, got {describe_type(t)}. Fix: pass the "
             "subclass instance; for a list of arguments use create_subclass_meta."
         )
-    spec = describe(t, 0, path=name)
     leaves: list[Any] = []
-    append_leaves(t, leaves, name)
+    if not is_wrapper_subclass(t):
+        return [t], describe(t, 0, path=name)
+    # one walk: the spec and the leaves come from the same reads
+    spec = _describe_level(read_level(t, name), 0, None, count_symints=False, with_memory_format=False, leaves=leaves)
     return leaves, spec
-
-
-def _bad_unflatten_result(meta: SubclassCreationMeta, result: object, path: str) -> TypeError:
-    return bad_unflatten_type(meta.subclass_type, result, path)
-
-
-def bad_unflatten_type(cls: type, result: object, path: str) -> TypeError:
-    """The error for a ``__tensor_unflatten__`` of ``cls`` that returned ``result``,
-    which is not an instance of ``cls``."""
-    return TypeError(
-        f"{cls.__qualname__}.__tensor_unflatten__ (rebuilding {path!r}) returned "
-        f"{describe_type(result)}, expected an instance of {qualified_name(cls)}. Fix: "
-        f"make {cls.__qualname__}.__tensor_unflatten__ return "
-        f"{cls.__qualname__}(...) built from inner_tensors, the context and outer_size/"
-        "outer_stride."
-    )
-
-
-def _check_leaf(path: str, slot: Any, leaf: object, owner: str) -> None:
-    if isinstance(slot, OpaqueMeta):
-        if isinstance(leaf, _Tensor) or opaque_kind(leaf) != "reference":
-            if not isinstance(leaf, _Tensor) and opaque_kind(leaf) is None and isinstance(leaf, slot.opaque_type):
-                raise TypeError(
-                    f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) holds a "
-                    f"{qualified_name(type(leaf))}, which is not registered as a reference opaque in this "
-                    "process. Fix: "
-                    + import_fix(type(leaf), 'opaque_subclass.register_opaque({cls}, kind="reference")')
-                    + " before rebuilding."
-                )
-            raise TypeError(
-                f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) expects a "
-                f"reference opaque of type {qualified_name(slot.opaque_type)}, got "
-                f"{describe_type(leaf)}. Fix: pass leaves in the order flatten_subclass "
-                "returned them."
-            )
-    elif isinstance(slot, PlainTensorMeta) and slot.attr is not None:
-        if not isinstance(leaf, _Tensor):
-            raise TypeError(
-                f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) expects a "
-                f"tensor, got {describe_type(leaf)}. Fix: pass leaves in the order "
-                "flatten_subclass returned them."
-            )
-
-
-def build(meta: SlotMeta, leaves: Sequence[Any], *, is_runtime: bool, path: str = "x") -> Any:
-    """Rebuild the value described by ``meta`` from the absolute slots of ``leaves``.
-
-    The generic (not code-generated) path; used while tracing and for checked
-    unflattening. Outer sizes come from the meta, or from ``leaves`` for
-    symbolic placeholders when ``is_runtime``.
-    """
-    if not isinstance(meta, SubclassCreationMeta):
-        return leaves[meta.unwrapped_idx]
-    inner = {name: build(sub, leaves, is_runtime=is_runtime, path=f"{path}.{name}") for name, sub in meta.attrs.items()}
-    size, stride = meta.outer_size, meta.outer_stride
-    if is_runtime and meta.included_subclass_symints and (meta.size_placeholders or meta.stride_placeholders):
-        size, stride = _fill_placeholders(meta, leaves)
-    cls = meta.subclass_type
-    result = cls.__tensor_unflatten__(inner, meta.meta, size, stride)  # type: ignore[attr-defined]  # a wrapper subclass
-    if not isinstance(result, cls):
-        raise _bad_unflatten_result(meta, result, path)
-    if not is_runtime and meta.original_subclass is not None:
-        torch._mirror_autograd_meta_to(meta.original_subclass, result)  # type: ignore[attr-defined]  # private C binding present on all supported torch
-    return result
 
 
 def check_rebuild(t: object, path: str = "x") -> None:
@@ -326,14 +193,19 @@ def check_rebuild(t: object, path: str = "x") -> None:
     there otherwise surfaces as a misleading tangent error in backward, or as
     a crash of the process under inductor.
     """
-    if not is_wrapper_subclass(t):
-        return
-    names, ctx = t.__tensor_flatten__()  # type: ignore[attr-defined]  # a wrapper subclass
-    inner = {name: getattr(t, name) for name in names}
-    for name, value in inner.items():
-        check_rebuild(value, f"{path}.{name}")
-    cls = type(t)
-    result = cls.__tensor_unflatten__(inner, ctx, t.size(), t.stride())  # type: ignore[attr-defined, union-attr]  # a wrapper subclass
+    check_levels([slot for _, slot in walk(t, path) if isinstance(slot, Level)])
+
+
+def check_levels(levels: Sequence[Level]) -> None:
+    """:func:`check_rebuild` for levels already read by the walk (innermost first)."""
+    for level in reversed(levels):
+        _check_level(level)
+
+
+def _check_level(level: Level) -> None:
+    t, path, cls = level.owner, level.path, type(level.owner)
+    inner = {a.name: a.value for a in level.attrs}
+    result = cls.__tensor_unflatten__(inner, level.ctx, t.size(), t.stride())  # type: ignore[attr-defined]  # a wrapper subclass
     if not isinstance(result, cls):
         raise bad_unflatten_type(cls, result, path)
     for what in ("shape", "dtype"):
@@ -347,17 +219,6 @@ def check_rebuild(t: object, path: str = "x") -> None:
             )
 
 
-def _fill_placeholders(meta: SubclassCreationMeta, leaves: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    it = iter(leaves[meta.symint_start_idx : meta.flat_tensor_start_idx + meta.arg_count])
-    size = list(meta.outer_size)
-    for d in meta.size_placeholders:
-        size[d] = next(it)
-    stride = list(meta.outer_stride)
-    for d in meta.stride_placeholders:
-        stride[d] = next(it)
-    return tuple(size), tuple(stride)
-
-
 def unflatten_subclass(leaves: Sequence[Any], spec: SlotMeta, *, name: str = "x") -> Any:
     """Rebuild a value from ``leaves`` and the ``spec`` from :func:`flatten_subclass`.
 
@@ -365,28 +226,7 @@ def unflatten_subclass(leaves: Sequence[Any], spec: SlotMeta, *, name: str = "x"
     against the spec, with errors that name the subclass and attribute path.
     Opaque leaves are placed into the rebuilt subclass as the very same objects.
     """
-    if isinstance(spec, SubclassCreationMeta):
-        start, width, owner = spec.flat_tensor_start_idx, spec.arg_count, spec.subclass_type.__qualname__
-    elif isinstance(spec, (PlainTensorMeta, OpaqueMeta)):
-        start, width, owner = spec.unwrapped_idx, 1, "a plain value"
-    else:
-        raise TypeError(
-            f"unflatten_subclass expects a spec from flatten_subclass, got {describe_type(spec)}. "
-            "Fix: pass the second value returned by flatten_subclass (or a meta from "
-            "create_subclass_meta)."
-        )
-    if len(leaves) != start + width:
-        detail = ""
-        if isinstance(spec, SubclassCreationMeta):
-            detail = f" ({spec.num_tensors} tensors, {spec.num_opaques} opaques)"
-        raise ValueError(
-            f"unflatten of {owner}: the spec describes {width} leaves{detail} starting at "
-            f"slot {start}, but {len(leaves)} leaves were given. Fix: pass exactly the "
-            "leaves flatten_subclass returned for this spec (same subclass structure)."
-        )
-    for path, slot in iter_slots(spec, name):
-        _check_leaf(path, slot, leaves[slot.unwrapped_idx], owner)
-    return build(spec, leaves, is_runtime=True, path=name)
+    return unflatten_checked(leaves, spec, name=name)
 
 
 def create_subclass_meta(

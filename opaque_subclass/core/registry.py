@@ -27,11 +27,10 @@ TheClass)`` *inside* a compiled region, which sees the fake wrapper; use
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import threading
-from typing import Any, get_args
+from typing import TYPE_CHECKING, get_args
 
 import torch
 
@@ -92,11 +91,18 @@ def _resolve_base() -> type:
     return OpaqueBase
 
 
-#: The base class for reference opaques you own: ``torch._opaque_base.OpaqueBase``
-#: on torch 2.11 - 2.13, ``torch._custom_class_base.CustomClassBase`` (its new
-#: name) on torch >= 2.14. Inheriting it makes ``isinstance(obj, YourClass)``
-#: hold inside compiled code too, where torch passes a fake wrapper.
-OpaqueBase: type = _resolve_base()
+if TYPE_CHECKING:
+    # Type checkers see a plain class (the real one is picked at import), so
+    # that ``class Mesh(OpaqueBase)`` type-checks as a subclass, not of Any.
+    class OpaqueBase:
+        pass
+
+else:
+    #: The base class for reference opaques you own: ``torch._opaque_base.OpaqueBase``
+    #: on torch 2.11 - 2.13, ``torch._custom_class_base.CustomClassBase`` (its new
+    #: name) on torch >= 2.14. Inheriting it makes ``isinstance(obj, YourClass)``
+    #: hold inside compiled code too, where torch passes a fake wrapper.
+    OpaqueBase: type = _resolve_base()
 
 
 def _fake_script_object_type() -> type | None:
@@ -110,13 +116,18 @@ def _fake_script_object_type() -> type | None:
 _FAKE_SCRIPT_OBJECT = _fake_script_object_type()
 
 
+def real_object(obj: object) -> object:
+    """``obj``, or the real object behind torch's fake wrapper of it
+    (``FakeScriptObject``, what compiled code sees while tracing). The one
+    place the library looks through that wrapper."""
+    if type(obj) is _FAKE_SCRIPT_OBJECT:
+        return object.__getattribute__(obj, "real_obj")
+    return obj
+
+
 def opaque_type_of(obj: object) -> type:
     """The type of ``obj``, seen through torch's fake wrapper used while tracing."""
-    cls = type(obj)
-    if cls is _FAKE_SCRIPT_OBJECT:
-        real = object.__getattribute__(obj, "real_obj")
-        return type(real)
-    return cls
+    return type(real_object(obj))
 
 
 def _torch_kind(cls: type) -> OpaqueKind | None:
@@ -200,34 +211,6 @@ def _check_value_type_protocol(cls: type) -> None:
             "Fix: define the missing methods, or register it as a reference opaque if "
             "its identity matters: " + import_fix(cls, 'opaque_subclass.register_opaque({cls}, kind="reference")')
         )
-
-
-def _enter_in_torch_registry(api: RegistryAPI, cls: type, kind: OpaqueKind) -> None:
-    """Register ``cls`` in torch's tables without torch's metaclass requirement."""
-    registry = api.torch_module()
-    info_type = registry._OpaqueTypeInfo
-    name = f"{cls.__module__}.{cls.__qualname__}"
-    known: dict[str, Any] = {
-        "class_name": name,
-        "opaque_typ": api.kinds[kind],
-        "guard_fn": None,
-        "members": {},
-        "hoist": False,
-        "reconstruct_fn": None,
-    }
-    field_names = [f.name for f in dataclasses.fields(info_type)]
-    unknown = [n for n in field_names if n not in known]
-    if unknown:
-        raise RuntimeError(
-            f"cannot register {name} as an opaque on torch {torch.__version__}: torch's "
-            f"opaque registry entry has fields {unknown} that opaque-subclass does not know. "
-            "Fix: make the class inherit opaque_subclass.OpaqueBase, or use a torch "
-            "version listed in opaque_subclass.SUPPORTED_TORCH."
-        )
-    info = info_type(**{n: known[n] for n in field_names})
-    registry._OPAQUE_TYPES[cls] = info
-    registry._OPAQUE_TYPES_BY_NAME[name] = info
-    torch._C._register_opaque_type(name)
 
 
 # torch registers some of its own classes lazily (DeviceMesh and ProcessGroup
@@ -331,7 +314,7 @@ def register_opaque(cls: type, kind: str = "reference") -> None:
             api.register_in_torch(cls, kind)
         else:
             log.debug("entering %s in torch's opaque registry directly", qualified_name(cls))
-            _enter_in_torch_registry(api, cls, kind)
+            api.enter_in_tables(cls, kind)
         # A class registered now may have subclasses looked up before; they are
         # never cached negatively, so only the class itself needs an entry.
         _KIND_BY_TYPE[cls] = kind

@@ -21,9 +21,10 @@ import torch
 
 from opaque_subclass.core.codegen import compiled_unwrap, compiled_wrap
 from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, qualified_name
-from opaque_subclass.core.flatten import append_leaves, build, flat_width, is_wrapper_subclass
+from opaque_subclass.core.flatten import append_leaves, flat_width, is_wrapper_subclass
 from opaque_subclass.core.registry import opaque_kind
-from opaque_subclass.core.spec import OpaqueMeta, SlotMeta, SubclassCreationMeta
+from opaque_subclass.core.spec import OpaqueMeta, SlotMeta, SubclassCreationMeta, rebuild
+from opaque_subclass.core.walk import read_level
 
 __all__ = [
     "process_runtime_tangent",
@@ -54,9 +55,9 @@ def _unwrap_flat(args: Sequence[Any], metas: Sequence[SlotMeta] | None, append_s
     append = out.append
     for x, m in zip(args, metas):
         if m.__class__ is _SCM:
-            fn = m._compiled.get(key)  # type: ignore[union-attr]  # m is a SubclassCreationMeta
+            fn = m._compiled.get(key)
             if fn is None:
-                fn = compiled_unwrap(m, append_symints)  # type: ignore[arg-type]  # as above
+                fn = compiled_unwrap(m, append_symints)
             extend(fn(x))
         else:
             append(x)
@@ -158,13 +159,13 @@ def wrap_tensor_subclasses(
         for m in subclass_metas:
             if m.__class__ is _SCM:
                 if is_runtime:
-                    fn = m._compiled.get("wrap")  # type: ignore[union-attr]  # m is a SubclassCreationMeta
+                    fn = m._compiled.get("wrap")
                     if fn is None:
-                        fn = compiled_wrap(m)  # type: ignore[arg-type]  # as above
+                        fn = compiled_wrap(m)
                     append(fn(unwrapped_args))
                 else:
-                    append(build(m, unwrapped_args, is_runtime=False))
-                tallied += m.arg_count  # type: ignore[union-attr]  # as above
+                    append(rebuild(m, unwrapped_args, is_runtime=False))
+                tallied += m.arg_count
             else:
                 append(unwrapped_args[m.unwrapped_idx])  # type: ignore[union-attr]  # Plain/OpaqueMeta
                 tallied += 1
@@ -265,7 +266,7 @@ def process_runtime_tangent(x: Any, meta: SlotMeta, *, name: str = "tangent") ->
         expected_type, expected_ctx, fmt = torch.Tensor, None, meta.memory_format
     is_sub = is_wrapper_subclass(x)
     runtime_type = type(x) if is_sub else torch.Tensor
-    runtime_ctx = x.__tensor_flatten__()[1] if is_sub else None  # type: ignore[attr-defined]  # a wrapper subclass
+    runtime_ctx = read_level(x, name, strict=False).ctx if is_sub else None
     if runtime_type is not expected_type or runtime_ctx != expected_ctx:
         coerce = getattr(x, "__coerce_same_metadata_as_tangent__", None)
         if coerce is None:

@@ -17,17 +17,22 @@ frozen: a form that is safe to keep at run time is a new object
 (:meth:`SubclassCreationMeta.runtime_safe`), never a mutation.
 
 :func:`iter_slots` is the one walk over a meta's slots, shared by flattening,
-unflattening, wrapping, unwrapping and diagnostics.
+unflattening, wrapping, unwrapping and diagnostics; :func:`rebuild` builds the
+value a meta describes from a flat list (the walk over a live instance is
+:mod:`opaque_subclass.core.walk`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn, Union
 
 import torch
+
+from opaque_subclass.core.errors import describe_type, import_fix, qualified_name
+from opaque_subclass.core.registry import opaque_kind
 
 __all__ = [
     "FlatMeta",
@@ -36,9 +41,12 @@ __all__ = [
     "SlotMeta",
     "SubclassCreationMeta",
     "SymIntMeta",
+    "bad_unflatten_type",
     "iter_slots",
     "iter_subclasses",
+    "rebuild",
     "symint_placeholders",
+    "unflatten_checked",
 ]
 
 IntLike = int | torch.SymInt
@@ -110,8 +118,9 @@ class _FrozenAttrs(dict):  # type: ignore[type-arg]  # str -> SlotMeta, checked 
     def _readonly(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError("SubclassCreationMeta.attrs is read-only; build a new meta instead")
 
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _readonly  # type: ignore[assignment]  # deliberately disabled
-    __ior__ = _readonly  # type: ignore[assignment]  # deliberately disabled
+    # deliberately disabled
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _readonly
+    __ior__ = _readonly
 
     def __hash__(self) -> int:  # type: ignore[override]  # immutable, so hashable
         return hash(tuple(self.items()))
@@ -283,36 +292,19 @@ class SubclassCreationMeta:
             return self
         return dataclasses.replace(self, attrs=attrs, outer_size=size, outer_stride=stride, original_subclass=None)
 
-    def with_start(self, start: int) -> SubclassCreationMeta:
-        """The same description, shifted so that its first slot is ``start``."""
-        shift = start - self.flat_tensor_start_idx
-        if shift == 0:
-            return self
-        return _shift(self, shift)
-
     def unflatten(self, leaves: list[Any] | tuple[Any, ...]) -> torch.Tensor:
         """Rebuild the subclass from the flat list ``leaves``.
 
         ``leaves`` is indexed by this meta's absolute slot indices. Opaque
-        slots receive the very objects given; no copies are made.
+        slots receive the very objects given; no copies are made. Every leaf
+        is checked against its slot, as by :func:`unflatten_checked`.
         """
-        from opaque_subclass.core.flatten import unflatten_subclass
-
-        return unflatten_subclass(leaves, self)
+        result: torch.Tensor = unflatten_checked(leaves, self)
+        return result
 
 
 def _rebuild_subclass_meta(kwargs: dict[str, Any]) -> SubclassCreationMeta:
     return SubclassCreationMeta(**kwargs)
-
-
-def _shift(meta: SlotMeta, shift: int) -> SlotMeta:
-    if isinstance(meta, SubclassCreationMeta):
-        return dataclasses.replace(
-            meta,
-            flat_tensor_start_idx=meta.flat_tensor_start_idx + shift,
-            attrs={k: _shift(v, shift) for k, v in meta.attrs.items()},
-        )
-    return dataclasses.replace(meta, unwrapped_idx=meta.unwrapped_idx + shift)
 
 
 def iter_slots(meta: SlotMeta, prefix: str = "") -> Iterator[tuple[str, FlatMeta]]:
@@ -345,3 +337,109 @@ def iter_subclasses(meta: SlotMeta, prefix: str = "") -> Iterator[tuple[str, Sub
         yield prefix, meta
         for name, sub in meta.attrs.items():
             yield from iter_subclasses(sub, f"{prefix}.{name}" if prefix else name)
+
+
+# ---------------------------------------------------------------- rebuilding
+
+
+def bad_unflatten_type(cls: type, result: object, path: str) -> TypeError:
+    """The error for a ``__tensor_unflatten__`` of ``cls`` that returned ``result``,
+    which is not an instance of ``cls``."""
+    return TypeError(
+        f"{cls.__qualname__}.__tensor_unflatten__ (rebuilding {path!r}) returned "
+        f"{describe_type(result)}, expected an instance of {qualified_name(cls)}. Fix: "
+        f"make {cls.__qualname__}.__tensor_unflatten__ return "
+        f"{cls.__qualname__}(...) built from inner_tensors, the context and outer_size/"
+        "outer_stride."
+    )
+
+
+def _fill_placeholders(meta: SubclassCreationMeta, leaves: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    it = iter(leaves[meta.symint_start_idx : meta.flat_tensor_start_idx + meta.arg_count])
+    size = list(meta.outer_size)
+    for d in meta.size_placeholders:
+        size[d] = next(it)
+    stride = list(meta.outer_stride)
+    for d in meta.stride_placeholders:
+        stride[d] = next(it)
+    return tuple(size), tuple(stride)
+
+
+def rebuild(meta: SlotMeta, leaves: Sequence[Any], *, is_runtime: bool, path: str = "x") -> Any:
+    """Rebuild the value described by ``meta`` from the absolute slots of ``leaves``.
+
+    The generic (not code-generated) path; used while tracing and for checked
+    unflattening. Outer sizes come from the meta, or from ``leaves`` for
+    symbolic placeholders when ``is_runtime``. A ``__tensor_unflatten__`` that
+    returns anything but an instance of its class is refused.
+    """
+    if not isinstance(meta, SubclassCreationMeta):
+        return leaves[meta.unwrapped_idx]
+    inner = {
+        name: rebuild(sub, leaves, is_runtime=is_runtime, path=f"{path}.{name}") for name, sub in meta.attrs.items()
+    }
+    size, stride = meta.outer_size, meta.outer_stride
+    if is_runtime and meta.included_subclass_symints and (meta.size_placeholders or meta.stride_placeholders):
+        size, stride = _fill_placeholders(meta, leaves)
+    cls = meta.subclass_type
+    result = cls.__tensor_unflatten__(inner, meta.meta, size, stride)  # type: ignore[attr-defined]  # a wrapper subclass
+    if not isinstance(result, cls):
+        raise bad_unflatten_type(cls, result, path)
+    if not is_runtime and meta.original_subclass is not None:
+        torch._mirror_autograd_meta_to(meta.original_subclass, result)  # type: ignore[attr-defined]  # private C binding present on all supported torch
+    return result
+
+
+def _check_leaf(path: str, slot: FlatMeta, leaf: object, owner: str) -> None:
+    if isinstance(slot, OpaqueMeta):
+        if isinstance(leaf, torch.Tensor) or opaque_kind(leaf) != "reference":
+            if not isinstance(leaf, torch.Tensor) and opaque_kind(leaf) is None and isinstance(leaf, slot.opaque_type):
+                raise TypeError(
+                    f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) holds a "
+                    f"{qualified_name(type(leaf))}, which is not registered as a reference opaque in this "
+                    "process. Fix: "
+                    + import_fix(type(leaf), 'opaque_subclass.register_opaque({cls}, kind="reference")')
+                    + " before rebuilding."
+                )
+            raise TypeError(
+                f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) expects a "
+                f"reference opaque of type {qualified_name(slot.opaque_type)}, got "
+                f"{describe_type(leaf)}. Fix: pass leaves in the order flatten_subclass "
+                "returned them."
+            )
+    elif isinstance(slot, PlainTensorMeta) and slot.attr is not None:
+        if not isinstance(leaf, torch.Tensor):
+            raise TypeError(
+                f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) expects a "
+                f"tensor, got {describe_type(leaf)}. Fix: pass leaves in the order "
+                "flatten_subclass returned them."
+            )
+
+
+def unflatten_checked(leaves: Sequence[Any], spec: SlotMeta, *, name: str = "x") -> Any:
+    """Rebuild a value from ``leaves`` and ``spec``, checking the leaf count and
+    every leaf against its slot (tensor or opaque) first; errors name the
+    subclass and the attribute path. Opaque leaves are placed as the very
+    same objects."""
+    if isinstance(spec, SubclassCreationMeta):
+        start, width, owner = spec.flat_tensor_start_idx, spec.arg_count, spec.subclass_type.__qualname__
+    elif isinstance(spec, (PlainTensorMeta, OpaqueMeta)):
+        start, width, owner = spec.unwrapped_idx, 1, "a plain value"
+    else:
+        raise TypeError(
+            f"unflatten_subclass expects a spec from flatten_subclass, got {describe_type(spec)}. "
+            "Fix: pass the second value returned by flatten_subclass (or a meta from "
+            "create_subclass_meta)."
+        )
+    if len(leaves) != start + width:
+        detail = ""
+        if isinstance(spec, SubclassCreationMeta):
+            detail = f" ({spec.num_tensors} tensors, {spec.num_opaques} opaques)"
+        raise ValueError(
+            f"unflatten of {owner}: the spec describes {width} leaves{detail} starting at "
+            f"slot {start}, but {len(leaves)} leaves were given. Fix: pass exactly the "
+            "leaves flatten_subclass returned for this spec (same subclass structure)."
+        )
+    for path, slot in iter_slots(spec, name):
+        _check_leaf(path, slot, leaves[slot.unwrapped_idx], owner)
+    return rebuild(spec, leaves, is_runtime=True, path=name)

@@ -268,7 +268,7 @@ def decode(ep: Any, records: tuple[ConstructionRecord, ...], objects: Mapping[st
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is stored]
     for index, node in enumerate(nodes):
         key, tensors = node.args
-        record = by_key.get(key)  # type: ignore[call-overload]  # the key is a string
+        record = by_key.get(key)
         func = import_qualified(record.func) if record is not None else None
         if record is None or func is None:
             raise OpaqueSubclassError(
@@ -280,7 +280,7 @@ def decode(ep: Any, records: tuple[ConstructionRecord, ...], objects: Mapping[st
         flat: list[Any] = []
         for kind, value in record.args:
             if kind == "tensor":
-                flat.append(tensors[value])  # type: ignore[index]  # a list of nodes
+                flat.append(tensors[value])
             elif kind == "input":
                 flat.append(placeholders[inputs[value]])
             elif kind == "const":

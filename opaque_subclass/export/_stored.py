@@ -100,7 +100,7 @@ class StoredSubclass(torch.Tensor):
     _names: tuple[str, ...]
     _path: str
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # torch's idiom; the stub types the unbound C function
 
     @staticmethod
     def __new__(
@@ -116,11 +116,11 @@ class StoredSubclass(torch.Tensor):
         device: torch.device,
         requires_grad: bool = False,
     ) -> StoredSubclass:
-        t = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]  # private C binding present on all supported torch
+        t = torch.Tensor._make_wrapper_subclass(
             cls, tuple(size), strides=tuple(stride), dtype=dtype, device=device, requires_grad=requires_grad
         )
         t._tree, t._leaves, t._names, t._path = tree, tuple(leaves), tuple(names), path
-        return t  # type: ignore[no-any-return]  # an instance of cls
+        return t
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -170,7 +170,9 @@ class StoredSubclass(torch.Tensor):
         return (restore_stored, self._state(self.requires_grad, is_param=isinstance(self, torch.nn.Parameter)))
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(  # type: ignore[override]  # Tensor declares its disabled default as a plain function
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
         if func is torch.ops.aten.detach.default:  # nn.Parameter(placeholder) detaches
             return args[0].copy_like(requires_grad=False)
         stored = next(a for a in args if isinstance(a, StoredSubclass))

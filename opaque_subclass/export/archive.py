@@ -40,6 +40,7 @@ from typing import IO, Any
 import torch
 from torch.utils import _pytree as pytree
 
+from opaque_subclass._versions import LIBRARY_VERSION
 from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, qualified_name
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
 from opaque_subclass.core.registry import OpaqueBase, opaque_kind, register_opaque
@@ -50,7 +51,7 @@ from opaque_subclass.export.manifest import MANIFEST_NAME, ConstructionRecord, E
 
 __all__ = ["OpaqueBindingError", "OpaqueName", "load", "read_manifest", "save"]
 
-FileLike = str | os.PathLike | IO[bytes]
+FileLike = str | os.PathLike[str] | IO[bytes]
 Resolver = Callable[[str, type], object]
 
 
@@ -92,7 +93,7 @@ class _Plan:
 
     def __init__(self, user_names: Mapping[str, object]) -> None:
         self.found: dict[int, _Found] = {}
-        self._user = {}
+        self._user: dict[int, str] = {}
         for name, obj in user_names.items():
             if not isinstance(name, str) or not name:
                 raise TypeError(
@@ -164,10 +165,9 @@ class _Plan:
                 f"opaque_subclass.export.save: opaques={{...}} names {unused}, which the program does not hold "
                 f"(it holds: {held}). Fix: name only objects of the program, or drop those names."
             )
-        from .. import __version__
 
         records = tuple(OpaqueRecord(f.name, qualified_name(type(f.obj)), tuple(f.sites)) for f in self.found.values())
-        return ExportManifest(torch.__version__, __version__, records, self.dropped_example_inputs, constructions)
+        return ExportManifest(torch.__version__, LIBRARY_VERSION, records, self.dropped_example_inputs, constructions)
 
 
 def _strip(ep: Any, plan: _Plan) -> tuple[Any, tuple[ConstructionRecord, ...]]:
@@ -258,7 +258,7 @@ def read_manifest(f: FileLike) -> ExportManifest | None:
     program; ``None`` for an archive that has none."""
     pos = f.tell() if hasattr(f, "tell") else None
     try:
-        with zipfile.ZipFile(f) as archive:  # type: ignore[arg-type]  # a path or a binary file
+        with zipfile.ZipFile(f) as archive:
             for member in archive.namelist():
                 if member.endswith(f"extra/{MANIFEST_NAME}"):
                     return ExportManifest.from_json(archive.read(member).decode("utf-8"), source=_describe(f))

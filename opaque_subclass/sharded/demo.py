@@ -24,14 +24,17 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from opaque_subclass.testing.workers import WorkersFailed, run_local_workers
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+    from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
+
+    from opaque_subclass.sharded.tensor import ShardedTensor
 
 __all__ = [
     "MLP_PLAN",
@@ -99,7 +102,8 @@ def shard_module(module: nn.Module, mesh: DeviceMesh, plan: Mapping[str, int | N
 
 
 def _loss(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return ((model(x) - target) ** 2).mean()
+    out: torch.Tensor = model(x)
+    return ((out - target) ** 2).mean()
 
 
 def _train(
@@ -114,10 +118,12 @@ def _train(
         loss.backward()
         with torch.no_grad():
             for p in model.parameters():
-                p.sub_(p.grad, alpha=lr)
+                p.sub_(cast("torch.Tensor", p.grad), alpha=lr)  # backward gave every parameter a grad
                 p.grad = None
         times.append(time.perf_counter() - t0)
-        losses.append(float(loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()))
+        losses.append(
+            float(cast("ShardedTensor", loss.detach()).full_tensor() if hasattr(loss, "full_tensor") else loss.detach())
+        )
     return losses, times
 
 
@@ -152,7 +158,7 @@ def train_worker(rank: int, world_size: int, payload: Mapping[str, Any]) -> dict
         losses_a, times_a = _train(model, compiled, data[:steps], lr)
     frames_a = counter.frame_count
 
-    group_b = dist.new_group(list(range(world_size)))
+    group_b = cast("ProcessGroup", dist.new_group(list(range(world_size))))  # every rank is a member
     mesh_b = DeviceMesh.from_group(group_b, "cpu")
     model = shard_module(model, mesh_b, MLP_PLAN)  # the trained weights, now on mesh B
     with record_collectives() as seen_b:
@@ -161,7 +167,8 @@ def train_worker(rank: int, world_size: int, payload: Mapping[str, Any]) -> dict
 
     ref_params = dict(reference.named_parameters())
     weight_error = max(
-        float((p.detach().full_tensor() - ref_params[n].detach()).abs().max()) for n, p in model.named_parameters()
+        float((cast("ShardedTensor", p.detach()).full_tensor() - ref_params[n].detach()).abs().max())
+        for n, p in model.named_parameters()  # shard_module made every parameter a ShardedTensor
     )
     compiled_losses = losses_a + losses_b
     return {

@@ -72,7 +72,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -82,7 +82,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 from opaque_subclass.authoring.base import OpaqueSubclass
 from opaque_subclass.authoring.dispatch import lookup
 from opaque_subclass.core.errors import OpaqueSubclassError, describe_type
-from opaque_subclass.core.registry import opaque_type_of
+from opaque_subclass.core.registry import real_object
 from opaque_subclass.sharded.collectives import CollectiveRecord, _ops, _resized, record_collectives
 
 from . import collectives as _collectives
@@ -140,14 +140,11 @@ _redistribute_op.register_autograd(
 
 
 def _is_fake(obj: object) -> bool:
-    return type(obj) is not opaque_type_of(obj)
+    return real_object(obj) is not obj
 
 
 def _same_object(a: object, b: object) -> bool:
-    def unwrap(o: object) -> object:
-        return object.__getattribute__(o, "real_obj") if _is_fake(o) else o
-
-    return unwrap(a) is unwrap(b)
+    return real_object(a) is real_object(b)
 
 
 def _dense_strides_like(size: Sequence[Any], like: Sequence[int]) -> tuple[Any, ...]:
@@ -200,7 +197,7 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
         requires_grad: bool = False,
         _trusted: bool = False,
         **named: Any,
-    ) -> Any:
+    ) -> ShardedTensor:
         bound = cls._bind(values, named)
         local, mesh, dim = bound["_local"], bound["_mesh"], bound["_shard_dim"]
         _check_shard_dim(cls, local, dim)
@@ -213,7 +210,7 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
         if local.requires_grad and torch.is_grad_enabled() and not requires_grad and not _trusted:
             # Differentiable construction (see OpaqueSubclass); the gradient is
             # brought to this placement before its shard flows back to ``local``.
-            return _FromLocal.apply(local, mesh, dim, outer_size, outer_stride)
+            return cast(ShardedTensor, _FromLocal.apply(local, mesh, dim, outer_size, outer_stride))
         if outer_size is None and dim is not None:
             if _is_fake(mesh):
                 raise OpaqueSubclassError(
@@ -222,13 +219,16 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
                 )
             outer_size = _resized(local, dim, local.shape[dim] * mesh.size())
             outer_stride = _dense_strides_like(outer_size, local.stride())
-        return OpaqueSubclass.__new__(
-            cls,
-            outer_size=outer_size,
-            outer_stride=outer_stride,
-            requires_grad=requires_grad,
-            _trusted=_trusted,
-            **bound,
+        return cast(
+            ShardedTensor,
+            OpaqueSubclass.__new__(
+                cls,
+                outer_size=outer_size,
+                outer_stride=outer_stride,
+                requires_grad=requires_grad,
+                _trusted=_trusted,
+                **bound,
+            ),
         )
 
     @classmethod
@@ -294,7 +294,7 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
             n = _num_shards(self)
         else:
             n = 1 if shard_dim is None else self._mesh.size()
-        return _redistribute_op(self, shard_dim, n)  # type: ignore[no-any-return]  # the op table returns a ShardedTensor
+        return cast(ShardedTensor, _redistribute_op(self, shard_dim, n))  # the op table returns a ShardedTensor
 
     def full_tensor(self) -> torch.Tensor:
         """The global tensor as a plain tensor on every rank (detached from autograd)."""
@@ -307,7 +307,9 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
         return _wrap(tensors["_local"], self._mesh, self._shard_dim, _num_shards(self))
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(  # type: ignore[override]  # Tensor declares its disabled default as a plain function
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
         """The op table first (``t``, ``view``, ``mm``, ``sum``, ...); then, when no
         argument is sharded, the op on the local tensors; then pointwise and
         shape-keeping ops on the shards; anything else is an error."""
@@ -329,16 +331,16 @@ class _FromLocal(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx: Any, local: torch.Tensor, mesh: DeviceMesh, dim: int | None, outer_size: Any, outer_stride: Any
-    ) -> ShardedTensor:  # type: ignore[override]
+    ) -> ShardedTensor:
         out = ShardedTensor(local.detach(), mesh, dim, outer_size=outer_size, outer_stride=outer_stride)
         ctx.mesh, ctx.dim, ctx.n = mesh, dim, _num_shards(out)
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         if isinstance(grad, ShardedTensor):
             if grad._shard_dim != ctx.dim:
-                grad = _redistribute_op(grad, ctx.dim, ctx.n)
+                grad = cast(ShardedTensor, _redistribute_op(grad, ctx.dim, ctx.n))
             grad = grad._local
         elif ctx.dim is not None:
             grad = _ops().local_chunk(grad, ctx.mesh, ctx.dim, ctx.n)
@@ -389,7 +391,7 @@ def _check_shard_dim(cls: type, local: torch.Tensor, dim: object) -> None:
         )
 
 
-def _num_shards(x: ShardedTensor) -> Any:
+def _num_shards(x: ShardedTensor) -> int:  # a SymInt while tracing, typed int as torch.Size's sizes are
     d = x._shard_dim
     return 1 if d is None else x.shape[d] // x._local.shape[d]
 
@@ -400,7 +402,9 @@ def _wrap(local: torch.Tensor, mesh: DeviceMesh, dim: int | None, n: Any) -> Sha
     else:
         size = _resized(local, dim, local.shape[dim] * n)
         stride = _dense_strides_like(size, local.stride())
-    return ShardedTensor.__tensor_unflatten__({"_local": local, "_mesh": mesh}, (dim,), size, stride)  # type: ignore[no-any-return]
+    return cast(
+        ShardedTensor, ShardedTensor.__tensor_unflatten__({"_local": local, "_mesh": mesh}, (dim,), size, stride)
+    )
 
 
 def _placement(t: object) -> int | None:
@@ -421,7 +425,7 @@ def _common_mesh(func: Any, flat: Sequence[Any]) -> DeviceMesh:
                 "needs one process group. Fix: re-shard one onto the other's mesh, "
                 "ShardedTensor.from_full(x.full_tensor(), mesh, x.shard_dim)."
             )
-    return mesh  # type: ignore[no-any-return]
+    return cast(DeviceMesh, mesh)  # or torch's fake wrapper of one, while tracing
 
 
 def _common_placement(func: Any, flat: list[Any]) -> tuple[DeviceMesh, int | None, Any]:
@@ -473,7 +477,7 @@ def _on_locals(func: Any, args: Any, kwargs: Any, mesh: DeviceMesh, dim: int | N
 def _cut(t: torch.Tensor, mesh: DeviceMesh, dim: int, n: Any) -> torch.Tensor:
     if dim < 0 or t.shape[dim] == 1:
         return t  # broadcast along the shard dim: every rank uses all of it
-    return _ops().local_chunk(t, mesh, dim, n)  # type: ignore[no-any-return]
+    return cast(torch.Tensor, _ops().local_chunk(t, mesh, dim, n))
 
 
 def _check_writes(func: Any, args: Sequence[Any], dim: int | None, ndim: int) -> None:
@@ -557,6 +561,7 @@ def _unsqueeze(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 @_rule(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
 def _squeeze(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x, d = args[0], args[0]._shard_dim
+    asked: Sequence[int]
     if func is aten.squeeze.default:
         asked = range(x.dim())
     else:
@@ -601,7 +606,7 @@ def _view(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     mesh = _common_mesh(aten.mm.default, [a, b])
     da, db = _placement(a), _placement(b)
-    n = _num_shards(a) if da is not None else _num_shards(b)  # type: ignore[arg-type]
+    n = _num_shards(a) if da is not None else _num_shards(b)  # type: ignore[arg-type]  # a placement means a ShardedTensor; else b is the sharded one
     la = a._local if isinstance(a, ShardedTensor) else a
     lb = b._local if isinstance(b, ShardedTensor) else b
     if (da, db) == (None, 1):
@@ -617,7 +622,7 @@ def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     # (0, 0), (0, 1): gather the right operand; (1, 1): gather the left one.
     if da == 0:
         return _mm(a, _wrap(_ops().all_gather(lb, mesh, db, n), mesh, None, 1))
-    return _mm(_wrap(_ops().all_gather(la, mesh, da, n), mesh, None, 1), b)  # type: ignore[arg-type]
+    return _mm(_wrap(_ops().all_gather(la, mesh, da, n), mesh, None, 1), b)
 
 
 @_rule(aten.mm.default)

@@ -63,7 +63,8 @@ def _load_target(target: str) -> Callable[..., Any]:
         spec.loader.exec_module(module)
     else:
         module = importlib.import_module(where)
-    return getattr(module, name)  # type: ignore[no-any-return]
+    function: Callable[..., Any] = getattr(module, name)  # the target names a function
+    return function
 
 
 def _worker_main(target: str, rank: int, world_size: int, port: int, workdir: str, pg_timeout: float) -> int:

@@ -8,7 +8,7 @@ wrapper. The patches route opaques themselves, never by changing the objects
 torch walks:
 
 * :func:`tensor_attrs` and :func:`tensor_leaves` give the tensor part of a
-  subclass (one ``__tensor_flatten__`` call per level), so a patch can compute
+  subclass (the core's walk: one ``__tensor_flatten__`` call per level), so a patch can compute
   what the helper computes over tensors only;
 * :func:`skip_opaque_leaves` wraps a helper that recurses through its own
   module-level name: the recursion reaches the replacement, which answers for
@@ -40,9 +40,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, is_fake
 
-from opaque_subclass.core.flatten import _bad_attribute, check_rebuild, is_wrapper_subclass
+from opaque_subclass.core.flatten import check_levels
 from opaque_subclass.core.registry import opaque_kind
+from opaque_subclass.core.walk import Level, is_wrapper_subclass, read_level, tensor_leaves, walk
 
 __all__ = [
     "hide_in_fake_args",
@@ -54,6 +56,7 @@ __all__ = [
     "tensor_attrs",
     "tensor_leaves",
     "validate_attrs",
+    "validate_input",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -66,30 +69,14 @@ def is_opaque_leaf(value: object) -> bool:
     return not isinstance(value, _Tensor) and opaque_kind(value) == "reference"
 
 
-def _split(t: _Tensor, path: str) -> tuple[list[tuple[str, _Tensor]], dict[str, Any]]:
-    """``(tensor attributes, opaque attributes)`` of one level, validated."""
-    names = t.__tensor_flatten__()[0]  # type: ignore[attr-defined]  # a wrapper subclass
-    tensors: list[tuple[str, _Tensor]] = []
-    opaques: dict[str, Any] = {}
-    for name in names:
-        value = getattr(t, name)
-        if isinstance(value, _Tensor):
-            tensors.append((name, value))
-        elif opaque_kind(value) == "reference":
-            opaques[name] = value
-        else:
-            raise _bad_attribute(t, name, f"{path}.{name}", value)
-    return tensors, opaques
-
-
 def split_attrs(t: object, path: str = "x") -> tuple[list[tuple[str, _Tensor]], dict[str, Any]]:
     """``([(name, inner tensor)], {name: opaque})`` of one level of a wrapper
-    subclass, in flatten order, validated: every non-tensor must be a reference
-    opaque (``path`` names ``t`` in the error for one that is not). ``([], {})``
-    for anything else. One ``__tensor_flatten__`` call."""
+    subclass, in flatten order, validated by the walk (``path`` names ``t`` in
+    errors). ``([], {})`` for anything else. One ``__tensor_flatten__`` call."""
     if not is_wrapper_subclass(t):
         return [], {}
-    return _split(t, path)  # type: ignore[arg-type]  # a wrapper subclass is a tensor
+    level = read_level(t, path)  # type: ignore[arg-type]  # a wrapper subclass is a tensor
+    return [(a.name, a.value) for a in level.tensors()], level.opaques()
 
 
 def opaque_attrs(t: object, path: str = "x") -> dict[str, Any]:
@@ -108,33 +95,28 @@ def source_name(source: Any) -> str:
     return str(name() if callable(name) else name)
 
 
-def tensor_leaves(t: _Tensor, path: str = "x") -> list[_Tensor]:
-    """The innermost tensors of ``t`` (``[t]`` for a tensor that is not a
-    wrapper subclass), depth first in flatten order; opaques left out."""
-    if not is_wrapper_subclass(t):
-        return [t]
-    out: list[_Tensor] = []
-    for name, inner in _split(t, path)[0]:
-        out.extend(tensor_leaves(inner, f"{path}.{name}"))
-    return out
-
-
 def validate_attrs(t: object, path: str) -> None:
     """Check every level of a (nested) wrapper subclass: each non-tensor
     attribute must be a reference opaque; errors name ``path`` + attribute."""
-    for name, inner in tensor_attrs(t, path):
-        validate_attrs(inner, f"{path}.{name}")
+    for _ in walk(t, path):
+        pass
 
 
 def validate_input(t: object, path: str) -> None:
     """Everything checked where torch first meets a subclass input while
-    tracing: the attributes (:func:`validate_attrs`) and, for a real (not fake)
-    input, that ``__tensor_unflatten__`` rebuilds it (:func:`~opaque_subclass.core.flatten.check_rebuild`)."""
-    validate_attrs(t, path)
-    from torch._subclasses.fake_tensor import is_fake
-
-    if not is_fake(t):
-        check_rebuild(t, path)
+    tracing: every level's attributes (the walk) and, for a real (not fake)
+    input, that ``__tensor_unflatten__`` rebuilds it (:func:`~opaque_subclass.core.flatten.check_rebuild`),
+    from one walk."""
+    levels: list[Level] = []
+    first_leaf: Any = None
+    for _, slot in walk(t, path):  # one read per level, validated
+        if isinstance(slot, Level):
+            levels.append(slot)
+        elif first_leaf is None and slot.kind == "tensor":
+            first_leaf = slot.value
+    # a subclass is fake when its tensor leaves are (the first one decides, as in torch)
+    if levels and not (first_leaf is not None and is_fake(first_leaf)):
+        check_levels(levels)
 
 
 def skip_opaque_leaves(original: F, *, result: Any = None) -> F:
@@ -151,14 +133,21 @@ def skip_opaque_leaves(original: F, *, result: Any = None) -> F:
     return wrapper  # type: ignore[return-value]  # same signature as original
 
 
-def _all_fake(tensors: list[tuple[str, _Tensor]]) -> bool:
-    """Whether every tensor leaf under these (already split) attributes is fake."""
-    from torch._subclasses.fake_tensor import FakeTensor
+def _fake_levels_with_opaques(level: Level, out: list[Level]) -> bool:
+    """Collect the levels under ``level`` (itself included) that hold opaques and
+    only fake tensor leaves; returns whether all of ``level``'s tensor leaves are fake."""
+    all_fake = True
+    for a in level.attrs:
+        if a.kind == "tensor":
+            all_fake = all_fake and isinstance(a.value, FakeTensor)
+        elif a.kind == "subclass":
+            all_fake = _fake_levels_with_opaques(read_level(a.value, a.path), out) and all_fake
+    if all_fake and any(a.kind == "opaque" for a in level.attrs):
+        out.append(level)
+    return all_fake
 
-    return all(isinstance(leaf, FakeTensor) for _, inner in tensors for leaf in tensor_leaves(inner))
 
-
-def _fake_subclasses_with_opaques(obj: object, out: list[_Tensor]) -> list[_Tensor]:
+def _fake_subclasses_with_opaques(obj: object, out: list[Level]) -> list[Level]:
     if isinstance(obj, (list, tuple)):
         for o in obj:
             _fake_subclasses_with_opaques(o, out)
@@ -166,23 +155,17 @@ def _fake_subclasses_with_opaques(obj: object, out: list[_Tensor]) -> list[_Tens
         for o in obj.values():
             _fake_subclasses_with_opaques(o, out)
     elif is_wrapper_subclass(obj):
-        assert isinstance(obj, _Tensor)  # for type checkers: implied by is_wrapper_subclass
-        tensors, opaques = _split(obj, "x")
-        if opaques and _all_fake(tensors):
-            out.append(obj)
-        for _, inner in tensors:
-            _fake_subclasses_with_opaques(inner, out)
+        _fake_levels_with_opaques(read_level(obj, "x"), out)  # type: ignore[arg-type]  # a wrapper subclass is a tensor
     return out
 
 
 @contextlib.contextmanager
-def _tensor_only_flatten(t: _Tensor) -> Iterator[None]:
-    """While active, ``t.__tensor_flatten__()`` of this compile-private fake
+def _tensor_only_flatten(level: Level) -> Iterator[None]:
+    """While active, ``__tensor_flatten__()`` of this compile-private fake
     instance lists only tensor attributes. Re-entrant; restores it exactly."""
-    names, ctx = t.__tensor_flatten__()  # type: ignore[attr-defined]  # a wrapper subclass
-    opaques = _split(t, "x")[1]
-    tensor_names = [n for n in names if n not in opaques]
-    state = t.__dict__
+    tensor_names = [a.name for a in level.tensors()]
+    ctx = level.ctx
+    state = level.owner.__dict__
     previous = state.get("__tensor_flatten__", _MISSING)
     state["__tensor_flatten__"] = lambda: (tensor_names, ctx)
     try:
@@ -206,8 +189,8 @@ def hide_in_fake_args(original: F) -> F:
         if not found:
             return original(*args, **kwargs)
         with contextlib.ExitStack() as stack:
-            for t in found:
-                stack.enter_context(_tensor_only_flatten(t))
+            for level in found:
+                stack.enter_context(_tensor_only_flatten(level))
             return original(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]  # same signature as original

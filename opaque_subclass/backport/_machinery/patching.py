@@ -328,9 +328,11 @@ class PatchSet:
     def _apply(self, p: Patch) -> _Applied:
         owner, attr, _ = _resolve(p.target)
         original = _raw(owner, attr)
-        replacement = p.make(_function(original))
-        if isinstance(original, (staticmethod, classmethod)):
-            replacement = type(original)(replacement)
+        function = p.make(_function(original))
+        # a static/class method is stored wrapped again, like the original
+        replacement: object = (
+            type(original)(function) if isinstance(original, (staticmethod, classmethod)) else function
+        )
         record = _Applied(p, original, replacement)
         try:
             self._install(record, owner, attr)

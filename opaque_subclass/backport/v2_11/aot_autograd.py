@@ -23,8 +23,9 @@ import torch
 
 from opaque_subclass.backport._machinery.hiding import skip_opaque_leaves, split_attrs, tensor_leaves
 from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.backport.native import autograd_cache as _native_autograd_cache
 from opaque_subclass.core.flatten import is_wrapper_subclass
-from opaque_subclass.core.registry import opaque_kind
+from opaque_subclass.core.registry import opaque_kind, real_object
 
 __all__ = ["PATCHES", "fake_opaque", "fake_opaque_always"]
 
@@ -176,12 +177,11 @@ def make_set_proxy_slot(original: Callable[..., Any]) -> Callable[..., Any]:
     fake wrapper of it: the backward graph reads the saved primal opaque and
     the gradient carries the input's runtime object.
     """
-    from torch._library.fake_class_registry import FakeScriptObject
 
-    def set_proxy_slot(obj: Any, tracer: Any, proxy: Any) -> None:
-        if type(obj) is not FakeScriptObject:
+    def set_proxy_slot(obj: Any, tracer: Any, proxy: Any) -> Any:  # returns what the original returns
+        real = real_object(obj)
+        if real is obj:  # not a fake wrapper
             return original(obj, tracer, proxy)
-        real = object.__getattribute__(obj, "real_obj")
         first: dict[int, tuple[Any, Any]] = tracer.__dict__.setdefault("_opaque_subclass_first_proxy", {})
         seen = first.get(id(real))
         if seen is not None and seen[0] is real:
@@ -211,9 +211,7 @@ def make_autograd_cache_key(original: Callable[..., Any]) -> Callable[..., Any]:
     backport entries (pytorch/pytorch#176457), but gets the same suffix from
     its own fix.
     """
-    from opaque_subclass.backport.native.autograd_cache import make_autograd_cache_key as keyed
-
-    return keyed(original)
+    return _native_autograd_cache.make_autograd_cache_key(original)
 
 
 PATCHES = [

@@ -170,10 +170,10 @@ class _ConfigOverride:
         self._reader, self._name, self._text = reader, name, text
 
     def read_string(self, name: str) -> str:
-        return self._text if name == self._name else self._reader.read_string(name)  # type: ignore[no-any-return]  # torch's reader
+        return self._text if name == self._name else self._reader.read_string(name)
 
     def read_bytes(self, name: str) -> bytes:
-        return self._text.encode("utf-8") if name == self._name else self._reader.read_bytes(name)  # type: ignore[no-any-return]  # torch's reader
+        return self._text.encode("utf-8") if name == self._name else self._reader.read_bytes(name)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._reader, name)

@@ -46,7 +46,9 @@ def make_sync_module_states(original: Callable[..., Any]) -> Callable[..., Any]:
         for param in params:
             states.extend(tensor_leaves(param.detach()))
         _init_utils._check_module_states_for_sync_module_states(states)
-        _init_utils._sync_params_and_buffers(process_group, states, _init_utils.PARAM_BROADCAST_BUCKET_SIZE, src=0)
+        _init_utils._sync_params_and_buffers(  # type: ignore[attr-defined]  # imported there; looked up there, as the original does
+            process_group, states, _init_utils.PARAM_BROADCAST_BUCKET_SIZE, src=0
+        )
 
     return _sync_module_params_and_buffers
 

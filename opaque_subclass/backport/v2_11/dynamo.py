@@ -15,9 +15,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from opaque_subclass.backport._machinery.hiding import hide_in_fake_args, opaque_attrs, source_name, validate_input
+from opaque_subclass.backport._machinery.hiding import hide_in_fake_args, source_name, split_attrs, validate_input
 from opaque_subclass.backport._machinery.patching import Patch
-from opaque_subclass.core.flatten import is_wrapper_subclass
+from opaque_subclass.core.registry import opaque_kind
+from opaque_subclass.core.walk import is_wrapper_subclass, read_level
 
 __all__ = ["PATCHES"]
 
@@ -34,14 +35,12 @@ def make_automatic_dynamic(original: Callable[..., Any]) -> Callable[..., Any]:
     from torch.fx.experimental.symbolic_shapes import SubclassSymbolicContext
 
     def _automatic_dynamic(e: Any, tx: Any, source: Any, static_shapes: bool, outer_only: bool = False) -> Any:
-        opaques = {} if outer_only else opaque_attrs(e, source_name(source))
+        tensors, opaques = ([], {}) if outer_only else split_attrs(e, source_name(source))
         if not opaques:
             return original(e, tx, source, static_shapes, outer_only)
         outer = original(e, tx, source, static_shapes, outer_only=True)
         inner = {
-            name: _automatic_dynamic(getattr(e, name), tx, AttrSource(source, name), static_shapes)
-            for name in type(e).__tensor_flatten__(e)[0]
-            if name not in opaques
+            name: _automatic_dynamic(value, tx, AttrSource(source, name), static_shapes) for name, value in tensors
         }
         fields = {f.name: getattr(outer, f.name) for f in dataclasses.fields(outer) if f.init}
         return SubclassSymbolicContext(**fields, inner_contexts=inner)
@@ -127,7 +126,7 @@ def _reached_through_tensor_context(source: Any, tx: Any) -> bool:
         return False
     for (_, base), (hop, _) in itertools.pairwise(chain):
         if isinstance(hop, AttrSource) and is_wrapper_subclass(base):
-            if hop.member not in base.__tensor_flatten__()[0]:  # type: ignore[attr-defined]  # a wrapper subclass
+            if hop.member not in read_level(base).names:
                 return True
     return False
 
@@ -180,7 +179,6 @@ def make_is_device_mesh(original: Callable[..., Any]) -> Callable[..., Any]:
     that the ``VariableBuilder._wrap`` patch found in a tensor subclass's
     flatten context (a DTensor's). Unregistered, torch's behaviour is unchanged.
     """
-    from opaque_subclass.core.registry import opaque_kind
 
     def is_device_mesh(value: object) -> bool:
         if not original(value):

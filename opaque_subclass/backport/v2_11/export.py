@@ -25,6 +25,7 @@ import torch
 
 from opaque_subclass.backport._machinery.hiding import source_name, validate_input
 from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.backport.v2_11.aot_autograd import fake_opaque_always
 from opaque_subclass.core.flatten import is_wrapper_subclass
 from opaque_subclass.core.registry import opaque_kind
 
@@ -72,7 +73,6 @@ def make_lift_constants_pass(original: Callable[..., Any]) -> Callable[..., Any]
     constants hold the real object. Unnecessary since torch 2.12
     (pytorch/pytorch#176457 and follow-ups).
     """
-    from opaque_subclass.backport.v2_11.aot_autograd import fake_opaque_always
 
     def lift_constants_pass(gm: Any, graph_signature: Any, constant_attrs: Any) -> Any:
         swapped: dict[int, tuple[Any, Any, Any, str]] = {}

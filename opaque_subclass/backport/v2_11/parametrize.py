@@ -35,6 +35,7 @@ from opaque_subclass.core.errors import describe_type, qualified_name
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.spec import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
+from opaque_subclass.core.walk import ValueOpaqueListedError
 
 __all__ = ["PATCHES"]
 
@@ -79,6 +80,9 @@ def _split(result: Any, owner: str) -> tuple[Any, dict[int, Any]]:
 class _RightInverseStandIn(torch.nn.Module):
     """Takes a parametrization module's place while ``ParametrizationList``
     is built: ``forward`` is the module's, ``right_inverse`` the library's."""
+
+    _module: torch.nn.Module
+    _right_inverse: Callable[[Any], Any]
 
     def __init__(self, module: torch.nn.Module, right_inverse: Callable[[Any], Any]) -> None:
         super().__init__()
@@ -127,6 +131,7 @@ def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
         # torch's __init__ calls right_inverse on the modules it is given: give
         # it a stand-in for the user's module (never written to), then put the
         # user's module in the stand-in's place.
+        assert last is not None  # inverse was read from it
         stand_in = _RightInverseStandIn(last, right_inverse)
         try:
             original(self, [stand_in, *modules[1:]], original_value, unsafe)
@@ -167,7 +172,7 @@ def make_right_inverse(original: Callable[..., Any]) -> Callable[..., Any]:
     """
     from torch.nn.utils.parametrize import _maybe_set
 
-    def right_inverse(self: Any, value: Any) -> None:
+    def right_inverse(self: Any, value: Any) -> Any:  # what torch's returns
         slots: frozenset[int] = getattr(self, _SLOTS, frozenset())
         if not slots:
             return original(self, value)
@@ -247,10 +252,8 @@ def make_unwrap_right_inverse(original: Callable[..., Any]) -> Callable[..., Any
             return original(self, tensor)  # type: ignore[no-any-return]  # torch's own check and error
         try:
             leaves, spec = flatten_subclass(tensor)
-        except TypeError as error:
-            if getattr(error, "opaque_kind", None) == "value":
-                raise ValueError(str(error)) from None  # torch 2.12+'s exception type here
-            raise
+        except ValueOpaqueListedError as error:
+            raise ValueError(str(error)) from None  # torch 2.12+'s exception type here
         assert isinstance(spec, SubclassCreationMeta)  # a wrapper subclass was flattened
         if spec.num_opaques == 0:
             return original(self, tensor)  # type: ignore[no-any-return]  # tensors only: stock torch
@@ -269,6 +272,12 @@ def make_unwrap_forward(original: Callable[..., Any]) -> Callable[..., Any]:
     it, the subclass is rebuilt from its leaves and each opaque slot's leaf (the
     very object) goes to ``__tensor_unflatten__``, as torch 2.12+ does
     (pytorch/pytorch#176457). Metadata without opaques runs torch's own code.
+
+    ``build`` is the library's one recursion that does not go through
+    :mod:`opaque_subclass.core.walk`: it reads torch's parametrization metadata
+    (``self.subclass_meta``, in torch's format because torch's code and user
+    code read it back, and it is copied and pickled with the module), not a
+    subclass instance, and calls no ``__tensor_flatten__``.
     """
 
     def build(meta: Any, leaves: tuple[Any, ...], at: int) -> tuple[Any, int]:

@@ -1,0 +1,244 @@
+"""The one walk over a live subclass instance.
+
+:func:`read_level` is the only place in the library that calls
+``__tensor_flatten__``. It reads one level of a traceable wrapper subclass once
+and validates it: the names are a list or tuple of distinct strings naming
+existing attributes, and each value is a tensor (plain, or a nested traceable
+subclass) or a registered reference opaque. Anything else raises the core's
+error, naming the subclass, the attribute path, the type found and the fix.
+
+:func:`walk` iterates a (nested) instance depth first in flatten order and
+yields ``(path, slot)`` pairs: a :class:`Level` when it enters a subclass, an
+:class:`Attr` for each tensor or opaque leaf. Everything that looks inside a
+live subclass uses these two: flattening and spec building
+(:mod:`~opaque_subclass.core.flatten`), the run-time unwrap, the rebuild
+check, tangents, the parametrization, diagnostics and every backport patch.
+The walk over a *spec* is :func:`~opaque_subclass.core.spec.iter_slots`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from opaque_subclass.core.errors import describe_type, import_fix
+from opaque_subclass.core.registry import is_torch_handled_type, opaque_kind, opaque_type_of
+
+__all__ = [
+    "Attr",
+    "Level",
+    "ValueOpaqueListedError",
+    "bad_attribute",
+    "is_wrapper_subclass",
+    "leaves",
+    "read_level",
+    "tensor_leaves",
+    "walk",
+]
+
+_Tensor = torch.Tensor
+_WRAPPER_TYPES: dict[type, bool] = {}
+
+AttrKind = Literal["tensor", "subclass", "opaque", "other"]
+
+
+def is_wrapper_subclass(x: object) -> bool:
+    """Whether ``x`` is a traceable wrapper subclass instance (defines both
+    ``__tensor_flatten__`` and ``__tensor_unflatten__``)."""
+    cls = type(x)
+    known = _WRAPPER_TYPES.get(cls)
+    if known is None:
+        known = (
+            issubclass(cls, _Tensor)
+            and cls is not _Tensor
+            and hasattr(cls, "__tensor_flatten__")
+            and hasattr(cls, "__tensor_unflatten__")
+        )
+        _WRAPPER_TYPES[cls] = known
+    return known
+
+
+@dataclass(frozen=True, slots=True)
+class Attr:
+    """One attribute listed by ``__tensor_flatten__``: its name, its path from
+    the walk's root (``x._inner._mesh``), its kind and its value."""
+
+    name: str
+    path: str
+    kind: AttrKind
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One level of a wrapper subclass, read once: the instance, its path, the
+    flatten context and the listed attributes in flatten order."""
+
+    owner: torch.Tensor
+    path: str
+    ctx: Any
+    attrs: tuple[Attr, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.attrs)
+
+    def tensors(self) -> list[Attr]:
+        """The tensor attributes (plain or subclass), in flatten order."""
+        return [a for a in self.attrs if a.kind in ("tensor", "subclass")]
+
+    def opaques(self) -> dict[str, Any]:
+        """The reference opaques, ``{name: object}`` in flatten order."""
+        return {a.name: a.value for a in self.attrs if a.kind == "opaque"}
+
+
+def _names(owner: torch.Tensor, result: object, path: str) -> tuple[tuple[str, ...], Any]:
+    cls = type(owner)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise TypeError(
+            f"{cls.__qualname__}.__tensor_flatten__() at {path!r} returned "
+            f"{describe_type(result)}; it must return a pair (attribute_names, context). "
+            'Fix: `return ["_data", "_mesh"], ctx` with ctx any hashable value.'
+        )
+    names, ctx = result
+    if names is not None and not isinstance(names, (list, tuple, str)):
+        raise TypeError(
+            f"{cls.__qualname__}.__tensor_flatten__() at {path!r} returned attribute names as "
+            f"{describe_type(names)}; they must be a list or tuple, whose order fixes the flat "
+            "slots (a set has no order; a generator is used up by the first reader). "
+            f'Fix: return a list such as ["_data", "_mesh"].'
+        )
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise TypeError(
+            f"{cls.__qualname__}.__tensor_flatten__() at {path!r} returned attribute names "
+            f"{names!r}; the first element must be a list of attribute-name strings. "
+            'Fix: return a list such as ["_data", "_mesh"].'
+        )
+    if len(set(names)) != len(names):
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        raise TypeError(
+            f"{cls.__qualname__}.__tensor_flatten__() at {path!r} lists {repeated} more than "
+            f"once in {list(names)!r}; each attribute gets one flat slot. Fix: list each attribute "
+            f"name once, e.g. {list(dict.fromkeys(names))!r}."
+        )
+    return tuple(names), ctx
+
+
+def bad_attribute(owner: torch.Tensor, name: str, path: str, value: object) -> TypeError:
+    """The error for attribute ``name`` of ``owner`` (at ``path``), listed by
+    ``__tensor_flatten__`` but neither a tensor nor a registered reference opaque."""
+    owner_cls = type(owner)
+    value_cls = opaque_type_of(value)
+    kind = opaque_kind(value_cls)
+    where = (
+        f"{owner_cls.__qualname__}.__tensor_flatten__() lists attribute {name!r} "
+        f"(path {path!r}), which holds {describe_type(value)}"
+    )
+    if kind == "value":
+        return ValueOpaqueListedError(
+            f"{where}, a value-type opaque. Value opaques are constants that torch.compile "
+            "compares and bakes into the graph, so they belong in the flatten context, not "
+            "in the attribute list. Fix: remove it from the names and return it in the "
+            f"context (`return names, (..., self.{name})`), or, if its identity matters, "
+            "re-register the class as a reference opaque in a fresh process."
+        )
+    if is_torch_handled_type(value_cls):
+        return TypeError(
+            f"{where}, one of torch's own value types, which torch.compile handles itself "
+            "and which cannot be an opaque. Fix: move "
+            f"{name!r} into the flatten context (second return value of __tensor_flatten__) "
+            "and read it back in __tensor_unflatten__."
+        )
+    if value_cls.__module__ == "builtins" or value_cls is type(None):
+        return TypeError(
+            f"{where}. Only tensors and registered reference opaques may be listed. "
+            f"Fix: move {name!r} into the flatten context (second return value of "
+            "__tensor_flatten__) and read it back in __tensor_unflatten__."
+        )
+    return TypeError(
+        f"{where}, which is neither a tensor nor a registered reference opaque. Fix: "
+        + import_fix(
+            value_cls,
+            'opaque_subclass.register_opaque({cls}, kind="reference")',
+        )
+        + f", or move {name!r} into the flatten context if it is a constant."
+    )
+
+
+class ValueOpaqueListedError(TypeError):
+    """A value-type opaque listed among the attributes of ``__tensor_flatten__``.
+
+    Torch's own check raises ``ValueError`` for this case; the backport's patch
+    of that check re-raises this error's message as one."""
+
+
+def read_level(t: torch.Tensor, path: str = "x", *, strict: bool = True) -> Level:
+    """Read one level of the wrapper subclass ``t``: one ``__tensor_flatten__``
+    call, validated (see the module docstring). ``path`` names ``t`` in errors.
+
+    With ``strict=False`` a value that is neither a tensor nor a reference
+    opaque gets kind ``"other"`` instead of an error, for a caller that checks
+    each value against an expected slot and says so in its own terms (tangents)."""
+    names, ctx = _names(t, t.__tensor_flatten__(), path)  # type: ignore[attr-defined]  # a wrapper subclass
+    attrs = []
+    for name in names:
+        inner_path = f"{path}.{name}"
+        try:
+            value = getattr(t, name)
+        except AttributeError:
+            raise AttributeError(
+                f"{type(t).__qualname__}.__tensor_flatten__() lists attribute {name!r} "
+                f"(path {inner_path!r}) but the tensor has no such attribute. Fix: return only names "
+                "of attributes that __init__/__new__ sets on every instance."
+            ) from None
+        if isinstance(value, _Tensor):
+            kind: AttrKind = "subclass" if is_wrapper_subclass(value) else "tensor"
+        elif opaque_kind(value) == "reference":
+            kind = "opaque"
+        elif strict:
+            raise bad_attribute(t, name, inner_path, value)
+        else:
+            kind = "other"
+        attrs.append(Attr(name, inner_path, kind, value))
+    return Level(t, path, ctx, tuple(attrs))
+
+
+def walk(x: object, path: str = "x") -> Iterator[tuple[str, Level | Attr]]:
+    """Iterate ``x`` depth first in flatten order: ``(path, Level)`` on entering
+    each wrapper subclass (``x`` itself first), ``(path, Attr)`` for each plain
+    tensor or opaque leaf under it. Nothing is yielded for anything else.
+    Each level's ``__tensor_flatten__`` is called once."""
+    if not is_wrapper_subclass(x):
+        return
+    stack: list[Level] = [read_level(x, path)]  # type: ignore[arg-type]  # a wrapper subclass is a tensor
+    pending: list[Iterator[Attr]] = [iter(stack[0].attrs)]
+    yield path, stack[0]
+    while pending:
+        attr = next(pending[-1], None)
+        if attr is None:
+            pending.pop()
+            continue
+        if attr.kind == "subclass":
+            level = read_level(attr.value, attr.path)
+            yield attr.path, level
+            pending.append(iter(level.attrs))
+        else:
+            yield attr.path, attr
+
+
+def leaves(x: object, path: str = "x") -> list[Any]:
+    """The flat leaves of ``x`` (tensors and opaques, flatten order), or ``[x]``."""
+    if not is_wrapper_subclass(x):
+        return [x]
+    return [slot.value for _, slot in walk(x, path) if isinstance(slot, Attr)]
+
+
+def tensor_leaves(x: torch.Tensor, path: str = "x") -> list[torch.Tensor]:
+    """The innermost tensors of ``x`` (``[x]`` for a tensor that is not a
+    wrapper subclass), flatten order; opaques left out."""
+    if not is_wrapper_subclass(x):
+        return [x]
+    return [slot.value for _, slot in walk(x, path) if isinstance(slot, Attr) and slot.kind == "tensor"]

@@ -1,0 +1,143 @@
+"""The one walk over a live subclass (opaque_subclass.core.walk): one
+``__tensor_flatten__`` call per level per walk, on every route that looks
+inside a subclass, and one validation of what it returns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from subclasses import Mesh, MeshTensor
+
+import opaque_subclass as osc
+from opaque_subclass.backport._machinery.hiding import split_attrs, tensor_leaves, validate_input
+from opaque_subclass.core.flatten import check_rebuild
+from opaque_subclass.core.walk import Attr, Level, read_level, walk
+
+
+class Counted(MeshTensor):
+    """A MeshTensor whose ``__tensor_flatten__`` counts its calls (per class, not per instance)."""
+
+    calls = 0
+
+    def __tensor_flatten__(self):
+        type(self).calls += 1
+        return super().__tensor_flatten__()
+
+
+def _nested(levels: int) -> torch.Tensor:
+    t: torch.Tensor = torch.ones(3)
+    for i in range(levels):
+        t = Counted(t, Mesh(f"m{i}"))
+    return t
+
+
+ROUTES = {
+    "flatten_subclass": lambda x: osc.flatten_subclass(x),
+    "create_subclass_meta": lambda x: osc.create_subclass_meta([x]),
+    "walk": lambda x: list(walk(x)),
+    "check_rebuild": lambda x: check_rebuild(x),
+    "split_attrs+tensor_leaves": lambda x: (split_attrs(x), tensor_leaves(x)),
+    "validate_input": lambda x: validate_input(x, "L['x']"),
+}
+#: split_attrs reads the top level once more than the walk of tensor_leaves
+WALKS = {"split_attrs+tensor_leaves": None}
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize("levels", [1, 3])
+def test_one_flatten_call_per_level_per_walk(route, levels):
+    x = _nested(levels)
+    Counted.calls = 0
+    ROUTES[route](x)
+    walks = WALKS.get(route, 1)
+    expected = levels + 1 if walks is None else walks * levels
+    assert Counted.calls == expected, f"{route}: {Counted.calls} __tensor_flatten__ calls for {levels} levels"
+
+
+def test_walk_order_and_paths():
+    m0, m1 = Mesh("a"), Mesh("b")
+    data = torch.ones(2)
+    x = Counted(Counted(data, m0), m1)
+    got = [(path, type(slot).__name__, getattr(slot, "kind", None)) for path, slot in walk(x, "w")]
+    assert got == [
+        ("w", "Level", None),
+        ("w._data", "Level", None),
+        ("w._data._data", "Attr", "tensor"),
+        ("w._data._mesh", "Attr", "opaque"),
+        ("w._mesh", "Attr", "opaque"),
+    ]
+    leaves = [slot.value for _, slot in walk(x) if isinstance(slot, Attr)]
+    assert leaves[0] is data and leaves[1] is m0 and leaves[2] is m1
+    assert leaves == osc.flatten_subclass(x)[0]
+    assert list(walk(torch.ones(1))) == []
+
+
+class Names(torch.Tensor):
+    """A subclass whose flatten result is set per instance, to test the validation."""
+
+    @staticmethod
+    def __new__(cls, names, ctx=None):
+        r = torch.Tensor._make_wrapper_subclass(cls, (2,), dtype=torch.float32)
+        r._data, r._mesh, r._names, r._ctx = torch.ones(2), Mesh(), names, ctx
+        return r
+
+    def __tensor_flatten__(self):
+        names = self._names
+        return (names() if callable(names) else names), self._ctx
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(list(inner), ctx)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError
+
+    def __repr__(self):
+        return "Names()"
+
+
+@pytest.mark.parametrize(
+    ("names", "pattern"),
+    [
+        (
+            None,
+            r"Names\.__tensor_flatten__\(\) at 'x' returned attribute names None; the first element must be a list",
+        ),
+        (
+            {"_data", "_mesh"},
+            r"returned attribute names as set; they must be a list or tuple.*a set has no order.*Fix: return a list",
+        ),
+        (
+            lambda: (n for n in ["_data", "_mesh"]),
+            r"returned attribute names as generator; they must be a list or tuple",
+        ),
+        (
+            ["_data", "_data", "_mesh"],
+            r"lists \['_data'\] more than once.*Fix: list each attribute name once, e\.g\. \['_data', '_mesh'\]",
+        ),
+        (["_data", 3], r"attribute names \['_data', 3\]"),
+    ],
+    ids=["None", "set", "generator", "duplicate", "non-string"],
+)
+def test_bad_names_are_refused_with_a_fix(names, pattern):
+    x = Names(names)
+    with pytest.raises(TypeError, match=pattern):
+        read_level(x)
+    with pytest.raises(TypeError, match=pattern):
+        osc.flatten_subclass(x)
+
+
+def test_missing_attribute_names_the_path():
+    x = Names(["_data", "_nope"])
+    with pytest.raises(
+        AttributeError, match=r"lists attribute '_nope' \(path 'x\._nope'\) but the tensor has no such attribute"
+    ):
+        osc.flatten_subclass(x)
+
+
+def test_level_views():
+    m = Mesh()
+    level = read_level(Counted(torch.ones(2), m), "p")
+    assert isinstance(level, Level) and level.path == "p" and level.names == ("_data", "_mesh")
+    assert [a.name for a in level.tensors()] == ["_data"] and level.opaques() == {"_mesh": m}
