@@ -6,12 +6,14 @@ outside compilation: ``nn.utils.parametrize``, torch's subclass parametrization,
 memory tools' storage accounting.
 
 Written against plain torch APIs plus ``import opaque_subclass``: on torch >= 2.12
-torch runs them natively, on torch 2.11 the backport does.
+torch runs them natively, on torch 2.11 the backport does. The opaque classes and
+subclasses are the test suite's fixtures (``tests/subclasses.py``); scenario
+bodies that other test modules run too live in ``tests/scenarios.py`` (the
+root ``conftest.py`` puts ``tests/`` on ``sys.path``).
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import pytest
@@ -22,69 +24,17 @@ import torch._dynamo.testing
 import torch._functorch.config
 import torch._inductor.config
 from expecttest import TestCase as ExpectTestCase
-from torch.utils._pytree import tree_map_only
+from scenarios import (
+    Scale,
+    fsdp1_module_state_sync_keeps_opaques,
+    storage_accounting_skips_opaques,
+    torch_subclass_parametrization_keeps_opaques,
+)
+from subclasses import Config, Mesh, MeshTensor, NotRegistered
 
 import opaque_subclass
-from opaque_subclass import OpaqueBase
 
 BACKENDS = ["aot_eager", "inductor"]
-
-
-class Mesh(OpaqueBase):
-    """A reference opaque standing in for a DeviceMesh: identity matters."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"Mesh({self.name!r})"
-
-
-opaque_subclass.register_opaque(Mesh)
-
-
-class MeshTensor(torch.Tensor):
-    """A wrapper subclass whose ``__tensor_flatten__`` lists an opaque attribute."""
-
-    @staticmethod
-    def __new__(cls, data: torch.Tensor, mesh: Any) -> MeshTensor:
-        r = torch.Tensor._make_wrapper_subclass(
-            cls,
-            data.shape,
-            strides=data.stride(),
-            dtype=data.dtype,
-            device=data.device,
-            requires_grad=data.requires_grad,
-        )
-        r._data = data
-        r._mesh = mesh
-        return r
-
-    def __init__(self, data: torch.Tensor, mesh: Any) -> None:
-        pass
-
-    def __repr__(self) -> str:
-        return f"MeshTensor(shape={tuple(self.shape)})"
-
-    def __tensor_flatten__(self) -> tuple[list[str], None]:
-        return ["_data", "_mesh"], None
-
-    @classmethod
-    def __tensor_unflatten__(cls, inner: dict[str, Any], ctx: None, size: Any, stride: Any) -> MeshTensor:
-        return cls(inner["_data"], inner["_mesh"])
-
-    @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        mesh = next(a._mesh for a in tree_leaves_of(args) if isinstance(a, MeshTensor))
-        out = func(
-            *tree_map_only(MeshTensor, lambda t: t._data, args),
-            **tree_map_only(MeshTensor, lambda t: t._data, kwargs or {}),
-        )
-        return tree_map_only(torch.Tensor, lambda t: cls(t, mesh), out)
-
-
-def tree_leaves_of(args: Any) -> list[Any]:
-    return torch.utils._pytree.tree_leaves(args)
 
 
 class _FromLocal(torch.autograd.Function):
@@ -239,35 +189,12 @@ def test_subclass_created_inside_and_opaque_returned(backend):
     assert cnt.frame_count == 1
 
 
-class NotRegistered:
-    pass
-
-
-class Config(OpaqueBase):
-    """A value-type opaque: belongs in the flatten context, not the attribute list."""
-
-    def __init__(self, bits: int) -> None:
-        self.bits = bits
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Config) and other.bits == self.bits
-
-    def __hash__(self) -> int:
-        return hash(self.bits)
-
-    def __fx_repr__(self) -> tuple[str, dict[str, type]]:
-        return f"Config({self.bits})", {"Config": Config}
-
-
-opaque_subclass.register_opaque(Config, kind="value")
-
-
 @pytest.mark.parametrize(
     "bad, found, fix",
     [
         (
             NotRegistered(),
-            "test_opaque_obj_v2.NotRegistered",
+            "subclasses.NotRegistered",
             'opaque_subclass.register_opaque(NotRegistered, kind="reference")',
         ),
         (3, "holds int", "move '_mesh' into the flatten context"),
@@ -279,31 +206,38 @@ def test_bad_attribute_is_a_clear_error(bad, found, fix):
     x = MeshTensor(torch.ones(2), Mesh("m"))
     x._mesh = bad
     f = torch.compile(lambda x: x + 1, backend="aot_eager", fullgraph=True)
-    with pytest.raises(Exception) as info:
+    # The library's error on every supported torch (the backport on 2.11, a
+    # native-mode fix of Dynamo's check on 2.12 and newer), wrapped by Dynamo.
+    with pytest.raises(torch._dynamo.exc.InternalTorchDynamoError) as info:
         f(x)
-    if opaque_subclass.support().mode != "backport":
-        return  # torch's own message: not ours to word
     msg = str(info.value)
     assert "MeshTensor.__tensor_flatten__() lists attribute '_mesh'" in msg
     assert "L['x']._mesh" in msg and found in msg and fix in msg
     assert "is_nested" not in msg
 
 
+def _capturing_backend() -> tuple[dict[str, str], Any]:
+    """An aot_eager-like backend that keeps the code of the forward ("fw") and
+    backward ("bw") graphs AOTAutograd hands it; the same text on torch 2.11 -
+    2.15 (checked on each)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: dict[str, str] = {}
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = gm.code.strip()
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    return graphs, aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"))
+
+
 class GraphTest(ExpectTestCase):
     def test_aot_graphs_show_opaque_placeholders(self):
-        from functorch.compile import make_boxed_func
-        from torch._dynamo.backends.common import aot_autograd
-
-        graphs: dict[str, str] = {}
-
-        def keep(name):
-            def compiler(gm, example_inputs):
-                graphs[name] = gm.code.strip()
-                return make_boxed_func(gm.forward)
-
-            return compiler
-
-        backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"))
+        graphs, backend = _capturing_backend()
         f = torch.compile(lambda x: (x * x).sum(), backend=backend, fullgraph=True)
         mesh = Mesh("graph")
         x = MeshTensor(torch.ones(3), mesh).requires_grad_(True)
@@ -330,6 +264,90 @@ def forward(self, primals_1, primals_2, tangents_1, tangents_2):
     return (add, primals_2)""",
         )
 
+    def test_nested_subclass_graphs_take_one_placeholder_per_level(self):
+        graphs, backend = _capturing_backend()
+        f = torch.compile(lambda x: (x * x).sum(), backend=backend, fullgraph=True)
+        inner, outer = Mesh("inner"), Mesh("outer")
+        x = MeshTensor(MeshTensor(torch.ones(3), inner), outer).requires_grad_(True)
+        f(x).backward()
+        assert x.grad._mesh is outer and x.grad._data._mesh is inner
+        # Depth-first: primals_1 the innermost tensor, primals_2 the inner mesh,
+        # primals_3 the outer one. Both meshes are returned (the output's, inner
+        # then outer) and saved for backward, which gives the gradient's. The
+        # loss's tangent is nested too: tangents_2/3 are its meshes, unused.
+        self.assertExpectedInline(
+            graphs["fw"],
+            """\
+def forward(self, primals_1, primals_2, primals_3):
+    mul = torch.ops.aten.mul.Tensor(primals_1, primals_1)
+    sum_1 = torch.ops.aten.sum.default(mul);  mul = None
+    return (sum_1, primals_2, primals_3, primals_1, primals_2, primals_3)""",
+        )
+        self.assertExpectedInline(
+            graphs["bw"],
+            """\
+def forward(self, primals_1, primals_2, primals_3, tangents_1, tangents_2, tangents_3):
+    expand = torch.ops.aten.expand.default(tangents_1, [3]);  tangents_1 = None
+    mul_1 = torch.ops.aten.mul.Tensor(expand, primals_1)
+    mul_2 = torch.ops.aten.mul.Tensor(expand, primals_1);  expand = primals_1 = None
+    add = torch.ops.aten.add.Tensor(mul_2, mul_1);  mul_2 = mul_1 = None
+    return (add, primals_2, primals_3)""",
+        )
+
+    def test_inputs_sharing_an_opaque_keep_a_placeholder_each(self):
+        graphs, backend = _capturing_backend()
+        cnt = torch._dynamo.testing.CompileCounterWithBackend(backend)
+        f = torch.compile(lambda x, y: x * y + y, backend=cnt, fullgraph=True)
+        shared = Mesh("shared")
+        out = f(MeshTensor(torch.ones(3), shared), MeshTensor(torch.full((3,), 2.0), shared))
+        assert out._mesh is shared and torch.equal(out._data, torch.full((3,), 4.0))
+        # Inference graph: arg0_1/arg1_1 are x's tensor and mesh, arg2_1/arg3_1
+        # y's. The shared mesh keeps its two placeholders; the output's mesh is
+        # x's (the first subclass argument of the multiplication).
+        self.assertExpectedInline(
+            graphs["fw"],
+            """\
+def forward(self, arg0_1, arg1_1, arg2_1, arg3_1):
+    mul = torch.ops.aten.mul.Tensor(arg0_1, arg2_1);  arg0_1 = None
+    add = torch.ops.aten.add.Tensor(mul, arg2_1);  mul = arg2_1 = None
+    return (add, arg1_1)""",
+        )
+        # The graph was compiled for shared meshes: the sharing is guarded on.
+        again = Mesh("again")
+        assert f(MeshTensor(torch.ones(3), again), MeshTensor(torch.ones(3), again))._mesh is again
+        assert cnt.frame_count == 1
+        a, b = Mesh("a"), Mesh("b")
+        assert f(MeshTensor(torch.ones(3), a), MeshTensor(torch.ones(3), b))._mesh is a
+        assert cnt.frame_count == 2
+
+    def test_backward_takes_the_tangent_opaque_and_returns_the_primal_one(self):
+        graphs, backend = _capturing_backend()
+        f = torch.compile(lambda x: x * 3, backend=backend, fullgraph=True)
+        primal, tangent = Mesh("primal"), Mesh("tangent")
+        x = MeshTensor(torch.ones(3), primal).requires_grad_(True)
+        out = f(x)
+        out.backward(MeshTensor(torch.ones(3), tangent))
+        assert out._mesh is primal and x.grad._mesh is primal
+        torch.testing.assert_close(x.grad._data, torch.full((3,), 3.0))
+        # The forward returns the output's mesh and saves primals_2 (x's mesh)
+        # for backward. The backward's inputs are the saved primals_2, then the
+        # tangent's tensor and mesh (tangents_2, unused): the gradient carries
+        # primals_2, never the tangent's mesh.
+        self.assertExpectedInline(
+            graphs["fw"],
+            """\
+def forward(self, primals_1, primals_2):
+    mul = torch.ops.aten.mul.Tensor(primals_1, 3);  primals_1 = None
+    return (mul, primals_2, primals_2)""",
+        )
+        self.assertExpectedInline(
+            graphs["bw"],
+            """\
+def forward(self, primals_2, tangents_1, tangents_2):
+    mul_1 = torch.ops.aten.mul.Tensor(tangents_1, 3);  tangents_1 = None
+    return (mul_1, primals_2)""",
+        )
+
 
 # ---------------------------------------------------------------- modules: parametrize, export, FSDP, storage
 #
@@ -342,17 +360,14 @@ class ExportableMeshTensor(MeshTensor):
 
     @torch._disable_dynamo
     @torch._export.wrappers.mark_subclass_constructor_exportable_experimental
-    def __init__(self, data: torch.Tensor, mesh: Any) -> None:
+    def __init__(self, *values: Any, ctx: Any = None, outer: Any = None) -> None:
         pass
 
-
-class Scale(torch.nn.Module):
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(weight)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w * x + 1
+    @classmethod
+    def __tensor_unflatten__(cls, inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
+        # Positional arguments only: the recorded constructor call takes no
+        # ``ctx=None`` (torch 2.11's export refuses a None among its arguments).
+        return cls(inner["_data"], inner["_mesh"])
 
 
 class SplitMesh(torch.nn.Module):
@@ -394,28 +409,7 @@ def test_register_parametrization_refuses_value_opaque():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_torch_subclass_parametrization_keeps_opaques(backend):
-    from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
-
-    inner, outer = Mesh("inner"), Mesh("outer")
-    module = unwrap_tensor_subclass_parameters(Scale(MeshTensor(MeshTensor(torch.arange(3.0), inner), outer)))
-    plist = module.parametrizations.w
-    assert plist.original1 is inner and plist.original2 is outer
-    assert list(module.state_dict()) == ["parametrizations.w.original0"]
-    w = module.w
-    assert w._mesh is outer and w._data._mesh is inner and torch.equal(w._data._data, torch.arange(3.0))
-    # Compiled, the rebuilt parameter carries the module's opaques (graph inputs
-    # read from the module), and a new opaque assigned later is used without
-    # recompiling.
-    cnt = _counter(backend)
-    compiled = torch.compile(module, backend=cnt, fullgraph=True)
-    with torch.no_grad():
-        out = compiled(torch.full((3,), 2.0))
-        assert out._mesh is outer and out._data._mesh is inner
-        torch.testing.assert_close(out._data._data, torch.arange(3.0) * 2 + 1)
-        plist.original2 = replaced = Mesh("replaced")
-        out = compiled(torch.full((3,), 2.0))
-    assert out._mesh is replaced and out._data._mesh is inner
-    assert cnt.frame_count == 1
+    torch_subclass_parametrization_keeps_opaques(backend)
 
 
 def test_torch_subclass_parametrization_refuses_value_opaque_attribute():
@@ -472,42 +466,8 @@ def test_export_after_torch_subclass_parametrization(strict):
 
 
 def test_storage_accounting_skips_opaques():
-    from torch.distributed._tools.common_utils import get_untyped_storages
-
-    data, inner_data = torch.ones(4), torch.zeros(2)
-    x = MeshTensor(data, Mesh("s"))
-    nested = MeshTensor(MeshTensor(inner_data, Mesh("in")), Mesh("out"))
-    with warnings.catch_warnings():
-        # torch 2.11 without the backport warns "Expected a tensor ..." for each opaque.
-        warnings.simplefilter("error")
-        assert get_untyped_storages(x) == {data.untyped_storage()}
-        assert get_untyped_storages(nested) == {inner_data.untyped_storage()}
+    storage_accounting_skips_opaques()
 
 
 def test_fsdp1_module_state_sync_keeps_opaques():
-    # FSDP1's sync_module_states is GPU-only in torch; its device check is
-    # bypassed here so that the walk itself runs on CPU (one gloo process).
-    import socket
-    from datetime import timedelta
-
-    import torch.distributed as dist
-    from torch.distributed.fsdp import _init_utils
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=30)
-    )
-    check = _init_utils._check_module_states_for_sync_module_states
-    _init_utils._check_module_states_for_sync_module_states = lambda states: None
-    try:
-        mesh, inner = Mesh("fsdp"), Mesh("fsdp-inner")
-        module = Scale(MeshTensor(MeshTensor(torch.arange(3.0), inner), mesh))
-        module.register_buffer("b", MeshTensor(torch.ones(2), mesh))
-        _init_utils._sync_module_params_and_buffers(module, list(module.parameters()), dist.group.WORLD)
-        assert module.w._mesh is mesh and module.w._data._mesh is inner and module.b._mesh is mesh
-        assert torch.equal(module.w._data._data, torch.arange(3.0))
-    finally:
-        _init_utils._check_module_states_for_sync_module_states = check
-        dist.destroy_process_group()
+    fsdp1_module_state_sync_keeps_opaques()

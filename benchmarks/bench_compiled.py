@@ -17,9 +17,9 @@ with k arguments of one of these kinds:
   opaque): what torch's runtime charges for a wrapper subclass as such. Not
   covered by ``--check-ratio``.
 
-``Mesh`` and ``MeshTensor`` are the ones of the end-to-end scenario suite
-(``test_opaque_obj_v2.py``): ``MeshTensor.__tensor_flatten__`` returns
-``["_data", "_mesh"], None``.
+``Mesh`` and ``MeshTensor`` are the test suite's fixtures (``tests/subclasses.py``,
+also used by the end-to-end scenario suite ``test_opaque_obj_v2.py``):
+``MeshTensor.__tensor_flatten__`` returns ``["_data", "_mesh"], None``.
 
 The function returns one result per argument, so with subclass arguments every
 call pays for the unwrap of the k inputs (k tensors + k opaques, or k tensors + 1
@@ -80,8 +80,8 @@ from torch.utils._pytree import tree_map_only
 
 import opaque_subclass
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from test_opaque_obj_v2 import Mesh, MeshTensor  # the scenario suite's opaque and subclass
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from subclasses import Mesh, MeshTensor  # the test suite's opaque and subclass (fixtures)
 
 KS = (1, 8, 64)
 KINDS = ("plain", "own", "shared", "tensor-only")

@@ -1,18 +1,20 @@
-"""Worker bodies for the multi-process tests (run as ``python dist_workers.py NAME RANK WORLD PORT``).
+"""Worker bodies for the multi-process tests (tests/test_distributed.py).
 
-Each worker joins a gloo group on 127.0.0.1 with a bounded timeout, does its
-part, prints one JSON line prefixed with ``RESULT`` and destroys its group.
+Each is a target of :func:`opaque_subclass.testing.run_local_workers`
+(``"/path/to/dist_workers.py:sync_states"``): it runs in every rank after the
+launcher joined a gloo group on 127.0.0.1 (bounded timeouts), and returns a
+JSON-able result; the launcher destroys the group.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from datetime import timedelta
+from typing import Any
 
+# The launcher puts the checkout on the workers' path; the fixtures module is
+# beside this file.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 import torch.distributed as dist
@@ -28,7 +30,7 @@ class Weight(opaque_subclass.OpaqueSubclass):
     opaque_attrs = {"_mesh": Mesh}
 
 
-def sync_states(rank: int, world: int) -> dict:
+def sync_states(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
     """FSDP1's module-state sync on subclass parameters/buffers (device check bypassed)."""
     from torch.distributed.fsdp import _init_utils
 
@@ -54,7 +56,7 @@ def _model(mesh: Mesh) -> torch.nn.Module:
     return model
 
 
-def fsdp2_train(rank: int, world: int) -> dict:
+def fsdp2_train(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
     """FSDP2 fully_shard of a model with subclass weights: compiled training equals eager."""
     from torch.distributed.fsdp import fully_shard
 
@@ -85,24 +87,3 @@ def fsdp2_train(rank: int, world: int) -> dict:
         kept = type(local) is Weight and local._mesh is mesh
         losses[label + "_mesh_kept"] = [float(kept)]
     return {"losses": losses}
-
-
-def main() -> None:
-    name, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
-    )
-    try:
-        result = {"sync_states": sync_states, "fsdp2_train": fsdp2_train}[name](rank, world)
-        result["mode"] = opaque_subclass.support().mode
-        print("RESULT " + json.dumps(result), flush=True)
-    finally:
-        dist.destroy_process_group()
-    # Skip interpreter teardown: background threads of gloo and torch.compile can
-    # abort it ("terminate called without an active exception") after the work is done.
-    sys.stderr.flush()
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,52 +1,27 @@
 """Storage accounting, torch's memory tools, FSDP1 module-state sync and FSDP2
-training with opaque-attribute subclasses (2 gloo processes on 127.0.0.1)."""
+training with opaque-attribute subclasses (2 gloo processes on 127.0.0.1,
+started by the library's launcher, ``run_local_workers``)."""
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import subprocess
-import sys
 import warnings
+from typing import Any
 
 import pytest
 import torch
 from subclasses import Mesh, MeshTensor, nested
 
 import opaque_subclass as osc
+from opaque_subclass.testing import run_local_workers
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_workers.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_workers.py")
 
 
-def _run(name: str, world: int = 2, timeout: float = 180.0) -> list[dict]:
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, WORKER, name, str(rank), str(world), str(port)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            assert p.returncode == 0, err[-3000:]
-            line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
-            results.append(json.loads(line[len("RESULT ") :]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+def _run(name: str, world_size: int = 2, timeout: float = 180.0) -> list[Any]:
+    """Each rank's result of ``dist_workers.<name>``; every wait bounded by ``timeout``."""
+    results = run_local_workers(f"{WORKERS}:{name}", world_size, timeout=timeout)
+    assert len(results) == world_size, results
     return results
 
 

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 import torch
-from subclasses import Config, Mesh, MeshTensor, NotRegistered, nested
+from subclasses import Config, Mesh, MeshTensor, NotRegistered, ReturnsPlain, nested
 
 import opaque_subclass as osc
 
@@ -216,14 +216,6 @@ def test_non_strict_export_names_a_bad_attribute():
     assert "holds int" in msg and "Fix: move '_mesh' into the flatten context" in msg
 
 
-class _ReturnsPlain(MeshTensor):
-    """A ``__tensor_unflatten__`` that returns the inner tensor instead of the subclass."""
-
-    @classmethod
-    def __tensor_unflatten__(cls, inner, ctx, size, stride):
-        return inner["_data"]
-
-
 class _ReturnsDouble(MeshTensor):
     """A ``__tensor_unflatten__`` that changes the dtype."""
 
@@ -236,15 +228,13 @@ class _ReturnsDouble(MeshTensor):
 def test_compile_names_an_unflatten_that_returns_another_type(grad):
     """Checked where torch first meets the input, so the backward's misleading
     "__coerce_same_metadata_as_tangent__" message never comes."""
-    x = _ReturnsPlain(torch.ones(2), Mesh()).requires_grad_(grad)
+    x = ReturnsPlain(torch.ones(2), Mesh()).requires_grad_(grad)
     f = torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)
     with pytest.raises(Exception) as info:
         f(x)
     msg = str(info.value)
-    assert "_ReturnsPlain.__tensor_unflatten__ (rebuilding \"L['t']\") returned torch.Tensor" in msg, msg
-    assert (
-        "expected an instance of test_errors._ReturnsPlain. Fix: make _ReturnsPlain.__tensor_unflatten__ return" in msg
-    )
+    assert "ReturnsPlain.__tensor_unflatten__ (rebuilding \"L['t']\") returned torch.Tensor" in msg, msg
+    assert "expected an instance of subclasses.ReturnsPlain. Fix: make ReturnsPlain.__tensor_unflatten__ return" in msg
 
 
 def test_compile_names_an_unflatten_that_changes_the_dtype():
@@ -273,11 +263,10 @@ def test_inductor_gets_the_named_error_instead_of_a_crash(tmp_path):
         """
         import torch
         import opaque_subclass
-        from test_errors import _ReturnsPlain
-        from subclasses import Mesh
+        from subclasses import Mesh, ReturnsPlain
         f = torch.compile(lambda t: t * 2, backend="inductor", fullgraph=True)
         try:
-            f(_ReturnsPlain(torch.ones(2), Mesh()))
+            f(ReturnsPlain(torch.ones(2), Mesh()))
         except Exception as e:
             print("NAMED" if "returned torch.Tensor, expected an instance of" in str(e) else "OTHER: " + str(e)[:500])
         """
@@ -296,6 +285,6 @@ def test_non_strict_export_names_an_unflatten_that_returns_another_type():
             return x * 2
 
     with pytest.raises(
-        TypeError, match=r"_ReturnsPlain\.__tensor_unflatten__ \(rebuilding \"L\['x'\]\"\) returned torch\.Tensor"
+        TypeError, match=r"ReturnsPlain\.__tensor_unflatten__ \(rebuilding \"L\['x'\]\"\) returned torch\.Tensor"
     ):
-        torch.export.export(Double(), (_ReturnsPlain(torch.ones(2), Mesh()),), strict=False)
+        torch.export.export(Double(), (ReturnsPlain(torch.ones(2), Mesh()),), strict=False)

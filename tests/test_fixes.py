@@ -1,15 +1,18 @@
 """Native-mode fixes: each fix of the running release's fix set (the version
 table's ``fixes`` module) is listed, documented, and needed: its scenario
-passes with the fix and fails with torch's own error when only that fix is
-suspended. On a release without fixes every test here is skipped."""
+passes with the fix and, when only that fix is suspended, fails exactly as
+recorded (the exception's type and message, measured on each release). On a
+release without fixes every test here is skipped."""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 
 import pytest
 import torch
-from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor, save_and_load_opaque_constant
+from scenarios import StockFailure, assert_fails_as, save_and_load_opaque_constant
+from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor
 
 import opaque_subclass as osc
 from opaque_subclass._versions import current
@@ -111,9 +114,10 @@ def _bad_attribute():
 
 
 def _compile_names_a_bad_attribute():
-    """torch.compile of a subclass argument listing an int: the library's error."""
+    """torch.compile of a subclass argument listing an int: the library's
+    TypeError (Dynamo wraps it)."""
     f = torch.compile(lambda x: x + 1, backend="aot_eager", fullgraph=True)
-    with pytest.raises(Exception) as info:
+    with pytest.raises(torch._dynamo.exc.InternalTorchDynamoError, match=r"^TypeError: ") as info:
         f(_bad_attribute())
     msg = str(info.value)
     assert "MeshTensor.__tensor_flatten__()" in msg and "L['x']._mesh" in msg, msg
@@ -121,55 +125,100 @@ def _compile_names_a_bad_attribute():
 
 
 def _export_names_a_bad_attribute():
-    """Non-strict export of a subclass input listing an int: the library's error."""
+    """Non-strict export of a subclass input listing an int: the library's TypeError."""
 
     class Double(torch.nn.Module):
         def forward(self, x):
             return x * 2
 
-    with pytest.raises(Exception) as info:
+    with pytest.raises(TypeError) as info:
         torch.export.export(Double(), (_bad_attribute(),), strict=False)
     msg = str(info.value)
     assert "MeshTensor.__tensor_flatten__()" in msg and "L['x']._mesh" in msg, msg
     assert "holds int" in msg and "Fix:" in msg, msg
 
 
-#: target -> (scenario, the stock torch error it fails with when the fix is off;
-#: for a wrong result, the scenario's own assertion naming it)
-NEEDED_BY = {
-    "torch.export.pt2_archive._package._package_constants": (
+#: The end of a scenario's own assertion message (pytest may append its explanation).
+_END = r"(\n|$)"
+#: What torch's assertion on a flattened attribute calls its base class, by release.
+_TORCH_BASE_NAME = {
+    (2, 12): "OpaqueBase",
+    (2, 13): "OpaqueBase",
+    (2, 14): "CustomClassBase",
+    (2, 15): "CustomClassBase",
+}
+
+
+def _expected_tensor_or_base(found: str) -> dict[tuple[int, int], StockFailure]:
+    """torch's AssertionError for a listed attribute that is neither a tensor
+    nor an instance of its base class (Dynamo appends "from user code")."""
+    return {
+        release: StockFailure(AssertionError, rf"^expected Tensor or {base}, got <class '{found}'>(\n|$)")
+        for release, base in _TORCH_BASE_NAME.items()
+    }
+
+
+#: target -> (the scenario that needs the fix, how it fails on stock torch with
+#: just that fix suspended: one StockFailure, or one per release where the
+#: message differs). Measured on torch 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
+NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[int, int], StockFailure]]] = {
+    "torch.export.pt2_archive._package._package_constants": (  # 2.12
         save_and_load_opaque_constant,
-        "Unsupported constant type",
+        StockFailure(
+            RuntimeError, r"^Unsupported constant type: <class 'opaque_subclass\.export\.archive\.OpaqueName'>$"
+        ),
     ),
-    "torch.export.pt2_archive._package._load_constants": (
+    "torch.export.pt2_archive._package._load_constants": (  # 2.12
         save_and_load_opaque_constant,
-        "We ran into an error when deserializing the saved file",  # torch's wrapper of "Unsupported constant type: opaque_obj_0"
+        StockFailure(
+            RuntimeError,
+            r"^We ran into an error when deserializing the saved file\. Please check the warnings above",
+            logged=r"Unsupported constant type: opaque_obj_0",
+            logger="torch.export",
+        ),
     ),
-    "torch._opaque_base.OpaqueBaseMeta.__instancecheck__": (
+    "torch._opaque_base.OpaqueBaseMeta.__instancecheck__": (  # 2.12
         _compile_foreign_class_attribute,
-        "expected Tensor or OpaqueBase, got <class 'subclasses.ForeignHandle'>",
+        StockFailure(AssertionError, r"^expected Tensor or OpaqueBase, got <class 'subclasses\.ForeignHandle'>\n"),
     ),
-    "torch.export.unflatten._assign_attr": (
+    "torch.export.unflatten._assign_attr": (  # 2.12
         _export_module_with_opaque_constant,
-        "expected torch.Tensor or torch.ScriptObject for CONSTANT attr_kind",
+        StockFailure(
+            AssertionError,
+            r"^expected torch\.Tensor or torch\.ScriptObject for CONSTANT attr_kind, got <class 'subclasses\.Mesh'>$",
+        ),
     ),
-    "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key": (
+    "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key": (  # 2.12 - 2.15
         _inductor_cache_keeps_sharing_apart,
-        "expected Mesh('a') and Mesh('b')",
+        # A wrong result: the entry compiled for the shared mesh is served.
+        StockFailure(
+            AssertionError, r"^outputs carry Mesh\('a'\) and Mesh\('a'\), expected Mesh\('a'\) and Mesh\('b'\)" + _END
+        ),
     ),
-    "torch._functorch.partitioners.is_opaque_value": (
+    "torch._functorch.partitioners.is_opaque_value": (  # 2.14, 2.15
         _backward_logs_no_deprecation,
-        "is_opaque_value is deprecated, use is_custom_class_obj instead",
+        StockFailure(
+            AssertionError,
+            r"^torch logged: \['is_opaque_value is deprecated, use is_custom_class_obj instead'\]" + _END,
+        ),
     ),
-    "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor": (
+    "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor": (  # 2.12 - 2.15
         _compile_names_a_bad_attribute,
-        "expected Tensor or ",
+        _expected_tensor_or_base("int"),
     ),
-    "torch._export.non_strict_utils._create_symbolic_context_for_tensor": (
+    "torch._export.non_strict_utils._create_symbolic_context_for_tensor": (  # 2.12 - 2.15
         _export_names_a_bad_attribute,
-        "expected Tensor or ",
+        _expected_tensor_or_base("int"),
     ),
 }
+
+
+def _stock_failure(target: str) -> StockFailure:
+    expected = NEEDED_BY[target][1]
+    if isinstance(expected, StockFailure):
+        return expected
+    assert ROW.release in expected, f"no stock failure recorded for {target} on torch {ROW.label}: measure it"
+    return expected[ROW.release]
 
 
 @needs_fixes
@@ -195,12 +244,15 @@ def test_every_fix_documents_what_it_replaces():
 @needs_fixes
 @pytest.mark.parametrize("target", [p.target for p in FIX_SET.patches] if FIX_SET else [])
 def test_fix_is_needed(target):
-    scenario, stock_error = NEEDED_BY[target]
+    """The scenario passes with the fix, and with just this fix suspended fails
+    exactly as recorded for the running release (type and message)."""
+    scenario = NEEDED_BY[target][0]
+    stock_failure = _stock_failure(target)
     torch._dynamo.reset()
     scenario()
     torch._dynamo.reset()
-    with FIX_SET.suspended(target):
-        with pytest.raises(Exception) as info:  # torch's own failure, checked by its message below
-            scenario()
-    assert stock_error in str(info.value), str(info.value)
-    torch._dynamo.reset()
+    try:
+        with FIX_SET.suspended(target):
+            assert_fails_as(scenario, stock_failure)
+    finally:
+        torch._dynamo.reset()

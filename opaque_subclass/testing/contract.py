@@ -26,11 +26,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from opaque_subclass.core.aliasing import opaque_alias_pattern
+from opaque_subclass.core.aliasing import OpaqueAliasPattern, opaque_alias_pattern
 from opaque_subclass.core.flatten import create_subclass_meta, flatten_subclass, is_wrapper_subclass, unflatten_subclass
 from opaque_subclass.core.registry import opaque_kind
 from opaque_subclass.core.runtime import process_runtime_tangent, unwrap_tensor_subclasses, wrap_tensor_subclasses
 from opaque_subclass.core.spec import OpaqueMeta, SubclassCreationMeta, iter_slots
+from opaque_subclass.modules.parametrization import unwrap_tensor_subclass_parameters
 
 __all__ = ["OpaqueSubclassContract", "assert_same_leaves"]
 
@@ -66,6 +67,13 @@ class OpaqueSubclassContract:
         leaves, _ = flatten_subclass(x)
         return [v for v in leaves if not isinstance(v, torch.Tensor)]
 
+    def _assert_same_opaques(self, actual: torch.Tensor, expected: torch.Tensor, failure: str) -> None:
+        """``actual`` holds the very opaques of ``expected``: as many, in the same order."""
+        got, want = self._opaques(actual), self._opaques(expected)
+        assert len(got) == len(want), f"{failure}: {len(got)} opaque(s) {got!r}, expected {len(want)} {want!r}"
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert a is b, f"{failure}: opaque {i} is {a!r}, not the same object as {b!r}"
+
     def _compile(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], Any]:
         import torch._dynamo
         import torch._dynamo.testing
@@ -80,8 +88,7 @@ class OpaqueSubclassContract:
             x = self.make()
             out = f(x)
             assert type(out) is type(x)
-            got, want = self._opaques(out), self._opaques(x)
-            assert len(got) == len(want) and all(a is b for a, b in zip(got, want)), "output lost the input's opaques"
+            self._assert_same_opaques(out, x, "output lost the input's opaques")
         assert counter.frame_count == 1, f"{counter.frame_count} compilations for 3 calls"
 
     def test_compile_backward(self) -> None:
@@ -90,8 +97,7 @@ class OpaqueSubclassContract:
             x = self.make().requires_grad_(True)
             f(x).backward()
             assert type(x.grad) is type(x)
-            got, want = self._opaques(x.grad), self._opaques(x)
-            assert all(a is b for a, b in zip(got, want)), "x.grad does not carry x's opaques"
+            self._assert_same_opaques(x.grad, x, "x.grad does not carry x's opaques")
 
     def test_export_keeps_runtime_opaques(self) -> None:
         class Double(torch.nn.Module):
@@ -102,13 +108,9 @@ class OpaqueSubclassContract:
         x = self.make()
         out = program.module()(x)
         assert type(out) is type(x)
-        got, want = self._opaques(out), self._opaques(x)
-        assert len(got) == len(want) and all(a is b for a, b in zip(got, want)), (
-            "exported program lost the input's opaques"
-        )
+        self._assert_same_opaques(out, x, "exported program lost the input's opaques")
 
     def test_parametrization_keeps_opaques(self) -> None:
-        from opaque_subclass.modules.parametrization import unwrap_tensor_subclass_parameters
 
         module = torch.nn.Module()
         x = self.make()
@@ -116,8 +118,7 @@ class OpaqueSubclassContract:
         unwrap_tensor_subclass_parameters(module)
         rebuilt = module.p
         assert type(rebuilt) is type(x)
-        got, want = self._opaques(rebuilt), self._opaques(x)
-        assert all(a is b for a, b in zip(got, want)), "module.p does not hold the original opaques"
+        self._assert_same_opaques(rebuilt, x, "module.p does not hold the original opaques")
         assert all(type(v) in (torch.Tensor, torch.nn.Parameter) for v in module.state_dict().values())
 
     def test_compiled_autograd(self) -> None:
@@ -129,7 +130,7 @@ class OpaqueSubclassContract:
         with torch._dynamo.compiled_autograd._enable(torch.compile(backend=self.BACKEND)):
             loss.backward()
         assert type(x.grad) is type(x)
-        assert all(a is b for a, b in zip(self._opaques(x.grad), self._opaques(x)))
+        self._assert_same_opaques(x.grad, x, "x.grad (compiled autograd) does not carry x's opaques")
 
     def test_flatten_round_trip(self) -> None:
         x = self.make()
@@ -182,7 +183,9 @@ class OpaqueSubclassContract:
         )
         assert out[1] is saved[0] and out[2] is saved[1]
         assert_same_leaves(unwrap_tensor_subclasses([out[0]], is_joint_structure=False), flat_p)
-        assert len(flat_t) == t_metas[0].arg_count
+        (t_meta,) = t_metas
+        assert isinstance(t_meta, SubclassCreationMeta)
+        assert len(flat_t) == t_meta.arg_count
 
     def test_meta_pickles(self) -> None:
         (meta,) = create_subclass_meta([self.make()])
@@ -193,15 +196,31 @@ class OpaqueSubclassContract:
 
     def test_alias_pattern_tracks_identity(self) -> None:
         a, b = self.make(), self.make()
+        (meta,) = create_subclass_meta([a])
+        assert isinstance(meta, SubclassCreationMeta)
+        # Two instances: the pattern says which slots hold the same object, as
+        # read off the flat leaves by identity.
         flat = unwrap_tensor_subclasses([a, b], is_joint_structure=False)
         pattern = opaque_alias_pattern(flat)
-        (meta,) = create_subclass_meta([a])
         assert len(pattern.slots) == 2 * meta.num_opaques
-        assert opaque_alias_pattern(list(flat)) == pattern
+        slots = [i for i, v in enumerate(flat) if not isinstance(v, torch.Tensor)]
+        owners = [next(j for j in slots if flat[j] is flat[i]) for i in slots]
+        expected = OpaqueAliasPattern(tuple(slots), tuple(owners))
+        assert pattern == expected, f"alias pattern {pattern}, expected {expected} from the leaves' identity"
+        # One instance twice: every opaque slot of the second copy shares its
+        # object with the same slot of the first (flattening twice reads the
+        # same objects).
+        twice = opaque_alias_pattern(unwrap_tensor_subclasses([a, a], is_joint_structure=False))
+        once = opaque_alias_pattern(unwrap_tensor_subclasses([a], is_joint_structure=False))
+        width = meta.arg_count
+        assert twice == OpaqueAliasPattern(
+            (*once.slots, *(s + width for s in once.slots)), (*once.owners, *once.owners)
+        ), f"alias pattern of the same instance twice is {twice}; its second copy does not share the first's opaques"
 
     def test_tangent_keeps_opaque_slots(self) -> None:
         x = self.make()
         (meta,) = create_subclass_meta([x], with_memory_format=True)
+        assert isinstance(meta, SubclassCreationMeta)
         _, leaves = process_runtime_tangent(self.make(), meta)
         assert len(leaves) == meta.arg_count
         for _, slot in iter_slots(meta):

@@ -1,0 +1,210 @@
+"""Scenario bodies shared by several test modules.
+
+A scenario runs one piece of torch on the fixtures of :mod:`subclasses` and
+asserts the outcome. Test modules call them (``test_opaque_obj_v2.py`` as its
+own tests, ``tests/test_backport.py`` and ``tests/test_fixes.py`` to show that a
+patch or fix is needed), so that no test module imports another. An assertion
+that guards against a wrong result says what it found: the tests that remove a
+patch match that message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import re
+import traceback
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+from subclasses import HoldsMesh, Mesh, MeshTensor
+
+__all__ = [
+    "Scale",
+    "StockFailure",
+    "assert_fails_as",
+    "direct_save_of_subclass_parameter_is_refused",
+    "fsdp1_module_state_sync_keeps_opaques",
+    "save_and_load_opaque_constant",
+    "storage_accounting_skips_opaques",
+    "torch_subclass_parametrization_keeps_opaques",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class StockFailure:
+    """How a scenario fails on stock torch, that is with one patch or fix removed.
+
+    Attributes
+    ----------
+    type
+        The exception's exact type (a subclass of it does not match).
+    match
+        Regular expression searched (``re.search``) in ``str(exception)``. For a
+        wrong result, the message of the scenario's own assertion naming it.
+    logged
+        For an exception that only points to torch's log ("check the warnings
+        above"): a regular expression searched in what ``logger`` logged
+        meanwhile (messages with their tracebacks).
+    logger
+        The torch logger that ``logged`` reads (torch's registered log names,
+        such as ``torch.export``, do not propagate to ``torch``).
+    """
+
+    type: type[Exception]
+    match: str
+    logged: str | None = None
+    logger: str = "torch"
+
+
+def assert_fails_as(scenario: Callable[[], object], failure: StockFailure) -> None:
+    """Run ``scenario`` and check that it fails exactly as ``failure`` says."""
+    logged: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            if record.exc_info and record.exc_info[1] is not None:
+                text += "\n" + "".join(traceback.format_exception(record.exc_info[1]))
+            logged.append(text)
+
+    handler = Collect(level=logging.WARNING)
+    logger = logging.getLogger(failure.logger)
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(failure.type, match=failure.match) as info:
+            scenario()
+    finally:
+        logger.removeHandler(handler)
+    assert type(info.value) is failure.type, f"raised {type(info.value).__qualname__}, a subclass of {failure.type}"
+    if failure.logged is not None:
+        assert any(re.search(failure.logged, text) for text in logged), (
+            f"torch logged nothing matching {failure.logged!r}: {logged}"
+        )
+
+
+class Scale(torch.nn.Module):
+    """``w * x + 1`` with ``w`` a parameter (a subclass in these scenarios)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w * x + 1
+
+
+def torch_subclass_parametrization_keeps_opaques(backend: str) -> None:
+    """torch's ``unwrap_tensor_subclass_parameters`` on a nested MeshTensor
+    parameter: the opaques become plain attributes of the parametrization, the
+    rebuilt parameter (eager and compiled) carries them, and a new opaque
+    assigned later is used without recompiling."""
+    import torch._dynamo.testing
+    from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
+
+    inner, outer = Mesh("inner"), Mesh("outer")
+    module = unwrap_tensor_subclass_parameters(Scale(MeshTensor(MeshTensor(torch.arange(3.0), inner), outer)))
+    plist = module.parametrizations.w
+    assert plist.original1 is inner and plist.original2 is outer
+    assert list(module.state_dict()) == ["parametrizations.w.original0"]
+    w = module.w
+    assert w._mesh is outer and w._data._mesh is inner and torch.equal(w._data._data, torch.arange(3.0))
+    # Compiled, the rebuilt parameter carries the module's opaques (graph inputs
+    # read from the module), and a new opaque assigned later is used without
+    # recompiling.
+    cnt = torch._dynamo.testing.CompileCounterWithBackend(backend)
+    compiled = torch.compile(module, backend=cnt, fullgraph=True)
+    with torch.no_grad():
+        out = compiled(torch.full((3,), 2.0))
+        assert out._mesh is outer and out._data._mesh is inner
+        torch.testing.assert_close(out._data._data, torch.arange(3.0) * 2 + 1)
+        plist.original2 = replaced = Mesh("replaced")
+        out = compiled(torch.full((3,), 2.0))
+    assert out._mesh is replaced and out._data._mesh is inner
+    assert cnt.frame_count == 1
+
+
+def storage_accounting_skips_opaques() -> None:
+    """torch's ``get_untyped_storages`` counts the inner tensors' storages and
+    no opaque (torch 2.11 without the backport warns for each opaque: an error
+    here)."""
+    from torch.distributed._tools.common_utils import get_untyped_storages
+
+    data, inner_data = torch.ones(4), torch.zeros(2)
+    x = MeshTensor(data, Mesh("s"))
+    nested = MeshTensor(MeshTensor(inner_data, Mesh("in")), Mesh("out"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert get_untyped_storages(x) == {data.untyped_storage()}
+        assert get_untyped_storages(nested) == {inner_data.untyped_storage()}
+
+
+def fsdp1_module_state_sync_keeps_opaques() -> None:
+    """FSDP1's module-state sync (one gloo process) broadcasts the tensors of
+    subclass parameters and buffers and keeps their opaques.
+
+    FSDP1's ``sync_module_states`` is GPU-only in torch; its device check is
+    bypassed here so that the walk itself runs on CPU.
+    """
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import _init_utils
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=30)
+    )
+    check = _init_utils._check_module_states_for_sync_module_states
+    _init_utils._check_module_states_for_sync_module_states = lambda states: None
+    try:
+        mesh, inner = Mesh("fsdp"), Mesh("fsdp-inner")
+        module = Scale(MeshTensor(MeshTensor(torch.arange(3.0), inner), mesh))
+        module.register_buffer("b", MeshTensor(torch.ones(2), mesh))
+        _init_utils._sync_module_params_and_buffers(module, list(module.parameters()), dist.group.WORLD)
+        assert module.w._mesh is mesh and module.w._data._mesh is inner and module.b._mesh is mesh
+        assert torch.equal(module.w._data._data, torch.arange(3.0))
+    finally:
+        _init_utils._check_module_states_for_sync_module_states = check
+        dist.destroy_process_group()
+
+
+def save_and_load_opaque_constant() -> None:
+    """opaque_subclass.export.save/load of a program whose lifted constant is a
+    reference opaque: the loaded program runs with the loader's object."""
+    import opaque_subclass.export as oexport
+
+    ep = torch.export.export(HoldsMesh(Mesh("abc")), (torch.ones(2),), strict=False)
+    buf = io.BytesIO()
+    oexport.save(ep, buf, opaques={"mesh": ep.constants["lifted_custom_0"]})
+    buf.seek(0)
+    loaded = oexport.load(buf, opaques={"mesh": Mesh("loader")})
+    assert torch.equal(loaded.module()(torch.ones(2)), torch.full((2,), 7.0))
+
+
+def direct_save_of_subclass_parameter_is_refused() -> None:
+    """torch.export.save of a program whose subclass parameter holds a reference
+    opaque: refused, pointing to opaque_subclass.export.save, instead of
+    pickling the mesh by value (torch 2.11 backport)."""
+
+    class Holder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(MeshTensor(torch.ones(2), Mesh("pickled-by-value")))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.w * x
+
+    ep = torch.export.export(Holder(), (torch.ones(2),), strict=False)
+    try:
+        torch.export.save(ep, io.BytesIO())
+    except TypeError as error:
+        assert "'w._mesh' (subclasses.Mesh)" in str(error) and "opaque_subclass.export.save(ep, f)" in str(error)
+        return
+    raise AssertionError("torch.export.save pickled the reference opaque of a subclass parameter by value")
