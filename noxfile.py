@@ -11,8 +11,20 @@ one gets):
 
 Each leg has its own virtualenv. torch is installed first, pinned, and pinned
 again next to the project so pip never swaps it for another build. Each leg runs
-the self-check ``python -m opaque_subclass`` and then ``python -m pytest``
+the self-check ``python -m opaque_subclass`` and then ``python -m pytest -v``
 (extra arguments after ``--`` go to pytest: ``python -m nox -- -k flatten``).
+
+Progress shows as it happens: pip's output for the torch install is not
+silenced (a first install downloads about 5 GB; a reused virtualenv prints
+"Requirement already satisfied"), pytest prints one line per test as it
+finishes (``tests/test_walk.py::test_... PASSED [ 12%]``), and both commands
+run with ``PYTHONUNBUFFERED=1`` so lines reach a pipe or log file at once.
+pytest's summary line (``N passed ... in X.XXs``) and nox's ``Session ... was
+successful`` lines are unchanged (``.ci/run`` reads them).
+
+``python -m nox`` also runs ``lint`` (first, it is quick): ``ruff check``,
+``ruff format --check`` and ``mypy`` (strict, against torch ``LINT_TORCH``),
+with pinned tool versions.
 
 Each command gets its own empty ``TORCHINDUCTOR_CACHE_DIR``.
 ``python -m nox -s bench`` runs the benchmarks on every torch leg; it is not
@@ -36,7 +48,13 @@ import nox
 
 TORCH_VERSIONS = ["2.11.0", "2.12.0", "2.13.0", "2.14.1", "2.15.0"]
 
-nox.options.sessions = ["tests"]
+# The lint session's pins: the tools' versions make results reproducible, and
+# mypy checks calls into torch against this release's annotations.
+RUFF_VERSION = "0.17.6"
+MYPY_VERSION = "2.4.1"
+LINT_TORCH = "2.14.1"
+
+nox.options.sessions = ["lint", "tests"]
 nox.options.envdir = os.environ.get(
     "OPAQUE_SUBCLASS_NOX_ENVDIR",
     os.path.expanduser("~/.cache/opaque-subclass/nox"),
@@ -59,10 +77,12 @@ def _install_torch(session: nox.Session, version: str) -> None:
     """Install ``torch==version`` before anything else, retrying on failure.
 
     A no-op (no network) when a reused virtualenv already has that version.
+    pip's output is shown (``silent=False``): a first install downloads
+    gigabytes, and a silent one looks like a hang.
     """
     for attempt in range(1, _INSTALL_ATTEMPTS + 1):
         try:
-            session.install(f"torch=={version}", env=_PIP_ENV)
+            session.install(f"torch=={version}", env=_PIP_ENV, silent=False)
             return
         except nox.command.CommandFailed:
             if attempt == _INSTALL_ATTEMPTS:
@@ -79,10 +99,11 @@ def _install_project(session: nox.Session, torch_version: str, extra: str = "tes
 @contextlib.contextmanager
 def _fresh_inductor_cache() -> Iterator[dict[str, str]]:
     """A new, empty TORCHINDUCTOR_CACHE_DIR for one command (torch's compile
-    caches shared between processes leak state between them)."""
+    caches shared between processes leak state between them), and unbuffered
+    output, so that the command's lines reach a pipe or a log as they are printed."""
     path = tempfile.mkdtemp(prefix="opaque-subclass-inductor-")
     try:
-        yield {"TORCHINDUCTOR_CACHE_DIR": path}
+        yield {"TORCHINDUCTOR_CACHE_DIR": path, "PYTHONUNBUFFERED": "1"}
     finally:
         shutil.rmtree(path, ignore_errors=True)
 
@@ -96,11 +117,27 @@ def tests(session: nox.Session, torch: str) -> None:
     session.run("python", "-c", "import torch; print('torch', torch.__version__)")
     with _fresh_inductor_cache() as env:
         session.run("python", "-m", "opaque_subclass", env=env)
-    # One line per test file as it runs (pytest's default progress), so a long
-    # leg visibly moves. Any non-zero exit fails the session, including 5 (no
-    # tests collected).
+    # -v: one line per test as it finishes (the default prints a dot per test,
+    # and one long file can go minutes without a new line); the summary line
+    # "N passed ... in X.XXs" is the same. Arguments after -- come after it
+    # (-q there gives the default dots back). Any non-zero exit fails the
+    # session, including 5 (no tests collected).
     with _fresh_inductor_cache() as env:
-        session.run("python", "-m", "pytest", *session.posargs, env=env)
+        session.run("python", "-m", "pytest", "-v", *session.posargs, env=env)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check, ruff format --check and strict mypy, on torch LINT_TORCH.
+
+    Both tools take their settings from pyproject.toml; ruff covers the whole
+    repository, mypy the packages (its ``files``)."""
+    _install_torch(session, LINT_TORCH)
+    session.install(f"ruff=={RUFF_VERSION}", f"mypy=={MYPY_VERSION}", f"torch=={LINT_TORCH}", env=_PIP_ENV)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    # mypy runs on the session's python, so it reads torch's annotations there
+    session.run("mypy")
 
 
 @nox.session
