@@ -23,6 +23,8 @@ import torch
 from subclasses import HoldsMesh, Mesh, MeshTensor
 
 __all__ = [
+    "LOAD_CONSTANT_FAILURE",
+    "SAVE_CONSTANT_FAILURE",
     "Scale",
     "StockFailure",
     "assert_fails_as",
@@ -173,6 +175,20 @@ def fsdp1_module_state_sync_keeps_opaques() -> None:
     finally:
         _init_utils._check_module_states_for_sync_module_states = check
         dist.destroy_process_group()
+
+
+#: How save_and_load_opaque_constant fails when torch's archive writer, or its
+#: reader, meets a reference opaque constant (torch 2.11 without the backport's
+#: archive patch, 2.12 without its fix).
+SAVE_CONSTANT_FAILURE = StockFailure(
+    RuntimeError, r"^Unsupported constant type: <class 'opaque_subclass\.export\.archive\.OpaqueName'>$"
+)
+LOAD_CONSTANT_FAILURE = StockFailure(
+    RuntimeError,
+    r"^We ran into an error when deserializing the saved file\. Please check the warnings above",
+    logged=r"Unsupported constant type: opaque_obj_0",
+    logger="torch.export",
+)
 
 
 def save_and_load_opaque_constant() -> None:

@@ -16,6 +16,8 @@ from collections.abc import Callable
 import pytest
 import torch
 from scenarios import (
+    LOAD_CONSTANT_FAILURE,
+    SAVE_CONSTANT_FAILURE,
     StockFailure,
     assert_fails_as,
     direct_save_of_subclass_parameter_is_refused,
@@ -569,18 +571,11 @@ _END = r"(\n|$)"
 NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
     "torch.export.pt2_archive._package._package_constants": (
         save_and_load_opaque_constant,
-        StockFailure(
-            RuntimeError, r"^Unsupported constant type: <class 'opaque_subclass\.export\.archive\.OpaqueName'>$"
-        ),
+        SAVE_CONSTANT_FAILURE,
     ),
     "torch.export.pt2_archive._package._load_constants": (
         save_and_load_opaque_constant,
-        StockFailure(
-            RuntimeError,
-            r"^We ran into an error when deserializing the saved file\. Please check the warnings above",
-            logged=r"Unsupported constant type: opaque_obj_0",
-            logger="torch.export",
-        ),
+        LOAD_CONSTANT_FAILURE,
     ),
     "torch.export.pt2_archive._package._save_pickled_tensors": (
         direct_save_of_subclass_parameter_is_refused,

@@ -11,7 +11,13 @@ from collections.abc import Callable, Mapping
 
 import pytest
 import torch
-from scenarios import StockFailure, assert_fails_as, save_and_load_opaque_constant
+from scenarios import (
+    LOAD_CONSTANT_FAILURE,
+    SAVE_CONSTANT_FAILURE,
+    StockFailure,
+    assert_fails_as,
+    save_and_load_opaque_constant,
+)
 from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor
 
 import opaque_subclass as osc
@@ -164,18 +170,11 @@ def _expected_tensor_or_base(found: str) -> dict[tuple[int, int], StockFailure]:
 NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[int, int], StockFailure]]] = {
     "torch.export.pt2_archive._package._package_constants": (  # 2.12
         save_and_load_opaque_constant,
-        StockFailure(
-            RuntimeError, r"^Unsupported constant type: <class 'opaque_subclass\.export\.archive\.OpaqueName'>$"
-        ),
+        SAVE_CONSTANT_FAILURE,
     ),
     "torch.export.pt2_archive._package._load_constants": (  # 2.12
         save_and_load_opaque_constant,
-        StockFailure(
-            RuntimeError,
-            r"^We ran into an error when deserializing the saved file\. Please check the warnings above",
-            logged=r"Unsupported constant type: opaque_obj_0",
-            logger="torch.export",
-        ),
+        LOAD_CONSTANT_FAILURE,
     ),
     "torch._opaque_base.OpaqueBaseMeta.__instancecheck__": (  # 2.12
         _compile_foreign_class_attribute,
