@@ -20,15 +20,17 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from subclasses import HoldsMesh, Mesh, MeshTensor
+from subclasses import HoldsMesh, Mesh, MeshTensor, SetNames
 
 __all__ = [
     "LOAD_CONSTANT_FAILURE",
+    "MALFORMED_NAMES_FAILURE",
     "SAVE_CONSTANT_FAILURE",
     "Scale",
     "StockFailure",
     "assert_fails_as",
     "direct_save_of_subclass_parameter_is_refused",
+    "export_names_malformed_flatten_names",
     "fsdp1_module_state_sync_keeps_opaques",
     "save_and_load_opaque_constant",
     "storage_accounting_skips_opaques",
@@ -175,6 +177,28 @@ def fsdp1_module_state_sync_keeps_opaques() -> None:
     finally:
         _init_utils._check_module_states_for_sync_module_states = check
         dist.destroy_process_group()
+
+
+def export_names_malformed_flatten_names() -> None:
+    """Non-strict torch.export of a subclass input whose ``__tensor_flatten__``
+    returns a set of names: the library's TypeError naming the method, what it
+    returned and the fix, raised from torch's own failure."""
+
+    class Double(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    with pytest.raises(TypeError) as info:
+        torch.export.export(Double(), (SetNames(torch.ones(2), Mesh("m")),), strict=False)
+    msg = str(info.value)
+    assert msg.startswith("SetNames.__tensor_flatten__() at 'input' returned attribute names as set"), msg
+    assert "Fix:" in msg and isinstance(info.value.__cause__, TypeError), msg
+
+
+#: How export_names_malformed_flatten_names fails when torch's own walk of the
+#: input is not diagnosed (every release 2.11 - 2.15): torch's TypeError, whose
+#: message the scenario's assertion shows.
+MALFORMED_NAMES_FAILURE = StockFailure(AssertionError, r"^'set' object is not reversible(\n|$)")
 
 
 #: How save_and_load_opaque_constant fails when torch's archive writer, or its

@@ -150,6 +150,14 @@ class ReturnsPlain(MeshTensor):
         return inner["_data"]
 
 
+class SetNames(MeshTensor):
+    """Broken on purpose: ``__tensor_flatten__`` returns its names as a set
+    (no order, so no flat-slot order either)."""
+
+    def __tensor_flatten__(self) -> tuple[Any, Any]:
+        return {"_data", "_mesh"}, self._ctx
+
+
 class ForeignTensor(_Wrapper):
     """Holds an opaque whose class does not inherit OpaqueBase."""
 

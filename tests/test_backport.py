@@ -17,10 +17,12 @@ import pytest
 import torch
 from scenarios import (
     LOAD_CONSTANT_FAILURE,
+    MALFORMED_NAMES_FAILURE,
     SAVE_CONSTANT_FAILURE,
     StockFailure,
     assert_fails_as,
     direct_save_of_subclass_parameter_is_refused,
+    export_names_malformed_flatten_names,
     fsdp1_module_state_sync_keeps_opaques,
     save_and_load_opaque_constant,
     storage_accounting_skips_opaques,
@@ -226,6 +228,8 @@ def test_docs_list_every_patch():
         assert f"`{target}`" in backport_doc, f"docs/backport.md does not describe {target}"
         assert f"  - {target}" in cli_doc, f"docs/cli.md output does not list {target}"
     assert f"patched         {len(opaque_subclass.support().patched)} torch function(s)" in cli_doc
+    count = f"replaces {len(opaque_subclass.support().patched)} torch functions"
+    assert count in " ".join(backport_doc.split()), f"docs/backport.md's introduction must say it {count}"
 
 
 @needs_backport
@@ -569,6 +573,10 @@ _END = r"(\n|$)"
 #: target -> (the scenario that needs the patch, how it fails on stock torch
 #: 2.11 with just that patch suspended). Measured on torch 2.11.0.
 NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
+    "torch._subclasses.fake_tensor.get_plain_tensors": (
+        export_names_malformed_flatten_names,
+        MALFORMED_NAMES_FAILURE,
+    ),
     "torch.export.pt2_archive._package._package_constants": (
         save_and_load_opaque_constant,
         SAVE_CONSTANT_FAILURE,

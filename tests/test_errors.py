@@ -4,6 +4,7 @@ found and a fix; fixes that are code are executed as written."""
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 import torch
@@ -288,3 +289,43 @@ def test_non_strict_export_names_an_unflatten_that_returns_another_type():
         TypeError, match=r"ReturnsPlain\.__tensor_unflatten__ \(rebuilding \"L\['x'\]\"\) returned torch\.Tensor"
     ):
         torch.export.export(Double(), (ReturnsPlain(torch.ones(2), Mesh()),), strict=False)
+
+
+class _Names(MeshTensor):
+    """``__tensor_flatten__`` returns ``NAMES()`` as its names (set per case)."""
+
+    NAMES: Any = None
+
+    def __tensor_flatten__(self):
+        return type(self).NAMES(), self._ctx
+
+
+@pytest.mark.parametrize(
+    "names, said",
+    [
+        (lambda: {"_data", "_mesh"}, "returned attribute names as set"),
+        (lambda: (n for n in ("_data", "_mesh")), "returned attribute names as generator"),
+        (lambda: None, "returned attribute names None"),
+        (lambda: ["_data", 1], "returned attribute names ['_data', 1]"),
+        (
+            lambda: ["_data", "_nope"],
+            "lists attribute '_nope' (path 'input._nope') but the tensor has no such attribute",
+        ),
+    ],
+    ids=["set", "generator", "None", "non-string", "missing"],
+)
+def test_non_strict_export_names_a_malformed_flatten_result(names, said):
+    """Caught where non-strict export first walks its inputs (torch's
+    get_plain_tensors, before any other check), on every release."""
+    cls = type("Malformed", (_Names,), {"NAMES": staticmethod(names)})
+
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    # AttributeError for the missing attribute (as from every route), TypeError otherwise
+    with pytest.raises((TypeError, AttributeError)) as info:
+        torch.export.export(Double(), (cls(torch.ones(2), Mesh()),), strict=False)
+    msg = str(info.value)
+    assert msg.startswith("Malformed.__tensor_flatten__()") and said in msg and "Fix:" in msg, msg
+    assert info.value.__cause__ is not None  # raised from torch's own failure

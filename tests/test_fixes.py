@@ -13,9 +13,11 @@ import pytest
 import torch
 from scenarios import (
     LOAD_CONSTANT_FAILURE,
+    MALFORMED_NAMES_FAILURE,
     SAVE_CONSTANT_FAILURE,
     StockFailure,
     assert_fails_as,
+    export_names_malformed_flatten_names,
     save_and_load_opaque_constant,
 )
 from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor
@@ -168,6 +170,10 @@ def _expected_tensor_or_base(found: str) -> dict[tuple[int, int], StockFailure]:
 #: just that fix suspended: one StockFailure, or one per release where the
 #: message differs). Measured on torch 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
 NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[int, int], StockFailure]]] = {
+    "torch._subclasses.fake_tensor.get_plain_tensors": (
+        export_names_malformed_flatten_names,
+        MALFORMED_NAMES_FAILURE,
+    ),
     "torch.export.pt2_archive._package._package_constants": (  # 2.12
         save_and_load_opaque_constant,
         SAVE_CONSTANT_FAILURE,

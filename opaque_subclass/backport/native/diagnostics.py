@@ -1,4 +1,5 @@
-"""Named errors where native torch first walks a subclass input (torch 2.12 - 2.15).
+"""Named errors where torch first walks a subclass input (torch 2.12 - 2.15; the
+plain-tensor walk also on 2.11).
 
 torch 2.12+ handles opaque attributes itself, but an attribute that is neither
 a tensor nor a registered reference opaque (an ``int``, ``None``, an
@@ -20,9 +21,10 @@ from typing import Any
 
 from opaque_subclass.backport._machinery.hiding import source_name, validate_input
 from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.core.errors import OpaqueSubclassError
 from opaque_subclass.core.flatten import is_wrapper_subclass
 
-__all__ = ["symbolic_context_patch", "wrap_tensor_patch"]
+__all__ = ["plain_tensors_patch", "symbolic_context_patch", "wrap_tensor_patch"]
 
 
 def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -62,6 +64,45 @@ def make_symbolic_context(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(t, source, *args, **kwargs)
 
     return _create_symbolic_context_for_tensor
+
+
+def make_get_plain_tensors(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._subclasses.fake_tensor.get_plain_tensors`` (torch 2.11,
+    2.12, 2.13, 2.14 and 2.15: each release's own fingerprint), torch's walk of a subclass's inner
+    values, which ``torch._guards.detect_fake_mode`` runs on every input of
+    non-strict ``torch.export`` before anything else looks at them.
+
+    Without it, a subclass input whose ``__tensor_flatten__`` returns its names
+    as a set, a generator or ``None``, a name that is not a string, or a name
+    of a missing attribute fails inside torch (``TypeError: 'set' object is not
+    reversible``, ``AttributeError: 'MeshTensor' object has no attribute
+    '_nope'``), naming neither the method at fault nor a fix; torch 2.12+'s
+    native opaque attributes (pytorch/pytorch#176457) do not check these
+    either. With it, when
+    torch's walk raises, the library walks the same input and raises its
+    named error (the subclass, the path from ``input``, what was found, the
+    fix) *from* torch's. Diagnostic only: torch's function runs first and
+    unchanged, so a valid input costs one ``try`` block; nothing changes on a
+    compiled call.
+    """
+
+    def get_plain_tensors(subclass: Any, *, out: list[Any]) -> list[Any]:
+        try:
+            return original(subclass, out=out)  # type: ignore[no-any-return]  # torch's list
+        except Exception as error:
+            if is_wrapper_subclass(subclass):
+                try:
+                    validate_input(subclass, "input")
+                except (TypeError, ValueError, AttributeError, OpaqueSubclassError) as named:
+                    raise named from error
+            raise
+
+    return get_plain_tensors
+
+
+def plain_tensors_patch(fingerprint: str) -> Patch:
+    """The fix of torch's plain-tensor walk, for a release whose original has ``fingerprint``."""
+    return Patch("torch._subclasses.fake_tensor.get_plain_tensors", fingerprint, make_get_plain_tensors)
 
 
 def wrap_tensor_patch(fingerprint: str) -> Patch:

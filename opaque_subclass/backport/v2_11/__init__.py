@@ -1,6 +1,7 @@
 """The patch set for torch 2.11: one module per torch area."""
 
 from opaque_subclass.backport._machinery.patching import PatchSet
+from opaque_subclass.backport.native import diagnostics
 
 from . import aot_autograd, archive, distributed, dynamo, export, fake, parametrize, runtime
 
@@ -16,5 +17,8 @@ PATCH_SET = PatchSet(
         *archive.PATCHES,
         *parametrize.PATCHES,
         *distributed.PATCHES,
+        # torch's plain-tensor walk, as on the native releases: named errors for
+        # malformed flatten results under non-strict torch.export
+        diagnostics.plain_tensors_patch("4e95507881e5f3a0"),
     ]
 )

@@ -22,5 +22,6 @@ FIX_SET = PatchSet(
         autograd_cache.patch("b842f9aaedf60094"),
         diagnostics.wrap_tensor_patch("3e4cb5d422351e93"),
         diagnostics.symbolic_context_patch("98cb7c1802eb5fc7"),
+        diagnostics.plain_tensors_patch("fed2a3a6b7209de4"),
     ]
 )

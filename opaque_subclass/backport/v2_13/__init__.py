@@ -16,5 +16,6 @@ FIX_SET = PatchSet(
         autograd_cache.patch("746e13724b1aa10b"),
         diagnostics.wrap_tensor_patch("4d0013f630d40596"),
         diagnostics.symbolic_context_patch("98cb7c1802eb5fc7"),
+        diagnostics.plain_tensors_patch("9c9324c1b64f0c1b"),
     ]
 )

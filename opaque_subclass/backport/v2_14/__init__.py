@@ -23,5 +23,6 @@ FIX_SET = PatchSet(
         autograd_cache.patch("ec0906f362c21ef6"),
         diagnostics.wrap_tensor_patch("3f917c5075df5856"),
         diagnostics.symbolic_context_patch("342a3851b99d5c47"),
+        diagnostics.plain_tensors_patch("7778f151d889482b"),
     ]
 )

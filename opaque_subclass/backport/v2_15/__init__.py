@@ -14,5 +14,6 @@ FIX_SET = PatchSet(
         autograd_cache.patch("26aa5a210e4eaa85"),
         diagnostics.wrap_tensor_patch("3f917c5075df5856"),
         diagnostics.symbolic_context_patch("20b9804df638b119"),
+        diagnostics.plain_tensors_patch("7778f151d889482b"),
     ]
 )
