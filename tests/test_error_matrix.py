@@ -525,37 +525,11 @@ _SILENT_REBUILD = (
     "runs flatten_subclass) never compare a rebuilt level's shape and dtype with the "
     "instance's; only the Dynamo and non-strict export entry points do (flatten.check_levels)"
 )
-_NO_TENSOR = {
-    "silent": "silent: the walk accepts a level that lists no tensor attribute",
-    "compile": (
-        "the walk accepts a level that lists no tensor attribute and fake-tensor conversion "
-        "fails on it: 2.11 AssertionError 'got mixed fake and real tensors!' (the backport's "
-        "fake.is_fake), 2.12+ InternalTorchDynamoError '`tensor` needs to be a `FakeTensor`"
-        "wrapped by this instance of Dynamo' (torch/_dynamo/variables/builder.py)"
-    ),
-    "export": (
-        "the walk accepts a level that lists no tensor attribute: 2.11 fails in fake-tensor "
-        "conversion (IndexError 'list index out of range' in torch/_subclasses/fake_tensor.py, "
-        "or AssertionError 'got mixed fake and real tensors!'), 2.12+ exports silently"
-    ),
-}
-_NO_TENSOR_BY_ROUTE = {
-    "api": "silent",
-    "parametrize": "silent",
-    "aot_eager": "compile",
-    "inductor": "compile",
-    "export": "export",
-}
 GAPS: dict[tuple[str, str], str] = {
     **{
         (case, route): _SILENT_REBUILD
         for case in ("unflatten-dtype", "unflatten-shape", "nested-unflatten-dtype", "nested-unflatten-shape")
         for route in ("api", "parametrize")
-    },
-    **{
-        (case, route): _NO_TENSOR[kind]
-        for case in ("names-empty", "names-opaque-only")
-        for route, kind in _NO_TENSOR_BY_ROUTE.items()
     },
 }
 

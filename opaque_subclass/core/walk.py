@@ -203,6 +203,14 @@ def read_level(t: torch.Tensor, path: str = "x", *, strict: bool = True) -> Leve
         else:
             kind = "other"
         attrs.append(Attr(name, inner_path, kind, value))
+    if strict and not any(a.kind != "opaque" for a in attrs):
+        raise TypeError(
+            f"{type(t).__qualname__}.__tensor_flatten__() at {path!r} lists no tensor attribute "
+            f"(names {list(names)!r}); a traceable wrapper subclass needs at least one inner tensor, "
+            "from which torch builds its fake and functional copies while tracing. Fix: keep the "
+            f"data in a tensor attribute set in __new__ and list it first, e.g. "
+            f"`return ['_data', *{list(names)!r}], ctx`."
+        )
     return Level(t, path, ctx, tuple(attrs))
 
 
