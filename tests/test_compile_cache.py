@@ -7,20 +7,31 @@ call with distinct meshes (both outputs carried the first mesh). The native
 fix (``opaque_subclass.backport.native.autograd_cache``) keys the sharing
 pattern. Each test uses its own fresh cache directory; no cache is turned off.
 On torch 2.11 the backport's graphs are not affected: the same checks run there.
+
+The second half covers ``OpaqueSubclass._stable_hash_for_caching``, the part of
+AOTAutograd's cache key torch (2.12 - 2.15) asks a subclass input for: a program
+compiled in one process is reused by a fresh one passing other opaque objects,
+the hash changes with everything the program depends on and never with an
+opaque's identity, and it is the same in every process. The children import
+this module (``tests/`` is on their path) and print one JSON line.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 import opaque_subclass as osc
+from opaque_subclass import OpaqueBase, OpaqueSubclass
 from opaque_subclass._versions import current
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,3 +121,253 @@ def test_no_opaque_keeps_torchs_key():
     again = sharing_key([MeshTensor(torch.ones(2), Mesh("x")), MeshTensor(torch.ones(2), Mesh("y"))])
     assert shared != distinct and distinct == again  # the pattern, not the objects
     assert current().mode in ("native", "backport")
+
+
+# ------------------------------------------------------- OpaqueSubclass._stable_hash_for_caching
+
+NATIVE = osc.support().mode == "native"
+WARNING = "does not implement _stable_hash_for_caching"
+
+
+class CacheMesh(OpaqueBase):
+    """A reference opaque standing in for a DeviceMesh."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"CacheMesh({self.name!r})"
+
+
+osc.register_opaque(CacheMesh)
+
+
+class CacheTensor(OpaqueSubclass):
+    tensor_attrs = ("_data",)
+    opaque_attrs = {"_mesh": CacheMesh}
+    meta_attrs = ("_tag",)
+
+
+class TwinTensor(OpaqueSubclass):  # CacheTensor's declaration under another name
+    tensor_attrs = ("_data",)
+    opaque_attrs = {"_mesh": CacheMesh}
+    meta_attrs = ("_tag",)
+
+
+class NestedTensor(OpaqueSubclass):  # a CacheTensor inside
+    tensor_attrs = ("_inner",)
+    opaque_attrs = {"_mesh": CacheMesh}
+
+
+def _static(t: torch.Tensor) -> torch.Tensor:
+    return t * 2 + 1
+
+
+def _dynamic(t: torch.Tensor) -> torch.Tensor:
+    return t * 3 - 1
+
+
+def _hashes() -> dict[str, str]:
+    """The hashes the cross-process test compares (computed in each child)."""
+    tags = frozenset(f"placement-{i}" for i in range(8))  # iteration order follows hash(str)
+    return {
+        "a": CacheTensor(torch.ones(2), CacheMesh("a"), "t")._stable_hash_for_caching(),
+        "b": CacheTensor(torch.ones(2), CacheMesh("b"), "t")._stable_hash_for_caching(),
+        "set": CacheTensor(torch.ones(2), CacheMesh("a"), tags)._stable_hash_for_caching(),
+        "nested": NestedTensor(
+            CacheTensor(torch.ones(2), CacheMesh("i"), "t"), CacheMesh("o")
+        )._stable_hash_for_caching(),
+        "set_order": ",".join(tags),
+    }
+
+
+def _child() -> None:
+    """A child process: ``hash`` prints :func:`_hashes`; ``compile NAME SIZE
+    [no-method]`` calls a static and a dynamic-shape compiled program on
+    ``CacheTensor``s holding ``CacheMesh(NAME)`` and prints, per program, the
+    change of AOTAutograd's cache counters and whether the output carries this
+    process's mesh; plus how often torch asked for the hash and every warning
+    or log record that names the method."""
+    import logging
+    import warnings
+
+    from torch._dynamo.utils import counters
+
+    if sys.argv[1] == "hash":
+        _ = [object() for _ in range(int(os.environ["PYTHONHASHSEED"]) * 1000)]  # other id()s
+        print(json.dumps(_hashes()))
+        return
+    name, size, *flags = sys.argv[2:]
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    for logger in (logging.getLogger(), logging.getLogger("torch")):
+        logger.addHandler(Keep(logging.WARNING))
+    calls = [0]
+    if "no-method" in flags:  # stock torch's default hash
+        del OpaqueSubclass._stable_hash_for_caching
+    else:
+        method = OpaqueSubclass._stable_hash_for_caching
+
+        def counted(self: OpaqueSubclass) -> str:
+            calls[0] += 1
+            return method(self)
+
+        OpaqueSubclass._stable_hash_for_caching = counted  # type: ignore[method-assign]
+    report: dict[str, Any] = {"mode": osc.support().mode, "torch": torch.__version__}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for label, fn, n, dynamic in (("static", _static, 2, None), ("dynamic", _dynamic, int(size), True)):
+            mesh = CacheMesh(name)
+            before = dict(counters["aot_autograd"])
+            out = torch.compile(fn, backend="inductor", fullgraph=True, dynamic=dynamic)(
+                CacheTensor(torch.ones(n), mesh, "t")
+            )
+            after = counters["aot_autograd"]
+            report[label] = {
+                "cache": {
+                    k: after[f"autograd_cache_{k}"] - before.get(f"autograd_cache_{k}", 0)
+                    for k in ("hit", "miss", "bypass", "saved")
+                },
+                "own_mesh": type(out) is CacheTensor and out._mesh is mesh,
+                "values_ok": torch.equal(out._data, fn(torch.ones(n))),
+            }
+    report["asked"] = calls[0]
+    report["warnings"] = [m for m in [str(w.message) for w in caught] + seen if "_stable_hash_for_caching" in m]
+    print(json.dumps(report))
+
+
+def _spawn(*args: str, cache_dir: Path, seed: str) -> dict[str, Any]:
+    """Runs :func:`_child` with ``args`` in a fresh interpreter (its own
+    ``PYTHONHASHSEED``) and returns the JSON line it printed."""
+    env = {
+        **os.environ,
+        "PYTHONHASHSEED": seed,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", "import test_compile_cache; test_compile_cache._child()", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr[-5000:]
+    if "no-method" not in args:
+        assert WARNING not in out.stderr, out.stderr[-5000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# Changes of AOTAutograd's cache counters for one compiled program.
+HIT = {"hit": 1, "miss": 0, "bypass": 0, "saved": 0}
+SAVED = {"hit": 0, "miss": 1, "bypass": 0, "saved": 1}  # a miss: compiled, then saved
+BYPASSED = {"hit": 0, "miss": 0, "bypass": 1, "saved": 0}
+
+
+def test_a_fresh_process_reuses_the_program_with_its_own_mesh(tmp_path):
+    """Process A compiles and saves; process B, with other meshes (and for
+    the dynamic program another size), loads both programs from the cache,
+    and its outputs carry its own mesh. torch asks for the hash, and nothing
+    warns that the method is missing."""
+    a = _spawn("compile", "a", "4", cache_dir=tmp_path, seed="1")
+    b = _spawn("compile", "b", "6", cache_dir=tmp_path, seed="2")
+    for report in (a, b):
+        assert report["warnings"] == [], report
+        for label in ("static", "dynamic"):
+            assert report[label]["own_mesh"] and report[label]["values_ok"], report
+    if NATIVE:
+        assert a["static"]["cache"] == SAVED and a["dynamic"]["cache"] == SAVED, a
+        assert b["static"]["cache"] == HIT and b["dynamic"]["cache"] == HIT, b
+        assert a["asked"] >= 2 and b["asked"] >= 2, (a, b)
+        return
+    # torch 2.11 (backport): torch never asks for the hash; its key pickles each
+    # input's attributes, the opaque by value, so CacheMesh("b") misses where a
+    # new CacheMesh("a") hits; and its key cannot pickle symbolic sizes, so the
+    # dynamic program bypasses AOTAutograd's cache.
+    assert a["asked"] == b["asked"] == 0, (a, b)
+    assert a["static"]["cache"] == SAVED and b["static"]["cache"] == SAVED, (a, b)
+    assert a["dynamic"]["cache"] == b["dynamic"]["cache"] == BYPASSED, (a, b)
+    c = _spawn("compile", "a", "6", cache_dir=tmp_path, seed="3")
+    assert c["static"]["cache"] == HIT and c["static"]["own_mesh"] and c["asked"] == 0, c
+
+
+@pytest.mark.skipif(
+    not NATIVE,
+    reason=f"torch {torch.__version__} (backport mode): torch never asks for the hash, so removing it changes "
+    "nothing (test_a_fresh_process_reuses_the_program_with_its_own_mesh asserts it is never asked)",
+)
+def test_stock_torch_without_the_method(tmp_path):
+    """Negative control: with the method deleted, torch hashes the flatten
+    output itself. Measured on 2.12 - 2.15: it warns in every process, reuses
+    the static program all the same, and bypasses its cache for the dynamic
+    one (its default hash pickles the symbolic sizes and fails)."""
+    a = _spawn("compile", "a", "4", "no-method", cache_dir=tmp_path, seed="1")
+    b = _spawn("compile", "b", "6", "no-method", cache_dir=tmp_path, seed="2")
+    for report in (a, b):
+        assert report["asked"] == 0, report
+        assert len(report["warnings"]) == 1 and report["warnings"][0].startswith("CacheTensor " + WARNING), report
+        assert report["dynamic"]["cache"] == BYPASSED, report
+        assert report["static"]["own_mesh"] and report["dynamic"]["own_mesh"], report
+    assert a["static"]["cache"] == SAVED and b["static"]["cache"] == HIT, (a, b)
+
+
+def test_the_hash_is_the_same_in_every_process(tmp_path):
+    """Two interpreters with different hash seeds (and different id()s) compute
+    the same hashes, including for a frozenset of strings in the context,
+    whose iteration order does differ between them."""
+    one = _spawn("hash", cache_dir=tmp_path, seed="1")
+    two = _spawn("hash", cache_dir=tmp_path, seed="2")
+    assert one.pop("set_order") != two.pop("set_order")  # the seeds do reorder the set
+    assert one == two
+    assert one["a"] == one["b"]  # the opaque object is not part of it
+
+
+def _mesh_tensor(**overrides: Any) -> CacheTensor:
+    values: dict[str, Any] = {"_data": torch.ones(2, 3), "_mesh": CacheMesh("m"), "_tag": "t"}
+    values.update(overrides)
+    return CacheTensor(**values)
+
+
+def test_the_opaque_object_is_not_hashed():
+    base = _mesh_tensor()._stable_hash_for_caching()
+    assert isinstance(base, str) and len(base) == 32
+    assert _mesh_tensor(_mesh=CacheMesh("other"))._stable_hash_for_caching() == base
+    shared = CacheMesh("s")
+    nested = NestedTensor(_mesh_tensor(_mesh=shared), shared)._stable_hash_for_caching()
+    assert NestedTensor(_mesh_tensor(), CacheMesh("o"))._stable_hash_for_caching() == nested
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        pytest.param(lambda: _mesh_tensor(_tag="u"), id="metadata"),
+        pytest.param(lambda: _mesh_tensor(_tag=("t",)), id="metadata-type"),
+        pytest.param(lambda: _mesh_tensor(_data=torch.ones(2, 3, dtype=torch.float64)), id="dtype"),
+        pytest.param(lambda: _mesh_tensor(_data=torch.ones(3, 2)), id="shape"),
+        pytest.param(lambda: _mesh_tensor(_data=torch.ones(3, 2).t()), id="stride"),
+        pytest.param(
+            lambda: CacheTensor(torch.ones(2, 3), CacheMesh("m"), "t", requires_grad=True), id="requires_grad"
+        ),
+        pytest.param(lambda: CacheTensor(torch.ones(2, 3), CacheMesh("m"), "t", outer_size=(4, 3)), id="outer-size"),
+        pytest.param(lambda: TwinTensor(torch.ones(2, 3), CacheMesh("m"), "t"), id="class"),
+    ],
+)
+def test_the_hash_changes_with_what_the_program_depends_on(other):
+    assert other()._stable_hash_for_caching() != _mesh_tensor()._stable_hash_for_caching()
+
+
+def test_the_hash_changes_with_a_nested_subclass_and_the_library_version(monkeypatch):
+    inner = NestedTensor(_mesh_tensor(), CacheMesh("o"))._stable_hash_for_caching()
+    assert NestedTensor(_mesh_tensor(_tag="u"), CacheMesh("o"))._stable_hash_for_caching() != inner
+    base = _mesh_tensor()._stable_hash_for_caching()
+    monkeypatch.setattr("opaque_subclass.authoring.base.LIBRARY_VERSION", "0.0.0-other")
+    assert _mesh_tensor()._stable_hash_for_caching() != base
+
+
+def test_an_unpicklable_context_raises_so_torch_bypasses():
+    with pytest.raises((pickle.PicklingError, TypeError, AttributeError)):
+        _mesh_tensor(_tag=lambda: None)._stable_hash_for_caching()

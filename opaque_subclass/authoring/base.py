@@ -21,15 +21,20 @@ of opaque classes may be left to the first instance, with
 
 from __future__ import annotations
 
+import hashlib
 import keyword
+import pickle
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
 
-from opaque_subclass.core.errors import describe_type, import_fix, qualified_name
+from opaque_subclass._versions import LIBRARY_VERSION
+from opaque_subclass.authoring.dispatch import dispatch
+from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, import_fix, qualified_name
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of, register_opaque
+from opaque_subclass.core.walk import Attr, walk
 
 __all__ = ["OpaqueSubclass"]
 
@@ -225,7 +230,7 @@ class OpaqueSubclass(torch.Tensor):
         size = tuple(first.shape) if outer_size is None else tuple(outer_size)
         if outer_stride is None:
             outer_stride = first.stride() if outer_size is None else _contiguous_strides(size)
-        r = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]  # private constructor
+        r = torch.Tensor._make_wrapper_subclass(
             cls,
             size,
             strides=tuple(outer_stride),
@@ -322,11 +327,24 @@ class OpaqueSubclass(torch.Tensor):
         """A new instance with the given inner tensors and this instance's opaques
         and metadata; the default dispatch rule rewraps results with it.
 
+        ``tensors`` must name every attribute of ``tensor_attrs``, each a tensor,
+        and nothing else: opaques and metadata always come from ``self`` (an op
+        rule that leaves an inner tensor unchanged passes the instance's own,
+        ``_scale=x._scale``). Anything else raises
+        :class:`~opaque_subclass.OpaqueSubclassError` naming the missing, extra
+        or non-tensor entries, not ``TypeError``: inside a Python operator
+        (``x * 2``) torch turns a ``TypeError`` into ``NotImplemented``, and the
+        mistake would surface only as ``unsupported operand type(s)``.
+
         The default outer size and stride are the first inner tensor's; a
         subclass whose outer shape differs from its inner tensors' (a sharded
         tensor) overrides this to compute its own.
         """
         cls = type(self)
+        if len(tensors) != len(cls.tensor_attrs) or not all(
+            isinstance(tensors.get(name), torch.Tensor) for name in cls.tensor_attrs
+        ):
+            raise _wrap_like_error(cls, tensors)
         named: dict[str, Any] = dict(tensors)
         for name in (*cls.opaque_attrs, *cls.meta_attrs):
             named[name] = getattr(self, name)
@@ -348,7 +366,8 @@ class OpaqueSubclass(torch.Tensor):
             return cls(_trusted=True, _none=none, **sizes, **named)
         return cls(_trusted=True, **sizes, **named)
 
-    def __repr__(self) -> str:  # never reads tensor data: safe under fake tensors and tracing
+    # Never reads tensor data: safe under fake tensors and tracing.
+    def __repr__(self) -> str:  # type: ignore[override]  # Tensor's takes tensor_contents=, the data this never shows
         cls = type(self)
         parts = [f"shape={tuple(self.shape)}", f"dtype={self.dtype}"]
         for name in cls.opaque_attrs:
@@ -358,6 +377,66 @@ class OpaqueSubclass(torch.Tensor):
         if self.requires_grad:
             parts.append("requires_grad=True")
         return f"{cls.__qualname__}({', '.join(parts)})"
+
+    # ------------------------------------------------------------------ compile caches
+
+    def _stable_hash_for_caching(self) -> str:
+        """This input's part of the key of AOTAutograd's on-disk cache (torch >= 2.12).
+
+        torch asks a subclass input for this hash when it builds the cache key
+        of a compiled program (``AOTAutogradCachePickler`` in
+        ``torch/_functorch/_aot_autograd/autograd_cache.py``). Without it torch
+        warns ``<Class> does not implement _stable_hash_for_caching`` and hashes
+        the flatten output itself (outer shape, ``requires_grad``, the context,
+        each inner tensor's metadata, each opaque's class name). Measured on
+        2.12 - 2.15: a program with static shapes is reused all the same, but
+        one with symbolic sizes is never cached, because that hash pickles the
+        sizes with plain ``pickle``, which fails on a ``SymInt`` (torch logs
+        ``Bypassing autograd cache due to: Failed to pickle cache key``).
+        torch 2.11 never asks (its key pickles each input's attributes, opaques
+        by value).
+
+        Hashed, for this instance and every subclass nested in it (in walk
+        order, by attribute path): the qualified class name and the flatten
+        context (the metadata torch.compile specializes on) of each subclass;
+        the size, stride, dtype, device, layout, ``requires_grad`` and
+        conj/neg/inference flags of each subclass and inner tensor (symbolic
+        sizes as their symbols); the qualified class name of each opaque; and
+        the library's version (its dispatch and rewrap code is traced into the
+        program). Never an opaque's identity or value: an opaque is a graph
+        input and one program serves every object of its class; which inputs
+        share one opaque is keyed separately
+        (:mod:`opaque_subclass.backport.native.autograd_cache`). Nothing hashed
+        depends on ``id()`` or ``hash()``, so every process computes the same
+        key: a set or frozenset anywhere in a context is written with its
+        elements sorted (its own order follows ``hash()``, which for strings
+        differs per process). A context that cannot be pickled raises
+        ``pickle.PicklingError``, ``TypeError`` or ``AttributeError``, on which
+        torch bypasses its cache for the program.
+        """
+        import io
+
+        class SetsSorted(pickle._Pickler):  # the Python pickler: asks reducer_override for every object
+            def reducer_override(self, obj: Any) -> Any:
+                if isinstance(obj, (set, frozenset)):
+                    return type(obj), (sorted(obj, key=dumps),)
+                return NotImplemented
+
+        def dumps(value: Any) -> bytes:
+            stream = io.BytesIO()
+            SetsSorted(stream, 4).dump(value)
+            return stream.getvalue()
+
+        parts: list[tuple[Any, ...]] = [("opaque-subclass", LIBRARY_VERSION)]
+        for path, slot in walk(self):
+            if not isinstance(slot, Attr):  # a Level: a subclass, this one first
+                owner = slot.owner
+                parts.append((path, qualified_name(type(owner)), _tensor_key(owner), dumps(slot.ctx)))
+            elif slot.kind == "opaque":
+                parts.append((path, "opaque", qualified_name(opaque_type_of(slot.value))))
+            else:
+                parts.append((path, "tensor", _tensor_key(slot.value)))
+        return hashlib.blake2b(pickle.dumps(parts, 4), digest_size=16).hexdigest()
 
     # ------------------------------------------------------------------ dispatch
 
@@ -380,8 +459,9 @@ class OpaqueSubclass(torch.Tensor):
         return register
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        from opaque_subclass.authoring.dispatch import dispatch
+    def __torch_dispatch__(  # type: ignore[override]  # Tensor declares its disabled default as a plain function
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
 
         return dispatch(cls, func, args, kwargs or {})
 
@@ -394,11 +474,56 @@ def _make_init_exportable() -> None:
         from torch._export.wrappers import mark_subclass_constructor_exportable_experimental
     except ImportError:  # pragma: no cover - every supported torch has it
         return
+    from torch._compile import _disable_dynamo
+
     init = mark_subclass_constructor_exportable_experimental(OpaqueSubclass.__init__)
-    OpaqueSubclass.__init__ = torch._disable_dynamo(init)  # type: ignore[method-assign]  # decorated once at import
+    OpaqueSubclass.__init__ = _disable_dynamo(init)  # type: ignore[method-assign]  # decorated once at import
 
 
 _make_init_exportable()
+
+
+def _wrap_like_error(cls: Any, tensors: Mapping[str, Any]) -> OpaqueSubclassError:
+    """The error for ``wrap_like(**tensors)`` on ``cls`` with names other than
+    exactly ``tensor_attrs``, or a value that is not a tensor."""
+    missing = [n for n in cls.tensor_attrs if n not in tensors]
+    problems = [f"missing {', '.join(map(repr, missing))}"] if missing else []
+    for name, value in tensors.items():
+        if name in cls.tensor_attrs:
+            if not isinstance(value, torch.Tensor):
+                problems.append(f"{name!r} is {describe_type(value)}, not a tensor")
+        elif name in cls.opaque_attrs:
+            problems.append(f"{name!r} is an opaque attribute (the result keeps the instance's)")
+        elif name in cls.meta_attrs:
+            problems.append(f"{name!r} is metadata (the result keeps the instance's)")
+        else:
+            problems.append(f"{name!r} is not an attribute of {cls.__qualname__}")
+    given = ", ".join(f"{n}={describe_type(v)}" for n, v in tensors.items()) or "no arguments"
+    fix = f"x.wrap_like({', '.join(f'{n}=x.{n}' for n in cls.tensor_attrs)})"
+    return OpaqueSubclassError(
+        f"{qualified_name(cls)}.wrap_like() takes exactly the inner tensors of tensor_attrs "
+        f"({', '.join(map(repr, cls.tensor_attrs))}), each a tensor; opaques and metadata come from "
+        f"the instance. It got {given}: {'; '.join(problems)}. Fix: pass every inner tensor, the "
+        f"instance's own where the op leaves it unchanged, e.g. `{fix}` with x the "
+        f"{cls.__qualname__} (and the op's results in place of the tensors it computes). To change an "
+        f"opaque or metadata, build a new {cls.__qualname__}(...) instead."
+    )
+
+
+def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """What a compiled program depends on of one tensor, as text: never its data,
+    storage or identity. A symbolic size is its symbol (``s0``)."""
+    return (
+        tuple(str(s) for s in t.shape),
+        tuple(str(s) for s in t.stride()) if t.layout == torch.strided else (),
+        str(t.dtype),
+        str(t.device),
+        str(t.layout),
+        t.requires_grad,
+        t.is_conj(),
+        t.is_neg(),
+        t.is_inference(),
+    )
 
 
 def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
@@ -414,14 +539,14 @@ class _FromInner(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx: Any, cls: Any, others: dict[str, Any], outer_size: Any, outer_stride: Any, *tensors: torch.Tensor
-    ) -> Any:  # type: ignore[override]
+    ) -> Any:
         named = dict(zip(cls.tensor_attrs, (t.detach() for t in tensors)))
         named.update(others)
         ctx.tensor_attrs = cls.tensor_attrs
         return cls(outer_size=outer_size, outer_stride=outer_stride, **named)
 
     @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+    def backward(ctx: Any, grad: Any) -> Any:
         grads = (
             tuple(getattr(grad, n) for n in ctx.tensor_attrs)
             if isinstance(grad, OpaqueSubclass)
