@@ -53,6 +53,27 @@ def test_bad_declarations_fail_at_class_definition(body, message):
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize("value_type, value", [(int, 4), (str, "fp8"), (torch.dtype, torch.float16)])
+def test_a_plain_value_type_in_opaque_attrs_suggests_meta_attrs(value_type, value):
+    """int, str or a torch value type cannot be registered as an opaque (register_opaque
+    refuses them), so the fix is metadata; the fix runs as written."""
+    with pytest.raises(TypeError) as info:
+        type("Bad", (OpaqueSubclass,), {"tensor_attrs": ("_d",), "opaque_attrs": {"_n": value_type}})
+    msg = str(info.value)
+    assert f"opaque_attrs['_n'] is {value_type.__module__}.{value_type.__qualname__}, a plain value type" in msg
+    assert "Fix: declare '_n' in meta_attrs" in msg and "register_opaque(" not in msg, msg
+    fixed = type("Fixed", (OpaqueSubclass,), {"tensor_attrs": ("_d",), "meta_attrs": ("_n",)})
+    x = fixed(torch.ones(2), value)
+    assert x._n == value and osc.flatten_subclass(x)[1].meta == (value,)
+
+
+def test_a_tensor_class_in_opaque_attrs_suggests_tensor_attrs():
+    with pytest.raises(
+        TypeError, match=r"opaque_attrs\['_t'\] is torch\.Tensor, a tensor class\. Fix: declare '_t' in tensor_attrs"
+    ):
+        type("Bad", (OpaqueSubclass,), {"tensor_attrs": ("_d",), "opaque_attrs": {"_t": torch.Tensor}})
+
+
 def test_flatten_protocol_and_round_trip():
     m = Mesh("a")
     x = Tagged(torch.arange(3.0), m, "t")
