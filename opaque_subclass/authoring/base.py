@@ -184,21 +184,6 @@ class OpaqueSubclass(torch.Tensor):
                     "flatten context), or wrap the value in a class registered with "
                     "opaque_subclass.register_opaque if its identity must travel as a graph input",
                 )
-            if issubclass(opaque_cls, torch.Tensor):
-                raise _declaration_error(
-                    cls,
-                    f"opaque_attrs[{name!r}] is {qualified_name(opaque_cls)}, a tensor class. Fix: declare "
-                    f"{name!r} in tensor_attrs",
-                )
-            if opaque_cls.__module__ == "builtins" or is_torch_handled_type(opaque_cls):
-                raise _declaration_error(
-                    cls,
-                    f"opaque_attrs[{name!r}] is {qualified_name(opaque_cls)}, a plain value type that "
-                    "cannot be registered as an opaque (torch.compile compares such values and "
-                    f"specializes on them). Fix: declare {name!r} in meta_attrs (metadata, kept in the "
-                    "flatten context), or wrap the value in a class registered with "
-                    "opaque_subclass.register_opaque if its identity must travel as a graph input",
-                )
             kind = opaque_kind(opaque_cls)
             if kind == "value":
                 raise _declaration_error(
