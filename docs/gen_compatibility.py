@@ -12,10 +12,12 @@ as data (their target names), nothing is applied.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling _pages module
+from _pages import write_or_check
 
 PAGE = Path(__file__).resolve().parent / "compatibility.md"
 # The table of this checkout, whatever copy of the package is installed.
@@ -60,19 +62,7 @@ def updated(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only check; exit 1 if out of date")
-    args = parser.parse_args(argv)
-    text = PAGE.read_text()
-    new = updated(text)
-    if args.check:
-        if new != text:
-            print(f"{PAGE} is out of date: run python docs/gen_compatibility.py", file=sys.stderr)
-            return 1
-        print(f"{PAGE.name} is up to date")
-        return 0
-    PAGE.write_text(new)
-    return 0
+    return write_or_check(PAGE, updated(PAGE.read_text()), __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ message shown depends on the release.
 
 from __future__ import annotations
 
-import argparse
-import difflib
 import os
 import sys
 import textwrap
@@ -31,6 +29,9 @@ import types
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling _pages module
+from _pages import write_or_check
 
 PAGE = Path(__file__).resolve().parent / "errors.md"
 ROOT = PAGE.parent.parent
@@ -1552,23 +1553,7 @@ def render(results: list[tuple[Group, list[Result]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only check; exit 1 with a diff if out of date")
-    args = parser.parse_args(argv)
-    new = render(run())
-    if args.check:
-        old = PAGE.read_text() if PAGE.exists() else ""
-        if new != old:
-            diff = difflib.unified_diff(
-                old.splitlines(keepends=True), new.splitlines(keepends=True), "docs/errors.md", "generated"
-            )
-            sys.stderr.write("".join(diff))
-            print(f"{PAGE} is out of date: run python docs/gen_errors.py", file=sys.stderr)
-            return 1
-        print(f"{PAGE.name} is up to date")
-        return 0
-    PAGE.write_text(new)
-    return 0
+    return write_or_check(PAGE, render(run()), __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":
