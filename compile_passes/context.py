@@ -12,9 +12,11 @@ opaque, any object without ``__eq__``) breaks both:
   groups; a spec dataclass comparing its other fields), a later call whose
   object is equal but different passes the guard and runs with the *old*
   object: outputs carry the mesh of the first call;
-* compared by identity, the guard fails on the very frame that created it and
-  torch stops with ``AssertionError: Guard failed on the same frame it was
-  created``.
+* compared by identity, the guard (a deep copy compared with ``==``) could
+  never pass: the library refuses the input where Dynamo meets it
+  (:func:`opaque_subclass.core.flatten.check_guardable_context`); stock torch
+  stops after tracing with ``AssertionError: Guard failed on the same frame it
+  was created``.
 
 The fix is to list the object among the flattened attributes, where it is a
 graph input and guarded by identity (an opaque attribute). This module finds
@@ -215,8 +217,9 @@ def context_findings(contexts: Iterable[tuple[str, type, Any]]) -> list[Finding]
             )
             if "identity" in item.reason:
                 consequence = (
-                    "torch.compile guards the context with ==, which for this object is identity: the guard fails "
-                    "on the frame that created it (AssertionError: Guard failed on the same frame it was created)"
+                    "torch.compile guards the context by comparing it with a deep copy, which for this object "
+                    "is never equal: the library refuses such an input where Dynamo meets it (stock torch "
+                    "fails after tracing with AssertionError: Guard failed on the same frame it was created)"
                 )
             else:
                 consequence = (

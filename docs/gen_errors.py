@@ -1331,6 +1331,15 @@ GROUPS: tuple[Group, ...] = (
 #: (where, exception type, why).
 LEFT_OUT: tuple[tuple[str, str, str], ...] = (
     (
+        "`core/flatten.py` (`check_guardable_context`)",
+        "TypeError",
+        "a flatten context not equal to its own deep copy (an object compared by identity in it): "
+        "raised only where Dynamo meets a subclass input under `torch.compile`, which this page does "
+        "not run. The message names the subclass, the object's path in the context "
+        "(`<context>[1]`), its type and the fix (list a registered opaque among the attributes, or "
+        "give the class value equality); tests/test_errors.py shows it under aot_eager and inductor.",
+    ),
+    (
         "`core/registry.py` (`_api`)",
         "RuntimeError",
         "`register_opaque` on a torch without opaque objects (before 2.11): only on an unsupported "

@@ -68,30 +68,42 @@ def test_mesh_in_a_context_spec_is_found_and_goes_stale():
     assert stale is a  # torch's behaviour, which the finding describes
 
 
-def test_identity_compared_object_in_context_explains_torch_guard_crash():
+def test_identity_compared_object_in_context_is_found_and_refused_before_tracing():
     handle = IdentityHandle()
-    report = cp.explain(lambda x: x + 1, ShardLike(torch.ones(2), ctx=(handle, 3)))
-    (finding,) = report.findings
+    x = ShardLike(torch.ones(2), ctx=(handle, 3))
+    # The lint, on the value itself.
+    (finding,) = cp.lint_contexts(x, "x")
     assert finding.path == "x.<context>[0]" and "compared by identity (its class defines no __eq__)" in finding.message
-    assert "Guard failed on the same frame it was created" in finding.message
+    assert "Guard failed on the same frame it was created" in finding.message  # what stock torch says
     assert "register_opaque(IdentityHandle)" in finding.fix
-    assert any("Guard failed on the same frame" in e for e in report.errors)  # torch's crash, recorded
+    # Compiled, the library refuses the input where Dynamo meets it (stock torch
+    # crashed after tracing), so no graph is linted: the report holds the error.
+    report = cp.explain(lambda x: x + 1, x)
+    assert report.findings == []
+    (error,) = report.errors
+    assert "ShardLike.__tensor_flatten__() at \"L['x']\" returns a flatten context whose <context>[0] holds " in error
+    assert "test_compile_lints.IdentityHandle, which is not equal to a copy of itself" in error and "Fix:" in error, (
+        error
+    )
 
 
 def test_nested_and_opaque_subclass_meta_attr():
-    inner = ShardLike(torch.ones(2), ctx=(Mesh("inner"),))
+    # Value-compared meshes (ValueMesh, == by layout as DeviceMesh's): compiled,
+    # traced, and linted in the graph. An identity-compared one is refused before
+    # tracing (test above).
+    inner = ShardLike(torch.ones(2), ctx=(ValueMesh(2, "inner"),))
     report = cp.explain(lambda x: x * 2, Outer(inner, ctx=None))
     assert [(f.code, f.path, f.subclass) for f in report.findings] == [
         ("OSC001", "x._data.<context>[0]", "subclasses.ShardLike")
     ]
-    meta = cp.explain(lambda x: x * 2, MeshInMeta(torch.ones(2), Mesh("m")))
+    meta = cp.explain(lambda x: x * 2, MeshInMeta(torch.ones(2), ValueMesh(2, "m")))
     (finding,) = meta.findings
     assert finding.path == "x.<context>[0]"
-    assert "declare '_mesh' in MeshInMeta.opaque_attrs = {'_mesh': Mesh}" in finding.fix
-    spec = cp.explain(lambda x: x * 2, MeshInMeta(torch.ones(2), ShardSpec(Mesh("m"), 0)))
+    assert "declare '_mesh' in MeshInMeta.opaque_attrs = {'_mesh': ValueMesh}" in finding.fix
+    spec = cp.explain(lambda x: x * 2, MeshInMeta(torch.ones(2), ShardSpec(ValueMesh(2, "m"), 0)))
     (finding,) = spec.findings
     assert finding.path == "x.<context>[0].mesh"
-    assert "take the Mesh out of the metadata attribute '_mesh'" in finding.fix
+    assert "take the ValueMesh out of the metadata attribute '_mesh'" in finding.fix
 
 
 def test_no_false_positives_on_opaque_attributes_and_value_contexts():

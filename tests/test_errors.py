@@ -329,3 +329,47 @@ def test_non_strict_export_names_a_malformed_flatten_result(names, said):
     msg = str(info.value)
     assert msg.startswith("Malformed.__tensor_flatten__()") and said in msg and "Fix:" in msg, msg
     assert info.value.__cause__ is not None  # raised from torch's own failure
+
+
+class _Handle:
+    """Compared by identity (no ``__eq__``)."""
+
+
+class _CtxHolder(MeshTensor):
+    """A MeshTensor that also keeps whatever its ``_ctx`` holds in the flatten context."""
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize(
+    "held, found, fix",
+    [
+        (lambda: Mesh("in-context"), "subclasses.Mesh", "list it among the attributes instead"),
+        (lambda: _Handle(), "test_errors._Handle", "give test_errors._Handle value equality"),
+    ],
+    ids=["registered-opaque", "plain-object"],
+)
+def test_compile_refuses_a_context_that_cannot_equal_its_copy(backend, held, found, fix):
+    """Dynamo guards the flatten context by comparing it with a deep copy: an
+    identity-compared object there made stock torch fail after tracing with
+    'Guard failed on the same frame it was created. This is a bug'."""
+    x = _CtxHolder(torch.ones(2), Mesh("attr"), ctx=(3, held()))
+    f = torch.compile(lambda t: t * 2, backend=backend, fullgraph=True)
+    with pytest.raises(torch._dynamo.exc.InternalTorchDynamoError, match=r"^TypeError: ") as info:
+        f(x)
+    msg = str(info.value)
+    assert "_CtxHolder.__tensor_flatten__() at \"L['t']\" returns a flatten context whose <context>[1] holds " in msg
+    assert f"{found}, which is not equal to a copy of itself" in msg and f"Fix: {fix}" in msg, msg
+
+
+def test_a_context_equal_to_its_copy_or_a_metadata_guard_compiles():
+    """No false positive: values, and a class that guards its context itself."""
+
+    class Guarded(_CtxHolder):
+        @classmethod
+        def __metadata_guard__(cls, original, current):
+            return len(original) == len(current)
+
+    f = torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)
+    mesh = Mesh("attr")
+    assert f(_CtxHolder(torch.ones(2), mesh, ctx=(3, "s", torch.float32)))._mesh is mesh
+    assert f(Guarded(torch.ones(2), mesh, ctx=(_Handle(),)))._mesh is mesh

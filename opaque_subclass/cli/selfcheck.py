@@ -202,14 +202,22 @@ def check_context_lint() -> str:
     # compile_passes stands on this package; the CLI, above both, imports it on use only.
     import compile_passes
 
-    report = compile_passes.explain(lambda x: x * 2, _ContextGroupTensor(torch.ones(2), _Group("ctx")))
-    codes = [(f.code, f.path) for f in report.findings]
+    x = _ContextGroupTensor(torch.ones(2), _Group("ctx"))
+    codes = [(f.code, f.path) for f in compile_passes.lint_contexts(x, "x")]
     if codes != [("OSC001", "x.<context>[0]")]:
         raise AssertionError(f"expected one OSC001 finding at x.<context>[0], got {codes}")
+    # Compiled, the input is refused where Dynamo meets it: the group is never
+    # equal to the deep copy torch's guard would compare it with.
+    report = compile_passes.explain(lambda x: x * 2, x)
+    if len(report.errors) != 1 or "_ContextGroupTensor.__tensor_flatten__()" not in report.errors[0]:
+        raise AssertionError(f"expected the library's error naming the subclass, got {report.errors}")
     clean = compile_passes.explain(lambda x: x * 2, _GroupTensor(torch.ones(2), _Group("attr")))
-    if clean.findings:
-        raise AssertionError(f"a group held as an attribute was reported: {clean.findings}")
-    return "a group kept in the flatten context is reported (OSC001 at x.<context>[0]); held as an attribute, nothing"
+    if clean.findings or clean.errors:
+        raise AssertionError(f"a group held as an attribute was reported: {clean.findings} {clean.errors}")
+    return (
+        "a group kept in the flatten context is reported (OSC001 at x.<context>[0]) and refused by "
+        "torch.compile with a named error; held as an attribute, nothing"
+    )
 
 
 CHECKS: dict[str, Callable[[], str]] = {

@@ -10,7 +10,8 @@ Unflattening is the spec's :func:`~opaque_subclass.core.spec.unflatten_checked`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from opaque_subclass.core.walk import Attr, Level, is_wrapper_subclass, read_lev
 
 __all__ = [
     "append_leaves",
+    "check_guardable_context",
     "create_subclass_meta",
     "describe",
     "flatten_subclass",
@@ -217,6 +219,67 @@ def _check_level(level: Level) -> None:
                 "outer_size/outer_stride and the dtype of the instance (torch.Tensor."
                 "_make_wrapper_subclass(cls, outer_size, strides=outer_stride, dtype=...))."
             )
+
+
+def check_guardable_context(level: Level) -> None:
+    """Check that the flatten context of ``level`` equals a deep copy of itself.
+
+    Dynamo guards a subclass input on its flatten context: it keeps a deep copy
+    and compares every later context with it by ``==`` (unless the class
+    defines ``__metadata_guard__``). An object in the context compared by
+    identity (its class defines no ``__eq__``, a mesh or a handle) is never
+    equal to its copy, and torch stops at once with "Guard failed on the same
+    frame it was created. This is a bug". Raises a ``TypeError`` naming the
+    subclass, the object's path in the context, its type and the fix. A context
+    that cannot be copied or compared is left to torch, which reports it.
+    """
+    owner, ctx = level.owner, level.ctx
+    if ctx is None or hasattr(owner, "__metadata_guard__"):
+        return
+    try:
+        if bool(copy.deepcopy(ctx) == ctx):
+            return
+        where, culprit = next(_unequal_to_copy(ctx, ""), ("", ctx))
+    except Exception:
+        return  # torch's own deepcopy or comparison fails too, and says so
+    cls = type(owner)
+    culprit_cls = opaque_type_of(culprit)
+    if opaque_kind(culprit_cls) == "reference":
+        fix = (
+            f"list it among the attributes instead: a registered reference opaque travels as a graph "
+            f"input, passed by identity (return [..., '<name>'] from {cls.__qualname__}.__tensor_flatten__ "
+            "and read it from the inner dict in __tensor_unflatten__)"
+        )
+    else:
+        fix = (
+            f"give {describe_type(culprit)} value equality (__eq__ and __hash__ over its state), or, if its "
+            "identity matters, register it with opaque_subclass.register_opaque(<class>) and list it among "
+            f"the attributes, or define __metadata_guard__ on {cls.__qualname__}"
+        )
+    raise TypeError(
+        f"{cls.__qualname__}.__tensor_flatten__() at {level.path!r} returns a flatten context whose "
+        f"<context>{where} holds {describe_type(culprit)}, which is not equal to a copy of itself (it "
+        "compares by identity). torch.compile guards the context by comparing it with a deep copy, so "
+        "that guard could never pass (torch: 'Guard failed on the same frame it was created'). "
+        f"Fix: {fix}."
+    )
+
+
+def _unequal_to_copy(ctx: Any, where: str) -> Iterator[tuple[str, Any]]:
+    """``(path, object)`` of the innermost parts of ``ctx`` unequal to their deep copy."""
+    if isinstance(ctx, (tuple, list)):
+        items: Iterator[tuple[str, Any]] = ((f"{where}[{i}]", v) for i, v in enumerate(ctx))
+    elif isinstance(ctx, dict):
+        items = ((f"{where}[{k!r}]", v) for k, v in ctx.items())
+    else:
+        items = iter(())
+    found = False
+    for path, value in items:
+        if not bool(copy.deepcopy(value) == value):
+            found = True
+            yield from _unequal_to_copy(value, path)
+    if not found:
+        yield where, ctx
 
 
 def unflatten_subclass(leaves: Sequence[Any], spec: SlotMeta, *, name: str = "x") -> Any:

@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, is_fake
 
-from opaque_subclass.core.flatten import check_levels
+from opaque_subclass.core.flatten import check_guardable_context, check_levels
 from opaque_subclass.core.registry import opaque_kind
 from opaque_subclass.core.walk import Level, is_wrapper_subclass, read_level, tensor_leaves, walk
 
@@ -102,15 +102,19 @@ def validate_attrs(t: object, path: str) -> None:
         pass
 
 
-def validate_input(t: object, path: str) -> None:
+def validate_input(t: object, path: str, *, guarded: bool = False) -> None:
     """Everything checked where torch first meets a subclass input while
     tracing: every level's attributes (the walk) and, for a real (not fake)
     input, that ``__tensor_unflatten__`` rebuilds it (:func:`~opaque_subclass.core.flatten.check_rebuild`),
-    from one walk."""
+    from one walk. ``guarded`` (Dynamo, which guards on flatten contexts): each
+    level's context also equals its deep copy
+    (:func:`~opaque_subclass.core.flatten.check_guardable_context`)."""
     levels: list[Level] = []
     first_leaf: Any = None
     for _, slot in walk(t, path):  # one read per level, validated
         if isinstance(slot, Level):
+            if guarded:
+                check_guardable_context(slot)
             levels.append(slot)
         elif first_leaf is None and slot.kind == "tensor":
             first_leaf = slot.value

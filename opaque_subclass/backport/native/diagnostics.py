@@ -41,7 +41,7 @@ def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def wrap_tensor(self: Any, value: Any) -> Any:
         if is_wrapper_subclass(value):
-            validate_input(value, source_name(self.source))
+            validate_input(value, source_name(self.source), guarded=True)
         return original(self, value)
 
     return wrap_tensor
