@@ -22,6 +22,7 @@ of opaque classes may be left to the first instance, with
 from __future__ import annotations
 
 import hashlib
+import io
 import keyword
 import pickle
 import threading
@@ -429,24 +430,11 @@ class OpaqueSubclass(torch.Tensor):
         ``pickle.PicklingError``, ``TypeError`` or ``AttributeError``, on which
         torch bypasses its cache for the program.
         """
-        import io
-
-        class SetsSorted(pickle._Pickler):  # the Python pickler: asks reducer_override for every object
-            def reducer_override(self, obj: Any) -> Any:
-                if isinstance(obj, (set, frozenset)):
-                    return type(obj), (sorted(obj, key=dumps),)
-                return NotImplemented
-
-        def dumps(value: Any) -> bytes:
-            stream = io.BytesIO()
-            SetsSorted(stream, 4).dump(value)
-            return stream.getvalue()
-
         parts: list[tuple[Any, ...]] = [("opaque-subclass", LIBRARY_VERSION)]
         for path, slot in walk(self):
             if not isinstance(slot, Attr):  # a Level: a subclass, this one first
                 owner = slot.owner
-                parts.append((path, qualified_name(type(owner)), _tensor_key(owner), dumps(slot.ctx)))
+                parts.append((path, qualified_name(type(owner)), _tensor_key(owner), _stable_dumps(slot.ctx)))
             elif slot.kind == "opaque":
                 parts.append((path, "opaque", qualified_name(opaque_type_of(slot.value))))
             else:
@@ -523,6 +511,23 @@ def _wrap_like_error(cls: Any, tensors: Mapping[str, Any]) -> OpaqueSubclassErro
         f"{cls.__qualname__} (and the op's results in place of the tensors it computes). To change an "
         f"opaque or metadata, build a new {cls.__qualname__}(...) instead."
     )
+
+
+class _SetsSortedPickler(pickle._Pickler):  # the Python pickler: asks reducer_override for every object
+    """Pickles sets and frozensets with their elements sorted (by their own
+    pickle), so the bytes do not follow ``hash()``, which differs per process."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (set, frozenset)):
+            return type(obj), (sorted(obj, key=_stable_dumps),)
+        return NotImplemented
+
+
+def _stable_dumps(value: Any) -> bytes:
+    """``pickle.dumps(value, 4)``, the same in every process (see :class:`_SetsSortedPickler`)."""
+    stream = io.BytesIO()
+    _SetsSortedPickler(stream, 4).dump(value)
+    return stream.getvalue()
 
 
 def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:

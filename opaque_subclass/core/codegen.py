@@ -31,7 +31,7 @@ from typing import Any
 from torch import Tensor
 
 from opaque_subclass.core.errors import describe_type, qualified_name
-from opaque_subclass.core.flatten import append_leaves
+from opaque_subclass.core.flatten import append_leaves, flat_width
 from opaque_subclass.core.spec import (
     PlainTensorMeta,
     SubclassCreationMeta,
@@ -266,7 +266,7 @@ class ArgumentsPlan:
 
     def __init__(self, metas: Sequence[Any]) -> None:
         self.metas = tuple(metas)
-        self.width = sum(m.arg_count if isinstance(m, SubclassCreationMeta) else 1 for m in self.metas)
+        self.width = flat_width(self.metas)
         self._unwrap: Callable[[Sequence[Any]], list[Any]] | None = None
         self._unwrap_symints: Callable[[Sequence[Any]], list[Any]] | None = None
         self._wrap: Callable[[Sequence[Any]], tuple[Any, ...]] | None = None

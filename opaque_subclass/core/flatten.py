@@ -256,10 +256,12 @@ def check_guardable_context(level: Level) -> None:
             "identity matters, register it with opaque_subclass.register_opaque(<class>) and list it among "
             f"the attributes, or define __metadata_guard__ on {cls.__qualname__}"
         )
+    eq: Any = type(culprit).__eq__
+    why = "it compares by identity" if eq is object.__eq__ else "its __eq__ says so"
     raise TypeError(
         f"{cls.__qualname__}.__tensor_flatten__() at {level.path!r} returns a flatten context whose "
-        f"<context>{where} holds {describe_type(culprit)}, which is not equal to a copy of itself (it "
-        "compares by identity). torch.compile guards the context by comparing it with a deep copy, so "
+        f"<context>{where} holds {describe_type(culprit)}, which is not equal to a copy of itself ({why}). "
+        "torch.compile guards the context by comparing it with a deep copy, so "
         "that guard could never pass (torch: 'Guard failed on the same frame it was created'). "
         f"Fix: {fix}."
     )
