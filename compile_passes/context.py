@@ -22,38 +22,28 @@ The fix is to list the object among the flattened attributes, where it is a
 graph input and guarded by identity (an opaque attribute). This module finds
 such objects at any depth: in the context itself, inside containers and
 objects in it (DTensor 2.11's ``DTensorSpec`` and PhysicsNeMo's ShardTensor
-spec hold the mesh), and in nested subclasses.
+spec hold the mesh), and in nested subclasses. It looks into a context with
+the core's walk (:func:`opaque_subclass.core.context.walk_context`), the one the
+input check uses, so both spell an object's path alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
-import types
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
 from opaque_subclass import OpaqueSubclass
+from opaque_subclass.core.context import PLAIN_TYPES, walk_context
 from opaque_subclass.core.errors import describe_type, import_fix, qualified_name
-from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
-from opaque_subclass.core.spec import iter_subclasses
+from opaque_subclass.core.walk import Level, walk
 
 from .findings import Finding, make
 
 __all__ = ["PLAIN_TYPES", "ContextItem", "context_findings", "lint_contexts", "reference_reason", "subclass_contexts"]
-
-_MAX_DEPTH = 8
-
-#: Values compared by value, and objects that are program constants by nature
-#: (classes, functions, modules): never reported, by this lint or the baked one.
-PLAIN_TYPES = (
-    type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis),
-    torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
-    enum.Enum, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType,
-)  # fmt: skip
 
 
 def _distributed_types() -> tuple[tuple[type, str], ...]:
@@ -100,30 +90,6 @@ def reference_reason(obj: object) -> str | None:
     return None
 
 
-def _children(obj: object) -> Iterator[tuple[str, Any]]:
-    """``(path suffix, value)`` of what an object in a context holds."""
-    if isinstance(obj, (tuple, list)):
-        for i, item in enumerate(obj):
-            yield f"[{i}]", item
-    elif isinstance(obj, dict):
-        for key, item in obj.items():
-            yield f"[{key!r}]", item
-    elif isinstance(obj, (set, frozenset)):
-        for item in obj:
-            yield "{...}", item
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield f".{f.name}", getattr(obj, f.name, None)
-    else:
-        state = getattr(obj, "__dict__", None)
-        if isinstance(state, dict):
-            for key, item in state.items():
-                yield f".{key}", item
-        for name in getattr(type(obj), "__slots__", ()):
-            if isinstance(name, str) and hasattr(obj, name) and name != "__dict__":
-                yield f".{name}", getattr(obj, name)
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class ContextItem:
     """A reference-like object found in a flatten context.
@@ -139,30 +105,21 @@ class ContextItem:
     holder: object | None
 
 
-def _scan(obj: object, path: str, holder: object | None, depth: int, seen: set[int]) -> Iterator[ContextItem]:
-    if depth > _MAX_DEPTH or id(obj) in seen:
-        return
-    why = reference_reason(obj)
-    if why is not None:
-        yield ContextItem(path, obj, why, holder)
-        return
-    if isinstance(obj, PLAIN_TYPES) or isinstance(obj, torch.Tensor):
-        return
-    seen.add(id(obj))
-    own_eq = not isinstance(obj, (tuple, list, dict, set, frozenset)) and type(obj).__eq__ is not object.__eq__
-    for suffix, child in _children(obj):
-        yield from _scan(child, path + suffix, obj if own_eq else holder, depth + 1, seen)
+def _scan(ctx: object) -> Iterator[ContextItem]:
+    """The reference-like objects in ``ctx``; the walk does not look inside them."""
+    for part in walk_context(ctx, descend=lambda obj: reference_reason(obj) is None):
+        why = reference_reason(part.obj)
+        if why is not None:
+            yield ContextItem(part.path, part.obj, why, part.holder)
 
 
 def subclass_contexts(value: object, name: str) -> Iterator[tuple[str, type, Any]]:
     """``(path, subclass, context)`` for ``value`` and every subclass nested in
     it, outermost first, from the library's flatten walk (``path`` is the
     instance's path). Nothing for a value that is not a traceable subclass."""
-    if not is_wrapper_subclass(value):
-        return
-    _, spec = flatten_subclass(value, name=name)  # type: ignore[arg-type]  # a tensor subclass instance
-    for path, meta in iter_subclasses(spec, name):
-        yield path, meta.subclass_type, meta.meta
+    for path, slot in walk(value, name):
+        if isinstance(slot, Level):
+            yield path, type(slot.owner), slot.ctx
 
 
 def _fix(cls: type, item: ContextItem, attr: str | None) -> str:
@@ -209,7 +166,7 @@ def context_findings(contexts: Iterable[tuple[str, type, Any]]) -> list[Finding]
     """OSC001 findings for ``(path, subclass, context)`` triples (:func:`subclass_contexts`)."""
     findings = []
     for path, cls, ctx in contexts:
-        for item in _scan(ctx, "", None, 0, set()):
+        for item in _scan(ctx):
             attr = _meta_attr(cls, item.path)
             where = f"{path}.<context>{item.path}"
             inside = (

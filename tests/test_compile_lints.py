@@ -87,6 +87,19 @@ def test_identity_compared_object_in_context_is_found_and_refused_before_tracing
     )
 
 
+def test_input_check_and_lint_name_the_same_object_inside_a_spec():
+    """The input check and the lint walk a context alike (core.context): with an
+    identity-compared handle inside a value-compared spec, both name the handle
+    at ``<context>[0].mesh``, not the spec, whose __eq__ is fine."""
+    x = ShardLike(torch.ones(2), ctx=(ShardSpec(IdentityHandle(), 0),))
+    (finding,) = cp.lint_contexts(x, "x")
+    assert finding.path == "x.<context>[0].mesh"
+    assert "inside a subclasses.ShardSpec whose == decides the guard" in finding.message
+    (error,) = cp.explain(lambda x: x + 1, x).errors
+    assert "returns a flatten context whose <context>[0].mesh holds test_compile_lints.IdentityHandle" in error, error
+    assert "Fix: give test_compile_lints.IdentityHandle value equality" in error, error
+
+
 def test_nested_and_opaque_subclass_meta_attr():
     # Value-compared meshes (ValueMesh, == by layout as DeviceMesh's): compiled,
     # traced, and linted in the graph. An identity-compared one is refused before

@@ -11,6 +11,7 @@ import torch
 from subclasses import Config, Mesh, MeshTensor, NotRegistered, ReturnsPlain, nested
 
 import opaque_subclass as osc
+from opaque_subclass.core.walk import leaves as walk_leaves
 
 
 def _broken(value):
@@ -109,9 +110,23 @@ class _BadUnflatten(MeshTensor):
         return inner["_data"]
 
 
+def _spec_and_leaves(x: torch.Tensor) -> tuple[list[object], object]:
+    """A spec and leaves made without flatten_subclass's rebuild check, to reach
+    the rebuild paths with a class that fails it."""
+    spec = osc.create_subclass_meta([x], count_symints=False)[0]
+    return walk_leaves(x), spec
+
+
+def test_flatten_refuses_unflatten_returning_wrong_type():
+    with pytest.raises(TypeError) as info:
+        osc.flatten_subclass(_BadUnflatten(torch.randn(2), Mesh()))
+    msg = str(info.value)
+    assert "_BadUnflatten.__tensor_unflatten__ (rebuilding 'x') returned torch.Tensor" in msg
+    assert "expected an instance of test_errors._BadUnflatten" in msg and "Fix:" in msg
+
+
 def test_unflatten_returning_wrong_type_generic_and_generated():
-    x = _BadUnflatten(torch.randn(2), Mesh())
-    leaves, spec = osc.flatten_subclass(x)
+    leaves, spec = _spec_and_leaves(_BadUnflatten(torch.randn(2), Mesh()))
     with pytest.raises(TypeError) as info:
         osc.unflatten_subclass(leaves, spec)
     msg = str(info.value)
@@ -123,7 +138,9 @@ def test_unflatten_returning_wrong_type_generic_and_generated():
 
 def test_nested_unflatten_wrong_type_names_inner_path():
     x = MeshTensor(_BadUnflatten(torch.randn(2), Mesh()), Mesh())
-    leaves, spec = osc.flatten_subclass(x)
+    with pytest.raises(TypeError, match="rebuilding 'x._data'"):
+        osc.flatten_subclass(x)
+    leaves, spec = _spec_and_leaves(x)
     with pytest.raises(TypeError, match="rebuilding 'x._data'"):
         osc.wrap_tensor_subclasses(leaves, subclass_metas=[spec], is_runtime=True)
 

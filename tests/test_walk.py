@@ -10,6 +10,7 @@ from subclasses import Mesh, MeshTensor
 
 import opaque_subclass as osc
 from opaque_subclass.backport._machinery.hiding import split_attrs, tensor_leaves, validate_input
+from opaque_subclass.core.context import MAX_DEPTH, unequal_to_copy, walk_context
 from opaque_subclass.core.flatten import check_rebuild
 from opaque_subclass.core.walk import Attr, Level, read_level, walk
 
@@ -141,3 +142,53 @@ def test_level_views():
     level = read_level(Counted(torch.ones(2), m), "p")
     assert isinstance(level, Level) and level.path == "p" and level.names == ("_data", "_mesh")
     assert [a.name for a in level.tensors()] == ["_data"] and level.opaques() == {"_mesh": m}
+
+
+# ------------------------------------------------------ the walk over a context
+
+
+def test_walk_context_paths_cycles_and_depth():
+
+    class Box:
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+    cyclic: list[object] = [1]
+    cyclic.append(cyclic)
+    parts = list(walk_context({"spec": Box(cyclic), "n": 3}))
+    assert [p.path for p in parts] == [
+        "",
+        "['spec']",
+        "['spec'].inner",
+        "['spec'].inner[0]",
+        "['spec'].inner[1]",
+        "['n']",
+    ]
+    assert parts[-2].obj is cyclic  # reached twice: yielded, not entered again
+    deep: object = "leaf"
+    for _ in range(MAX_DEPTH + 3):
+        deep = [deep]
+    assert max(p.path.count("[") for p in walk_context(deep)) == MAX_DEPTH
+    # descend=False keeps the walk out of an object, not from yielding it
+    assert [p.path for p in walk_context((Box(1),), descend=lambda o: not isinstance(o, Box))] == ["", "[0]"]
+
+
+def test_unequal_to_copy_finds_the_innermost_part():
+
+    class Handle:  # compared by identity
+        pass
+
+    class Spec:
+        def __init__(self, handle: object) -> None:
+            self.handle, self.dim = handle, 0
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Spec) and (other.handle, other.dim) == (self.handle, self.dim)
+
+        __hash__ = None  # type: ignore[assignment]
+
+    assert unequal_to_copy((1, "a", torch.float32)) is None
+    handle = Handle()
+    part = unequal_to_copy((1, {"spec": Spec(handle)}))
+    assert part is not None and part.path == "[1]['spec'].handle" and part.obj is handle
+    assert isinstance(part.holder, Spec)

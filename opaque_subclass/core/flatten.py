@@ -10,13 +10,13 @@ Unflattening is the spec's :func:`~opaque_subclass.core.spec.unflatten_checked`.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import is_fake as _is_fake_tensor
 
+from opaque_subclass.core.context import unequal_to_copy
 from opaque_subclass.core.errors import describe_type
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.spec import (
@@ -82,9 +82,11 @@ def _describe_level(
     count_symints: bool,
     with_memory_format: bool,
     leaves: list[Any] | None = None,
+    levels: list[Level] | None = None,
 ) -> SubclassCreationMeta:
     """The meta of one level (nested levels read once each); with ``leaves``,
-    the level's leaves are appended to it in the same pass."""
+    the level's leaves are appended to it in the same pass, and with
+    ``levels``, every level read (innermost first)."""
     attrs: dict[str, SlotMeta] = {}
     idx = start_idx
     is_fake: bool | None = None  # decided by the first tensor leaf, as torch decides it
@@ -98,6 +100,7 @@ def _describe_level(
                 count_symints=count_symints,
                 with_memory_format=with_memory_format,
                 leaves=leaves,
+                levels=levels,
             )
             idx += sub.arg_count
             if is_fake is None:
@@ -116,6 +119,8 @@ def _describe_level(
             if leaves is not None:
                 leaves.append(a.value)
         attrs[a.name] = sub
+    if levels is not None:
+        levels.append(level)
     x = level.owner
     return SubclassCreationMeta(
         flat_tensor_start_idx=start_idx,
@@ -171,6 +176,13 @@ def flatten_subclass(t: torch.Tensor, *, name: str = "x") -> tuple[list[Any], Sl
     leaves, spec
         ``leaves`` lists tensors and opaques in flat-slot order; opaques are the
         very objects held by ``t``. ``spec.unflatten(leaves)`` rebuilds ``t``.
+
+    Every level is validated by the walk, and rebuilt once from its own leaves
+    with its class's ``__tensor_unflatten__``, which must return an instance of
+    the class with ``t``'s shape and dtype (:func:`check_rebuild`): a spec that
+    would not rebuild ``t`` is refused here, naming the level, rather than
+    surfacing later as a silently different tensor. For the leaves alone, use
+    :func:`append_leaves`, which skips the rebuild.
     """
     if not isinstance(t, _Tensor):
         raise TypeError(
@@ -180,8 +192,12 @@ def flatten_subclass(t: torch.Tensor, *, name: str = "x") -> tuple[list[Any], Sl
     leaves: list[Any] = []
     if not is_wrapper_subclass(t):
         return [t], describe(t, 0, path=name)
-    # one walk: the spec and the leaves come from the same reads
-    spec = _describe_level(read_level(t, name), 0, None, count_symints=False, with_memory_format=False, leaves=leaves)
+    # one walk: the spec, the leaves and the rebuild check come from the same reads
+    levels: list[Level] = []
+    spec = _describe_level(
+        read_level(t, name), 0, None, count_symints=False, with_memory_format=False, leaves=leaves, levels=levels
+    )
+    check_levels(levels)
     return leaves, spec
 
 
@@ -211,6 +227,8 @@ def _check_level(level: Level) -> None:
     if not isinstance(result, cls):
         raise bad_unflatten_type(cls, result, path)
     for what in ("shape", "dtype"):
+        if what == "shape" and any(isinstance(s, torch.SymInt) for s in (*result.shape, *t.shape)):
+            continue  # comparing symbolic sizes would add guards; the traced program checks them
         if getattr(result, what) != getattr(t, what):
             raise TypeError(
                 f"{cls.__qualname__}.__tensor_unflatten__ (rebuilding {path!r}) returned a "
@@ -237,11 +255,12 @@ def check_guardable_context(level: Level) -> None:
     if ctx is None or hasattr(owner, "__metadata_guard__"):
         return
     try:
-        if bool(copy.deepcopy(ctx) == ctx):
-            return
-        where, culprit = next(_unequal_to_copy(ctx, ""), ("", ctx))
+        part = unequal_to_copy(ctx)
     except Exception:
         return  # torch's own deepcopy or comparison fails too, and says so
+    if part is None:
+        return
+    where, culprit = part.path, part.obj
     cls = type(owner)
     culprit_cls = opaque_type_of(culprit)
     if opaque_kind(culprit_cls) == "reference":
@@ -265,23 +284,6 @@ def check_guardable_context(level: Level) -> None:
         "that guard could never pass (torch: 'Guard failed on the same frame it was created'). "
         f"Fix: {fix}."
     )
-
-
-def _unequal_to_copy(ctx: Any, where: str) -> Iterator[tuple[str, Any]]:
-    """``(path, object)`` of the innermost parts of ``ctx`` unequal to their deep copy."""
-    if isinstance(ctx, (tuple, list)):
-        items: Iterator[tuple[str, Any]] = ((f"{where}[{i}]", v) for i, v in enumerate(ctx))
-    elif isinstance(ctx, dict):
-        items = ((f"{where}[{k!r}]", v) for k, v in ctx.items())
-    else:
-        items = iter(())
-    found = False
-    for path, value in items:
-        if not bool(copy.deepcopy(value) == value):
-            found = True
-            yield from _unequal_to_copy(value, path)
-    if not found:
-        yield where, ctx
 
 
 def unflatten_subclass(leaves: Sequence[Any], spec: SlotMeta, *, name: str = "x") -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
+from opaque_subclass.core.flatten import append_leaves, is_wrapper_subclass
 
 __all__ = ["untyped_storages"]
 
@@ -31,5 +31,6 @@ def untyped_storages(t: torch.Tensor) -> set[torch.UntypedStorage]:
         )
     if not is_wrapper_subclass(t):
         return {t.untyped_storage()}
-    leaves, _ = flatten_subclass(t)
+    leaves: list[object] = []
+    append_leaves(t, leaves, "t")
     return {leaf.untyped_storage() for leaf in leaves if isinstance(leaf, torch.Tensor)}

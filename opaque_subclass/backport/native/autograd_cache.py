@@ -14,11 +14,9 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
-
 from opaque_subclass.backport._machinery.patching import Patch
 from opaque_subclass.core.aliasing import opaque_alias_pattern
-from opaque_subclass.core.flatten import flatten_subclass
+from opaque_subclass.core.flatten import append_leaves
 
 __all__ = ["make_autograd_cache_key", "sharing_key"]
 
@@ -31,10 +29,7 @@ def sharing_key(example_inputs: Sequence[Any]) -> str | None:
     and which of them share one object; ``None`` when there is no opaque."""
     leaves: list[Any] = []
     for i, value in enumerate(example_inputs):
-        if isinstance(value, torch.Tensor):
-            leaves.extend(flatten_subclass(value, name=f"example_inputs[{i}]")[0])
-        else:
-            leaves.append(value)
+        append_leaves(value, leaves, f"example_inputs[{i}]")
     pattern = opaque_alias_pattern(leaves)
     if not pattern.slots:
         return None

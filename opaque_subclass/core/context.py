@@ -1,0 +1,150 @@
+"""The one walk over a flatten context (what ``__tensor_flatten__`` returns second).
+
+torch.compile treats a subclass's flatten context as a constant of the graph:
+Dynamo guards on it with ``==`` against a deep copy, AOTAutograd bakes it into
+the code that rebuilds outputs. Two things look inside a context for objects
+that break that: the input check that refuses a context that can never equal
+its copy (:func:`opaque_subclass.core.flatten.check_guardable_context`, via
+:func:`unequal_to_copy`) and the compile lint OSC001, which reports objects that
+stand for *this* object (a mesh, a process group, a registered reference
+opaque) wherever they sit (``compile_passes/context.py``, via
+:func:`walk_context`). Both go through :func:`children`, so they agree on what
+a context holds and spell the same path for it (``[0]``, ``['spec']``,
+``.mesh``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["MAX_DEPTH", "PLAIN_TYPES", "ContextPart", "children", "unequal_to_copy", "walk_context"]
+
+#: How deep the walk goes into nested containers and objects.
+MAX_DEPTH = 8
+
+#: Values compared by value, and objects that are program constants by nature
+#: (classes, functions, modules): the walk never looks inside them.
+PLAIN_TYPES = (
+    type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis),
+    torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
+    enum.Enum, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType,
+)  # fmt: skip
+
+_CONTAINERS = (tuple, list, dict, set, frozenset)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ContextPart:
+    """One object inside a flatten context.
+
+    ``path`` is its place relative to the context (``""`` for the context
+    itself, then ``[0]``, ``['spec']``, ``.mesh``, ``{...}`` for a set member);
+    ``holder`` is the innermost enclosing object with an ``__eq__`` of its own,
+    whose ``==`` decides a guard on the part, or ``None`` when only plain
+    containers enclose it.
+    """
+
+    path: str
+    obj: object
+    holder: object | None
+
+
+def children(obj: object) -> Iterator[tuple[str, Any]]:
+    """``(path suffix, value)`` of what ``obj`` holds: container items, dataclass
+    fields, or the instance ``__dict__`` and ``__slots__`` of any other object."""
+    if isinstance(obj, (tuple, list)):
+        for i, item in enumerate(obj):
+            yield f"[{i}]", item
+    elif isinstance(obj, dict):
+        for key, item in obj.items():
+            yield f"[{key!r}]", item
+    elif isinstance(obj, (set, frozenset)):
+        for item in obj:
+            yield "{...}", item
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield f".{f.name}", getattr(obj, f.name, None)
+    else:
+        state = getattr(obj, "__dict__", None)
+        if isinstance(state, dict):
+            for key, item in state.items():
+                yield f".{key}", item
+        for name in getattr(type(obj), "__slots__", ()):
+            if isinstance(name, str) and hasattr(obj, name) and name != "__dict__":
+                yield f".{name}", getattr(obj, name)
+
+
+def _may_look_inside(obj: object) -> bool:
+    """Whether the walk may look inside ``obj``."""
+    return not isinstance(obj, PLAIN_TYPES) and not isinstance(obj, torch.Tensor)
+
+
+def _holder_of(part: ContextPart) -> object | None:
+    """The holder of ``part``'s children: ``part.obj`` when its class has an
+    ``__eq__`` of its own, else ``part``'s holder."""
+    obj = part.obj
+    own_eq = not isinstance(obj, _CONTAINERS) and type(obj).__eq__ is not object.__eq__
+    return obj if own_eq else part.holder
+
+
+def walk_context(ctx: object, *, descend: Callable[[object], bool] | None = None) -> Iterator[ContextPart]:
+    """Every part of ``ctx``, the context itself first, depth first.
+
+    The walk looks inside a part unless it is a plain value or a tensor, was
+    already visited (a cycle, or one object reached twice), lies
+    :data:`MAX_DEPTH` levels down, or ``descend(obj)`` is false.
+    """
+    seen: set[int] = set()
+    stack: list[tuple[ContextPart, int]] = [(ContextPart("", ctx, None), 0)]
+    while stack:
+        part, depth = stack.pop()
+        yield part
+        obj = part.obj
+        if depth >= MAX_DEPTH or not _may_look_inside(obj) or id(obj) in seen:
+            continue
+        if descend is not None and not descend(obj):
+            continue
+        seen.add(id(obj))
+        holder = _holder_of(part)
+        below = [(ContextPart(part.path + suffix, child, holder), depth + 1) for suffix, child in children(obj)]
+        stack.extend(reversed(below))
+
+
+def _equal_to_copy(obj: object) -> bool:
+    try:
+        return bool(copy.deepcopy(obj) == obj)
+    except Exception:  # cannot be copied or compared: not what this search looks for
+        return True
+
+
+def unequal_to_copy(ctx: object) -> ContextPart | None:
+    """The innermost part of ``ctx`` that is not equal to a deep copy of itself
+    (the part a Dynamo guard on ``ctx`` would fail on), or ``None`` when ``ctx``
+    equals its copy. Raises what ``copy.deepcopy(ctx)`` or ``==`` raise on the
+    context as a whole."""
+    if bool(copy.deepcopy(ctx) == ctx):
+        return None
+    part = ContextPart("", ctx, None)
+    for _ in range(MAX_DEPTH):
+        if not _may_look_inside(part.obj):
+            break
+        holder = _holder_of(part)
+        inner = next(
+            (
+                ContextPart(part.path + suffix, child, holder)
+                for suffix, child in children(part.obj)
+                if _may_look_inside(child) and not _equal_to_copy(child)
+            ),
+            None,
+        )
+        if inner is None:
+            break
+        part = inner
+    return part
