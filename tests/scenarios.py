@@ -191,7 +191,7 @@ def export_names_malformed_flatten_names() -> None:
     with pytest.raises(TypeError) as info:
         torch.export.export(Double(), (SetNames(torch.ones(2), Mesh("m")),), strict=False)
     msg = str(info.value)
-    assert msg.startswith("SetNames.__tensor_flatten__() at 'input' returned attribute names as set"), msg
+    assert msg.startswith("subclasses.SetNames.__tensor_flatten__() at 'input' returned attribute names as set"), msg
     assert "Fix:" in msg and isinstance(info.value.__cause__, TypeError), msg
 
 

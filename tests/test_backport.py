@@ -685,7 +685,7 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         # The library's error, raised later, without the argument's path.
         StockFailure(
             AssertionError,
-            r"^TypeError: MeshTensor\.__tensor_flatten__\(\) lists attribute '_mesh' \(path 'x\._mesh'\), "
+            r"^TypeError: subclasses\.MeshTensor\.__tensor_flatten__\(\) lists attribute '_mesh' \(path 'x\._mesh'\), "
             r"which holds int\.",
         ),
     ),

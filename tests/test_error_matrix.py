@@ -228,7 +228,7 @@ def _nested_of(cls: type) -> Callable[[], torch.Tensor]:
 class Case:
     id: str
     make: Callable[[], torch.Tensor]
-    cls: str  # the subclass the message must name
+    cls: str  # the subclass the message must name, module-qualified (``subclasses.MeshTensor``)
     path: str  # attribute path below the input ("" for the input's level itself)
     found: tuple[str, ...]  # the type found, as the message may spell it (any one)
     error: type[BaseException] | tuple[type[BaseException], ...] = TypeError
@@ -236,11 +236,11 @@ class Case:
 
 
 def _attr(id: str, value: Callable[[], Any], found: str) -> Case:
-    return Case(id, lambda: _with(value()), "MeshTensor", "._mesh", (found,))
+    return Case(id, lambda: _with(value()), "subclasses.MeshTensor", "._mesh", (found,))
 
 
 def _nested_attr(id: str, value: Callable[[], Any], found: str) -> Case:
-    return Case(f"nested-{id}", lambda: _outer(_with(value())), "MeshTensor", "._data._mesh", (found,))
+    return Case(f"nested-{id}", lambda: _outer(_with(value())), "subclasses.MeshTensor", "._data._mesh", (found,))
 
 
 # The inner tensor returned: a Parameter on the parametrize route (its leaves are).
@@ -296,17 +296,22 @@ CASES = [
     # subclass's own __torch_dispatch__, which fails on the non-tensor
     # (aten::detach() "Expected a value of type 'Tensor'") before the library is called
     Case(
-        "tensor-slot-int", lambda: _with(3, "_data"), "MeshTensor", "._data", ("holds int",), excluded=("parametrize",)
+        "tensor-slot-int",
+        lambda: _with(3, "_data"),
+        "subclasses.MeshTensor",
+        "._data",
+        ("holds int",),
+        excluded=("parametrize",),
     ),
     Case(
         "tensor-slot-None",
         lambda: _with(None, "_data"),
-        "MeshTensor",
+        "subclasses.MeshTensor",
         "._data",
         ("holds NoneType",),
         excluded=("parametrize",),
     ),
-    Case("second-opaque-int", lambda: _multi(7), "MultiOpaque", "._stream", ("holds int",)),
+    Case("second-opaque-int", lambda: _multi(7), "subclasses.MultiOpaque", "._stream", ("holds int",)),
     # the same at a nested inner level
     _nested_attr("unregistered", NotRegistered, "subclasses.NotRegistered"),
     _nested_attr("int", lambda: 3, "holds int"),
@@ -314,48 +319,60 @@ CASES = [
     _nested_attr("lambda", lambda: lambda: 0, "holds function"),
     _nested_attr("dtype", lambda: torch.float32, "torch.dtype"),
     _nested_attr("value-opaque", lambda: Config(3), "subclasses.Config"),
-    Case("nested-second-opaque", lambda: _outer(_multi("s")), "MultiOpaque", "._data._stream", ("holds str",)),
+    Case(
+        "nested-second-opaque", lambda: _outer(_multi("s")), "subclasses.MultiOpaque", "._data._stream", ("holds str",)
+    ),
     # malformed attribute names
-    Case("names-None", _of(NamesNone), "Names_None", "", ("names None",)),
-    Case("names-set", _of(NamesSet), "Names_set", "", ("as set",)),
-    Case("names-frozenset", _of(NamesFrozenset), "Names_frozenset", "", ("as frozenset",)),
-    Case("names-generator", _of(NamesGenerator), "Names_generator", "", ("as generator",)),
-    Case("names-dict", _of(NamesDict), "Names_dict", "", ("as dict",)),
-    Case("names-str", _of(NamesStr), "Names_str", "", ("names '_data'",)),
-    Case("names-duplicate", _of(NamesDup), "Names_dup", "", ("['_data'] more than once",)),
-    Case("names-duplicate-opaque", _of(NamesDupOpaque), "Names_dup_opaque", "", ("['_mesh'] more than once",)),
-    Case("names-int", _of(NamesInt), "Names_int", "", ("['_data', 1]",)),
-    Case("names-bytes", _of(NamesBytes), "Names_bytes", "", ("[b'_data', '_mesh']",)),
-    Case("names-missing", _of(NamesMissing), "Names_missing", "._nope", ("no such attribute",), AttributeError),
+    Case("names-None", _of(NamesNone), f"{M}.Names_None", "", ("names None",)),
+    Case("names-set", _of(NamesSet), f"{M}.Names_set", "", ("as set",)),
+    Case("names-frozenset", _of(NamesFrozenset), f"{M}.Names_frozenset", "", ("as frozenset",)),
+    Case("names-generator", _of(NamesGenerator), f"{M}.Names_generator", "", ("as generator",)),
+    Case("names-dict", _of(NamesDict), f"{M}.Names_dict", "", ("as dict",)),
+    Case("names-str", _of(NamesStr), f"{M}.Names_str", "", ("names '_data'",)),
+    Case("names-duplicate", _of(NamesDup), f"{M}.Names_dup", "", ("['_data'] more than once",)),
+    Case("names-duplicate-opaque", _of(NamesDupOpaque), f"{M}.Names_dup_opaque", "", ("['_mesh'] more than once",)),
+    Case("names-int", _of(NamesInt), f"{M}.Names_int", "", ("['_data', 1]",)),
+    Case("names-bytes", _of(NamesBytes), f"{M}.Names_bytes", "", ("[b'_data', '_mesh']",)),
+    Case("names-missing", _of(NamesMissing), f"{M}.Names_missing", "._nope", ("no such attribute",), AttributeError),
     # a level without a tensor (torch needs one per level to fake it); no error
     # type is promised yet, so either kind of error counts
-    Case("names-empty", _of(NamesEmpty), "NamesEmpty", "", ("[]",), (TypeError, ValueError)),
-    Case("names-opaque-only", _of(NamesOpaqueOnly), "NamesOpaqueOnly", "", ("['_mesh']",), (TypeError, ValueError)),
-    Case("names-ctx", _of(NamesCtx), "Names_ctx", "._ctx", ("holds NoneType",)),
-    Case("nested-names-set", _nested_of(NamesSet), "Names_set", "._data", ("as set",)),
+    Case("names-empty", _of(NamesEmpty), f"{M}.NamesEmpty", "", ("[]",), (TypeError, ValueError)),
+    Case(
+        "names-opaque-only", _of(NamesOpaqueOnly), f"{M}.NamesOpaqueOnly", "", ("['_mesh']",), (TypeError, ValueError)
+    ),
+    Case("names-ctx", _of(NamesCtx), f"{M}.Names_ctx", "._ctx", ("holds NoneType",)),
+    Case("nested-names-set", _nested_of(NamesSet), f"{M}.Names_set", "._data", ("as set",)),
     Case(
         "nested-names-missing",
         _nested_of(NamesMissing),
-        "Names_missing",
+        f"{M}.Names_missing",
         "._data._nope",
         ("no such attribute",),
         AttributeError,
     ),
     # malformed flatten results
-    Case("flatten-list", _of(FlattenList), "Flatten_list", "", ("returned list",)),
-    Case("flatten-None", _of(FlattenNone), "Flatten_None", "", ("returned NoneType",)),
-    Case("flatten-triple", _of(FlattenTriple), "Flatten_triple", "", ("returned tuple",)),
+    Case("flatten-list", _of(FlattenList), f"{M}.Flatten_list", "", ("returned list",)),
+    Case("flatten-None", _of(FlattenNone), f"{M}.Flatten_None", "", ("returned NoneType",)),
+    Case("flatten-triple", _of(FlattenTriple), f"{M}.Flatten_triple", "", ("returned tuple",)),
     # __tensor_unflatten__ rebuilding something else
-    Case("unflatten-plain", _of(UnflattenPlain), "ReturnsPlain", "", _INNER),
-    Case("unflatten-parent", _of(UnflattenParent), "Unflatten_parent", "", ("returned subclasses.MeshTensor",)),
-    Case("unflatten-other", _of(UnflattenPair), "Unflatten_pair", "", ("returned subclasses.PlainPair",)),
-    Case("unflatten-None", _of(UnflattenNone), "Unflatten_None", "", ("returned NoneType",)),
-    Case("unflatten-dict", _of(UnflattenDict), "Unflatten_dict", "", ("returned dict",)),
-    Case("unflatten-dtype", _of(UnflattenDtype), "Unflatten_dtype", "", ("dtype torch.float64",)),
-    Case("unflatten-shape", _of(UnflattenShape), "Unflatten_shape", "", ("shape torch.Size([1])",)),
-    Case("nested-unflatten-plain", _nested_of(UnflattenPlain), "ReturnsPlain", "._data", _INNER),
-    Case("nested-unflatten-dtype", _nested_of(UnflattenDtype), "Unflatten_dtype", "._data", ("dtype torch.float64",)),
-    Case("nested-unflatten-shape", _nested_of(UnflattenShape), "Unflatten_shape", "._data", ("shape torch.Size([1])",)),
+    Case("unflatten-plain", _of(UnflattenPlain), "subclasses.ReturnsPlain", "", _INNER),
+    Case("unflatten-parent", _of(UnflattenParent), f"{M}.Unflatten_parent", "", ("returned subclasses.MeshTensor",)),
+    Case("unflatten-other", _of(UnflattenPair), f"{M}.Unflatten_pair", "", ("returned subclasses.PlainPair",)),
+    Case("unflatten-None", _of(UnflattenNone), f"{M}.Unflatten_None", "", ("returned NoneType",)),
+    Case("unflatten-dict", _of(UnflattenDict), f"{M}.Unflatten_dict", "", ("returned dict",)),
+    Case("unflatten-dtype", _of(UnflattenDtype), f"{M}.Unflatten_dtype", "", ("dtype torch.float64",)),
+    Case("unflatten-shape", _of(UnflattenShape), f"{M}.Unflatten_shape", "", ("shape torch.Size([1])",)),
+    Case("nested-unflatten-plain", _nested_of(UnflattenPlain), "subclasses.ReturnsPlain", "._data", _INNER),
+    Case(
+        "nested-unflatten-dtype", _nested_of(UnflattenDtype), f"{M}.Unflatten_dtype", "._data", ("dtype torch.float64",)
+    ),
+    Case(
+        "nested-unflatten-shape",
+        _nested_of(UnflattenShape),
+        f"{M}.Unflatten_shape",
+        "._data",
+        ("shape torch.Size([1])",),
+    ),
 ]
 
 # A representative subset for the releases between the oldest and the newest:
@@ -554,3 +571,17 @@ def test_bad_input_gets_the_named_error(case: Case, route: str) -> None:
 def test_matrix_is_large_enough() -> None:
     assert len(CASES) >= 60 and len({c.id for c in CASES}) == len(CASES)
     assert SUBSET <= {c.id for c in CASES}
+
+
+def test_cases_name_their_subclass_module_qualified() -> None:
+    """``Case.cls`` is the qualified name (``module.QualName``) of a subclass the
+    input holds, so the matrix checks that messages name the subclass qualified."""
+    from opaque_subclass.core.errors import qualified_name
+
+    for case in CASES:
+        x: Any = case.make()
+        held = set()
+        while isinstance(x, torch.Tensor) and type(x) is not torch.Tensor:
+            held.add(qualified_name(type(x)))
+            x = x.__dict__.get("_data")
+        assert case.cls in held, f"{case.id}: {case.cls} is not one of {sorted(held)}"

@@ -122,7 +122,11 @@ def test_flatten_refuses_unflatten_returning_wrong_type():
         osc.flatten_subclass(_BadUnflatten(torch.randn(2), Mesh()))
     msg = str(info.value)
     assert "_BadUnflatten.__tensor_unflatten__ (rebuilding 'x') returned torch.Tensor" in msg
-    assert "expected an instance of test_errors._BadUnflatten" in msg and "Fix:" in msg
+    assert (
+        "test_errors._BadUnflatten.__tensor_unflatten__" in msg
+        and "expected an instance of _BadUnflatten" in msg
+        and "Fix:" in msg
+    )
 
 
 def test_unflatten_returning_wrong_type_generic_and_generated():
@@ -131,7 +135,7 @@ def test_unflatten_returning_wrong_type_generic_and_generated():
         osc.unflatten_subclass(leaves, spec)
     msg = str(info.value)
     assert "_BadUnflatten.__tensor_unflatten__" in msg and "returned torch.Tensor" in msg
-    assert "expected an instance of test_errors._BadUnflatten" in msg
+    assert "test_errors._BadUnflatten.__tensor_unflatten__" in msg and "expected an instance of _BadUnflatten" in msg
     with pytest.raises(TypeError, match="_BadUnflatten.__tensor_unflatten__ .rebuilding 'x'. returned torch.Tensor"):
         osc.wrap_tensor_subclasses(leaves, subclass_metas=[spec], is_runtime=True)
 
@@ -251,8 +255,8 @@ def test_compile_names_an_unflatten_that_returns_another_type(grad):
     with pytest.raises(Exception) as info:
         f(x)
     msg = str(info.value)
-    assert "ReturnsPlain.__tensor_unflatten__ (rebuilding \"L['t']\") returned torch.Tensor" in msg, msg
-    assert "expected an instance of subclasses.ReturnsPlain. Fix: make ReturnsPlain.__tensor_unflatten__ return" in msg
+    assert "subclasses.ReturnsPlain.__tensor_unflatten__ (rebuilding \"L['t']\") returned torch.Tensor" in msg, msg
+    assert "expected an instance of ReturnsPlain. Fix: make ReturnsPlain.__tensor_unflatten__ return" in msg
 
 
 def test_compile_names_an_unflatten_that_changes_the_dtype():
@@ -344,7 +348,7 @@ def test_non_strict_export_names_a_malformed_flatten_result(names, said):
     with pytest.raises((TypeError, AttributeError)) as info:
         torch.export.export(Double(), (cls(torch.ones(2), Mesh()),), strict=False)
     msg = str(info.value)
-    assert msg.startswith("Malformed.__tensor_flatten__()") and said in msg and "Fix:" in msg, msg
+    assert msg.startswith("test_errors.Malformed.__tensor_flatten__()") and said in msg and "Fix:" in msg, msg
     assert info.value.__cause__ is not None  # raised from torch's own failure
 
 

@@ -147,7 +147,7 @@ def test_tolerates_registration_made_by_torch():
     [
         (int, TypeError, "builtins and tensors"),
         (torch.Tensor, TypeError, "builtins and tensors"),
-        (Mesh(), TypeError, "expects a class, got an instance of Mesh"),
+        (Mesh(), TypeError, "expects a class, got an instance of subclasses.Mesh"),
     ],
 )
 def test_bad_classes(bad, exc, pattern):

@@ -33,7 +33,7 @@ import torch
 
 from opaque_subclass._versions import LIBRARY_VERSION
 from opaque_subclass.authoring.dispatch import dispatch
-from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, import_fix, qualified_name
+from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, import_fix, qualified_name, subject
 from opaque_subclass.core.registry import is_torch_handled_type, opaque_kind, opaque_type_of, register_opaque
 from opaque_subclass.core.walk import Attr, walk
 
@@ -44,7 +44,7 @@ _TENSOR_NAMES = frozenset(dir(torch.Tensor))
 
 
 def _declaration_error(cls: type, message: str) -> TypeError:
-    return TypeError(f"{qualified_name(cls)}: {message}")
+    return TypeError(f"{subject(cls)}: {message}")
 
 
 # Classes declared with ``register_opaques=True`` whose opaque classes are still
@@ -56,7 +56,7 @@ _PENDING_LOCK = threading.Lock()
 def _register_pending(cls: type) -> None:
     if torch.compiler.is_compiling():
         raise TypeError(
-            f"{qualified_name(cls)}: its first instance is built inside torch.compile, where its opaque "
+            f"{subject(cls)}: its first instance is built inside torch.compile, where its opaque "
             f"classes ({', '.join(qualified_name(c) for c in _PENDING.get(cls, ()))}) cannot be registered. "
             f"Fix: build one {cls.__qualname__} before compiling, or register them first: "
             + "; ".join(
@@ -68,7 +68,7 @@ def _register_pending(cls: type) -> None:
             kind = opaque_kind(opaque_cls)
             if kind == "value":
                 raise TypeError(
-                    f"{qualified_name(cls)}: {qualified_name(opaque_cls)} was registered as a value-type opaque "
+                    f"{subject(cls)}: {qualified_name(opaque_cls)} was registered as a value-type opaque "
                     "after the class was declared; its opaque_attrs need a reference opaque. Fix: register "
                     'it with kind="reference" (before any other registration), or declare the attribute '
                     "in meta_attrs."
@@ -234,7 +234,7 @@ class OpaqueSubclass(torch.Tensor):
             if differentiable:
                 if requires_grad:
                     raise ValueError(
-                        f"{cls.__qualname__}: requires_grad=True asks for a leaf, but the inner tensor "
+                        f"{subject(cls)}: requires_grad=True asks for a leaf, but the inner tensor "
                         f"{differentiable[0]!r} requires grad, so the result would be computed from it. "
                         f"Fix: pass {differentiable[0]}=t.detach() for a leaf, or drop requires_grad=True "
                         "to stay differentiable with respect to t."
@@ -273,31 +273,30 @@ class OpaqueSubclass(torch.Tensor):
         if "_none" in named:  # metadata that is None, named apart in a recorded export call (see _recorded)
             named = {n: v for n, v in named.items() if n != "_none"} | dict.fromkeys(named["_none"])
         if len(values) > len(names):
-            raise TypeError(f"{cls.__qualname__}() takes {len(names)} values ({', '.join(names)}), got {len(values)}")
+            raise TypeError(f"{subject(cls)}() takes {len(names)} values ({', '.join(names)}), got {len(values)}")
         bound = dict(zip(names, values))
         for name, value in named.items():
             if name not in names:
                 raise TypeError(
-                    f"{cls.__qualname__}() got an unexpected argument {name!r}; declared attributes are "
-                    f"{', '.join(names)}"
+                    f"{subject(cls)}() got an unexpected argument {name!r}; declared attributes are {', '.join(names)}"
                 )
             if name in bound:
-                raise TypeError(f"{cls.__qualname__}() got {name!r} both by position and by keyword")
+                raise TypeError(f"{subject(cls)}() got {name!r} both by position and by keyword")
             bound[name] = value
         missing = [n for n in names if n not in bound]
         if missing:
-            raise TypeError(f"{cls.__qualname__}() is missing {', '.join(map(repr, missing))}")
+            raise TypeError(f"{subject(cls)}() is missing {', '.join(map(repr, missing))}")
         for name in cls.tensor_attrs:
             value = bound[name]
             if not isinstance(value, torch.Tensor):
                 raise TypeError(
-                    f"{cls.__qualname__}.{name} must be a tensor (declared in tensor_attrs), got {describe_type(value)}"
+                    f"{subject(cls)}.{name} must be a tensor (declared in tensor_attrs), got {describe_type(value)}"
                 )
         for name, expected in cls.opaque_attrs.items():
             value = bound[name]
             if not issubclass(opaque_type_of(value), expected):
                 raise TypeError(
-                    f"{cls.__qualname__}.{name} must be a {qualified_name(expected)} (declared in "
+                    f"{subject(cls)}.{name} must be a {qualified_name(expected)} (declared in "
                     f"opaque_attrs), got {describe_type(value)}. Fix: pass the {expected.__qualname__} "
                     "object itself."
                 )
@@ -504,7 +503,7 @@ def _wrap_like_error(cls: Any, tensors: Mapping[str, Any]) -> OpaqueSubclassErro
     given = ", ".join(f"{n}={describe_type(v)}" for n, v in tensors.items()) or "no arguments"
     fix = f"x.wrap_like({', '.join(f'{n}=x.{n}' for n in cls.tensor_attrs)})"
     return OpaqueSubclassError(
-        f"{qualified_name(cls)}.wrap_like() takes exactly the inner tensors of tensor_attrs "
+        f"{subject(cls)}.wrap_like() takes exactly the inner tensors of tensor_attrs "
         f"({', '.join(map(repr, cls.tensor_attrs))}), each a tensor; opaques and metadata come from "
         f"the instance. It got {given}: {'; '.join(problems)}. Fix: pass every inner tensor, the "
         f"instance's own where the op leaves it unchanged, e.g. `{fix}` with x the "

@@ -28,7 +28,7 @@ import torch
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, qualified_name
+from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, subject
 from opaque_subclass.core.registry import real_object
 
 __all__ = ["dispatch", "lookup"]
@@ -59,7 +59,7 @@ def _common_attrs(cls: Any, func: Any, instances: list[Any]) -> Any:
             a, b = getattr(proto, name), getattr(other, name)
             if _identity(a) != _identity(b):
                 raise OpaqueSubclassError(
-                    f"{cls.__qualname__}: {func} got arguments whose {name!r} are different "
+                    f"{subject(cls)}: {func} got arguments whose {name!r} are different "
                     f"{describe_type(a)} objects; the default rule needs one {name!r} for all "
                     f"arguments. Fix: bring the arguments to the same {name!r} first, or register "
                     f"an implementation with @{cls.__qualname__}.implements({func})."
@@ -68,7 +68,7 @@ def _common_attrs(cls: Any, func: Any, instances: list[Any]) -> Any:
             a, b = getattr(proto, name), getattr(other, name)
             if a != b:
                 raise OpaqueSubclassError(
-                    f"{cls.__qualname__}: {func} got arguments with different {name!r} ({a!r} and "
+                    f"{subject(cls)}: {func} got arguments with different {name!r} ({a!r} and "
                     f"{b!r}). Fix: make the metadata agree first, or register an implementation "
                     f"with @{cls.__qualname__}.implements({func})."
                 )
@@ -85,7 +85,7 @@ def dispatch(cls: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     except TypeError as e:
         rule = "the default rule" if impl is None else f"the rule {getattr(impl, '__qualname__', impl)!s}"
         raise OpaqueSubclassError(
-            f"{qualified_name(cls)}: {rule} for {func} raised {type(e).__name__}: {e}. It is raised "
+            f"{subject(cls)}: {rule} for {func} raised {type(e).__name__}: {e}. It is raised "
             "as OpaqueSubclassError, with the original chained above, because torch turns a TypeError "
             "inside a Python operator (x * 2) into NotImplemented, which would show only "
             "'unsupported operand type(s)'. Fix: correct the rule where the chained traceback points."

@@ -13,6 +13,7 @@ __all__ = [
     "describe_type",
     "import_fix",
     "qualified_name",
+    "subject",
 ]
 
 
@@ -30,6 +31,17 @@ def qualified_name(cls: type) -> str:
     """``module.QualName`` of a class, the way it is spelled in an import."""
     module = getattr(cls, "__module__", None) or "<unknown>"
     return f"{module}.{cls.__qualname__}"
+
+
+def subject(cls: type) -> str:
+    """How a message names the subclass it is about: module-qualified
+    (``pkg.mod.MeshTensor``, ``__main__.MeshTensor`` for a script's class), so a
+    message about one of several classes of the same name says which. Used for
+    the first mention; code in a fix keeps the bare name the user types."""
+    try:
+        return qualified_name(cls)
+    except Exception:  # an error message must never crash
+        return repr(cls)
 
 
 def describe_type(obj: object) -> str:

@@ -17,7 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake as _is_fake_tensor
 
 from opaque_subclass.core.context import unequal_to_copy
-from opaque_subclass.core.errors import describe_type
+from opaque_subclass.core.errors import describe_type, subject
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.spec import (
     OpaqueMeta,
@@ -231,7 +231,7 @@ def _check_level(level: Level) -> None:
             continue  # comparing symbolic sizes would add guards; the traced program checks them
         if getattr(result, what) != getattr(t, what):
             raise TypeError(
-                f"{cls.__qualname__}.__tensor_unflatten__ (rebuilding {path!r}) returned a "
+                f"{subject(cls)}.__tensor_unflatten__ (rebuilding {path!r}) returned a "
                 f"{cls.__qualname__} with {what} {getattr(result, what)}, but the instance it was "
                 f"flattened from has {what} {getattr(t, what)}. Fix: build the result with "
                 "outer_size/outer_stride and the dtype of the instance (torch.Tensor."
@@ -278,7 +278,7 @@ def check_guardable_context(level: Level) -> None:
     eq: Any = type(culprit).__eq__
     why = "it compares by identity" if eq is object.__eq__ else "its __eq__ says so"
     raise TypeError(
-        f"{cls.__qualname__}.__tensor_flatten__() at {level.path!r} returns a flatten context whose "
+        f"{subject(cls)}.__tensor_flatten__() at {level.path!r} returns a flatten context whose "
         f"<context>{where} holds {describe_type(culprit)}, which is not equal to a copy of itself ({why}). "
         "torch.compile guards the context by comparing it with a deep copy, so "
         "that guard could never pass (torch: 'Guard failed on the same frame it was created'). "

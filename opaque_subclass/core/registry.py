@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, get_args
 import torch
 
 from opaque_subclass._versions import OpaqueKind, RegistryAPI, current
-from opaque_subclass.core.errors import import_fix, qualified_name
+from opaque_subclass.core.errors import describe_type, import_fix, qualified_name
 
 __all__ = [
     "KIND_ALIASES",
@@ -259,7 +259,7 @@ def register_opaque(cls: type, kind: str = "reference") -> None:
     """
     if not isinstance(cls, type):
         raise TypeError(
-            f"register_opaque expects a class, got an instance of {type(cls).__qualname__}. "
+            f"register_opaque expects a class, got an instance of {describe_type(cls)}. "
             f"Fix: pass the class itself, e.g. register_opaque(type(obj))."
         )
     if kind not in KIND_ALIASES:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from opaque_subclass.core.codegen import compiled_unwrap, compiled_wrap
-from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, qualified_name
+from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, qualified_name, subject
 from opaque_subclass.core.flatten import append_leaves, flat_width, is_wrapper_subclass
 from opaque_subclass.core.registry import opaque_kind
 from opaque_subclass.core.spec import OpaqueMeta, SlotMeta, SubclassCreationMeta, rebuild
@@ -284,7 +284,7 @@ def process_runtime_tangent(x: Any, meta: SlotMeta, *, name: str = "tangent") ->
             and not (expected_type is torch.Tensor and not is_wrapper_subclass(coerced))
         ):
             raise TypeError(
-                f"tangent {name!r}: {runtime_type.__qualname__}.__coerce_same_metadata_as_tangent__ "
+                f"tangent {name!r}: {subject(runtime_type)}.__coerce_same_metadata_as_tangent__ "
                 f"returned {describe_type(coerced)}, expected a {qualified_name(expected_type)}. "
                 "Fix: make it return a tensor of the expected type and flatten context."
             )

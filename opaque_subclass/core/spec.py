@@ -31,7 +31,7 @@ from typing import Any, Literal, NoReturn, Union
 
 import torch
 
-from opaque_subclass.core.errors import describe_type, import_fix, qualified_name
+from opaque_subclass.core.errors import describe_type, import_fix, qualified_name, subject
 from opaque_subclass.core.registry import opaque_kind
 
 __all__ = [
@@ -219,17 +219,17 @@ class SubclassCreationMeta:
                     tensors += 1
             else:
                 raise TypeError(
-                    f"{self.subclass_type.__qualname__} meta: attrs[{name!r}] must be a "
-                    f"PlainTensorMeta, OpaqueMeta or SubclassCreationMeta, got {type(sub).__qualname__}"
+                    f"{subject(self.subclass_type)} meta: attrs[{name!r}] must be a "
+                    f"PlainTensorMeta, OpaqueMeta or SubclassCreationMeta, got {describe_type(sub)}"
                 )
             if sub.attr != name:
                 raise ValueError(
-                    f"{self.subclass_type.__qualname__} meta: attrs[{name!r}] describes "
+                    f"{subject(self.subclass_type)} meta: attrs[{name!r}] describes "
                     f"attribute {sub.attr!r}; the key and the meta's attr must agree"
                 )
             if start != expected:
                 raise ValueError(
-                    f"{self.subclass_type.__qualname__} meta: attribute {name!r} starts at flat "
+                    f"{subject(self.subclass_type)} meta: attribute {name!r} starts at flat "
                     f"slot {start}, expected {expected} (slots must be contiguous, in order)"
                 )
             expected += width
@@ -346,8 +346,8 @@ def bad_unflatten_type(cls: type, result: object, path: str) -> TypeError:
     """The error for a ``__tensor_unflatten__`` of ``cls`` that returned ``result``,
     which is not an instance of ``cls``."""
     return TypeError(
-        f"{cls.__qualname__}.__tensor_unflatten__ (rebuilding {path!r}) returned "
-        f"{describe_type(result)}, expected an instance of {qualified_name(cls)}. Fix: "
+        f"{subject(cls)}.__tensor_unflatten__ (rebuilding {path!r}) returned "
+        f"{describe_type(result)}, expected an instance of {cls.__qualname__}. Fix: "
         f"make {cls.__qualname__}.__tensor_unflatten__ return "
         f"{cls.__qualname__}(...) built from inner_tensors, the context and outer_size/"
         "outer_stride."
@@ -422,7 +422,7 @@ def unflatten_checked(leaves: Sequence[Any], spec: SlotMeta, *, name: str = "x")
     subclass and the attribute path. Opaque leaves are placed as the very
     same objects."""
     if isinstance(spec, SubclassCreationMeta):
-        start, width, owner = spec.flat_tensor_start_idx, spec.arg_count, spec.subclass_type.__qualname__
+        start, width, owner = spec.flat_tensor_start_idx, spec.arg_count, subject(spec.subclass_type)
     elif isinstance(spec, (PlainTensorMeta, OpaqueMeta)):
         start, width, owner = spec.unwrapped_idx, 1, "a plain value"
     else:

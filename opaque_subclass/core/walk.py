@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import torch
 
-from opaque_subclass.core.errors import describe_type, import_fix
+from opaque_subclass.core.errors import describe_type, import_fix, subject
 from opaque_subclass.core.registry import is_torch_handled_type, opaque_kind, opaque_type_of
 
 __all__ = [
@@ -99,28 +99,28 @@ def _names(owner: torch.Tensor, result: object, path: str) -> tuple[tuple[str, .
     cls = type(owner)
     if not (isinstance(result, tuple) and len(result) == 2):
         raise TypeError(
-            f"{cls.__qualname__}.__tensor_flatten__() at {path!r} returned "
+            f"{subject(cls)}.__tensor_flatten__() at {path!r} returned "
             f"{describe_type(result)}; it must return a pair (attribute_names, context). "
             'Fix: `return ["_data", "_mesh"], ctx` with ctx any hashable value.'
         )
     names, ctx = result
     if names is not None and not isinstance(names, (list, tuple, str)):
         raise TypeError(
-            f"{cls.__qualname__}.__tensor_flatten__() at {path!r} returned attribute names as "
+            f"{subject(cls)}.__tensor_flatten__() at {path!r} returned attribute names as "
             f"{describe_type(names)}; they must be a list or tuple, whose order fixes the flat "
             "slots (a set has no order; a generator is used up by the first reader). "
             f'Fix: return a list such as ["_data", "_mesh"].'
         )
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise TypeError(
-            f"{cls.__qualname__}.__tensor_flatten__() at {path!r} returned attribute names "
+            f"{subject(cls)}.__tensor_flatten__() at {path!r} returned attribute names "
             f"{names!r}; the first element must be a list of attribute-name strings. "
             'Fix: return a list such as ["_data", "_mesh"].'
         )
     if len(set(names)) != len(names):
         repeated = sorted({n for n in names if names.count(n) > 1})
         raise TypeError(
-            f"{cls.__qualname__}.__tensor_flatten__() at {path!r} lists {repeated} more than "
+            f"{subject(cls)}.__tensor_flatten__() at {path!r} lists {repeated} more than "
             f"once in {list(names)!r}; each attribute gets one flat slot. Fix: list each attribute "
             f"name once, e.g. {list(dict.fromkeys(names))!r}."
         )
@@ -134,7 +134,7 @@ def bad_attribute(owner: torch.Tensor, name: str, path: str, value: object) -> T
     value_cls = opaque_type_of(value)
     kind = opaque_kind(value_cls)
     where = (
-        f"{owner_cls.__qualname__}.__tensor_flatten__() lists attribute {name!r} "
+        f"{subject(owner_cls)}.__tensor_flatten__() lists attribute {name!r} "
         f"(path {path!r}), which holds {describe_type(value)}"
     )
     if kind == "value":
@@ -190,7 +190,7 @@ def read_level(t: torch.Tensor, path: str = "x", *, strict: bool = True) -> Leve
             value = getattr(t, name)
         except AttributeError:
             raise AttributeError(
-                f"{type(t).__qualname__}.__tensor_flatten__() lists attribute {name!r} "
+                f"{subject(type(t))}.__tensor_flatten__() lists attribute {name!r} "
                 f"(path {inner_path!r}) but the tensor has no such attribute. Fix: return only names "
                 "of attributes that __init__/__new__ sets on every instance."
             ) from None
@@ -205,7 +205,7 @@ def read_level(t: torch.Tensor, path: str = "x", *, strict: bool = True) -> Leve
         attrs.append(Attr(name, inner_path, kind, value))
     if strict and not any(a.kind != "opaque" for a in attrs):
         raise TypeError(
-            f"{type(t).__qualname__}.__tensor_flatten__() at {path!r} lists no tensor attribute "
+            f"{subject(type(t))}.__tensor_flatten__() at {path!r} lists no tensor attribute "
             f"(names {list(names)!r}); a traceable wrapper subclass needs at least one inner tensor, "
             "from which torch builds its fake and functional copies while tracing. Fix: keep the "
             f"data in a tensor attribute set in __new__ and list it first, e.g. "

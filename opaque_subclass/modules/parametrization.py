@@ -23,7 +23,7 @@ import torch
 from torch.nn.utils import parametrize
 
 from opaque_subclass.core.codegen import compiled_wrap
-from opaque_subclass.core.errors import OpaqueSubclassError, qualified_name
+from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, qualified_name
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
 from opaque_subclass.core.spec import SubclassCreationMeta, iter_subclasses
 
@@ -65,7 +65,7 @@ class UnwrapSubclass(torch.nn.Module):
         leaves, spec = flatten_subclass(value)
         if not isinstance(spec, SubclassCreationMeta):
             raise TypeError(
-                f"UnwrapSubclass expects a wrapper subclass, got {type(value).__qualname__}. Fix: "
+                f"UnwrapSubclass expects a wrapper subclass, got {describe_type(value)}. Fix: "
                 "parametrize only subclass parameters (unwrap_tensor_subclass_parameters does)."
             )
         safe = spec.runtime_safe()

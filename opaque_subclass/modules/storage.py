@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from opaque_subclass.core.errors import describe_type
 from opaque_subclass.core.flatten import append_leaves, is_wrapper_subclass
 
 __all__ = ["untyped_storages"]
@@ -26,7 +27,7 @@ def untyped_storages(t: torch.Tensor) -> set[torch.UntypedStorage]:
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(
-            f"untyped_storages expects a tensor, got {type(t).__qualname__}. Fix: pass the "
+            f"untyped_storages expects a tensor, got {describe_type(t)}. Fix: pass the "
             "tensor (or subclass instance) whose memory you want to count."
         )
     if not is_wrapper_subclass(t):

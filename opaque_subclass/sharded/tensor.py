@@ -81,7 +81,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from opaque_subclass.authoring.base import OpaqueSubclass
 from opaque_subclass.authoring.dispatch import lookup
-from opaque_subclass.core.errors import OpaqueSubclassError, describe_type
+from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, subject
 from opaque_subclass.core.registry import real_object
 from opaque_subclass.sharded.collectives import CollectiveRecord, _ops, _resized, record_collectives
 
@@ -203,7 +203,7 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
         _check_shard_dim(cls, local, dim)
         if not _is_fake(mesh) and mesh.ndim != 1:
             raise ValueError(
-                f"{cls.__qualname__}._mesh: a {mesh.ndim}-d DeviceMesh was given; ShardedTensor "
+                f"{subject(cls)}._mesh: a {mesh.ndim}-d DeviceMesh was given; ShardedTensor "
                 "shards over a 1-D mesh. Fix: pass a 1-D submesh, e.g. mesh['tp'] for a mesh with "
                 "mesh_dim_names=('dp', 'tp')."
             )
@@ -214,7 +214,7 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
         if outer_size is None and dim is not None:
             if _is_fake(mesh):
                 raise OpaqueSubclassError(
-                    f"{cls.__qualname__}: cannot compute the global size while tracing (the mesh "
+                    f"{subject(cls)}: cannot compute the global size while tracing (the mesh "
                     "is a fake). Fix: pass outer_size=, or build shards outside the compiled region."
                 )
             outer_size = _resized(local, dim, local.shape[dim] * mesh.size())
@@ -259,7 +259,7 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
         n = mesh.size()
         if full.shape[shard_dim] % n != 0:
             raise ValueError(
-                f"{cls.__qualname__}.from_full: size {full.shape[shard_dim]} of dim {shard_dim} "
+                f"{subject(cls)}.from_full: size {full.shape[shard_dim]} of dim {shard_dim} "
                 f"does not split into {n} equal shards (the mesh has {n} ranks). Fix: pad dim "
                 f"{shard_dim} to a multiple of {n}, or shard another dim."
             )
@@ -321,7 +321,7 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
         if dim is None or torch.Tag.pointwise in func.tags or func.overloadpacket in _SHAPE_KEEPING:
             return _on_locals(func, args, kwargs, mesh, dim, n)
         raise OpaqueSubclassError(
-            f"ShardedTensor has no rule for {func} on a tensor sharded along dim {dim}. Fix: make it "
+            f"{subject(cls)} has no rule for {func} on a tensor sharded along dim {dim}. Fix: make it "
             f"replicated first with x.redistribute(None), or register a rule with "
             f"@ShardedTensor.implements(torch.ops.{func.namespace}.{func.__name__})."
         )
@@ -371,7 +371,7 @@ def _check_shard_dim(cls: type, local: torch.Tensor, dim: object) -> None:
         return
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise TypeError(
-            f"{cls.__qualname__}._shard_dim must be an int or None (replicated), got "
+            f"{subject(cls)}._shard_dim must be an int or None (replicated), got "
             f"{describe_type(dim)}. Fix: pass the dim as an int, e.g. 0."
         )
     if not 0 <= dim < local.dim():
@@ -381,12 +381,11 @@ def _check_shard_dim(cls: type, local: torch.Tensor, dim: object) -> None:
             else "pass a dim in range, or None for replicated"
         )
         raise ValueError(
-            f"{cls.__qualname__}._shard_dim is {dim}, outside [0, {local.dim()}) for a "
-            f"{local.dim()}-d shard. Fix: {fix}."
+            f"{subject(cls)}._shard_dim is {dim}, outside [0, {local.dim()}) for a {local.dim()}-d shard. Fix: {fix}."
         )
     if local.shape[dim] == 0:
         raise ValueError(
-            f"{cls.__qualname__}._local has size 0 along the shard dim {dim}; empty shards are not "
+            f"{subject(cls)}._local has size 0 along the shard dim {dim}; empty shards are not "
             "supported. Fix: shard a dim whose size is at least the mesh size."
         )
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from opaque_subclass.backport._machinery.patching import Patch
-from opaque_subclass.core.errors import describe_type, qualified_name
+from opaque_subclass.core.errors import describe_type, import_fix, subject
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.spec import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
@@ -53,8 +53,9 @@ def _opaque_error(plist_owner: str, i: int, value: object, kind: str | None) -> 
     return ValueError(
         f"parametrization of {plist_owner}: right_inverse returned element {i} of type "
         f"{describe_type(value)}, which is neither a tensor nor a registered reference opaque. "
-        "Fix: return tensors and reference opaques only "
-        f"(opaque_subclass.register_opaque({opaque_type_of(value).__qualname__}))."
+        "Fix: return tensors and reference opaques only, registering the class: "
+        + import_fix(opaque_type_of(value), 'opaque_subclass.register_opaque({cls}, kind="reference")')
+        + "."
     )
 
 
@@ -112,7 +113,7 @@ def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
     def __init__(
         self: Any, modules: Sequence[torch.nn.Module], original_value: torch.Tensor, unsafe: bool = False
     ) -> None:
-        owner = type(original_value).__qualname__
+        owner = subject(type(original_value))
         last = modules[0] if len(modules) else None
         found: dict[int, Any] = {}
         inverse = getattr(last, "right_inverse", None) if last is not None else None
@@ -176,7 +177,7 @@ def make_right_inverse(original: Callable[..., Any]) -> Callable[..., Any]:
         slots: frozenset[int] = getattr(self, _SLOTS, frozenset())
         if not slots:
             return original(self, value)
-        owner = qualified_name(type(value))
+        owner = subject(type(value))
         with torch.no_grad():
             for module in reversed(self):
                 if not hasattr(module, "right_inverse"):
