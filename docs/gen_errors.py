@@ -1513,7 +1513,7 @@ messages, a fix after `Fix:`; a fix in backticks runs as written. For a class de
 a function the fix cannot import it and says `(with <Class> in scope)`; for a class of an importable
 module it starts with the import. Paths start at a name for the argument, `x` by default
 (`flatten_subclass(t, name=...)` sets it; `args[1]` is the second argument of
-`unwrap_tensor_subclasses` without metas). Under `torch.compile` and `torch.export` the same checks
+`unwrap_tensor_subclasses`, with metas or without). Under `torch.compile` and `torch.export` the same checks
 run on the same walk and give the same messages with Dynamo's name of the input as the root
 (`L['x']._mesh` instead of `x._mesh`; non-strict export says `input._mesh` where it first walks its
 inputs). Messages are wrapped at 100 columns here.

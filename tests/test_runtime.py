@@ -213,6 +213,37 @@ def test_many_arguments(k):
     assert all(o._mesh is m and o._data[0].item() == i for i, (o, m) in enumerate(zip(out, meshes)))
 
 
+@pytest.mark.parametrize("with_metas", [False, True], ids=["walk", "metas"])
+@pytest.mark.parametrize("joint", [False, True], ids=["flat", "joint"])
+def test_unwrap_names_a_bad_argument_the_same_with_and_without_metas(with_metas, joint):
+    """unwrap_tensor_subclasses names a bad attribute by the argument's place,
+    ``args[1]._data._data`` (``primals[1]...``, ``tangents[0]...`` for a joint
+    structure), with metas (the generated unwrap, cached per meta) as without
+    (the validating walk); the generated unwrap's own name ``x`` does not leak."""
+    good, broken = nested(2), nested(2)
+    metas = osc.create_subclass_meta([good, good])
+    broken._data._data = None
+    args: object = [good, broken]
+    subclass_metas: object = metas if with_metas else None
+    where = "args[1]._data._data"
+    if joint:
+        args, where = ([good, broken], [good]), "primals[1]._data._data"
+        subclass_metas = (metas, metas[:1]) if with_metas else None
+    for _ in range(2):  # the generated unwrap is cached after the first call: same name again
+        with pytest.raises(TypeError) as info:
+            osc.unwrap_tensor_subclasses(args, is_joint_structure=joint, subclass_metas=subclass_metas)
+        msg = str(info.value)
+        assert where in msg and "x._data" not in msg and "NoneType" in msg and "Fix:" in msg, msg
+    if joint:  # and a bad tangent is named as one
+        args = ([good], [broken])
+        subclass_metas = (metas[:1], metas[:1]) if with_metas else None
+        with pytest.raises(TypeError, match=r"tangents\[0\]\._data\._data"):
+            osc.unwrap_tensor_subclasses(args, is_joint_structure=True, subclass_metas=subclass_metas)
+    if with_metas:  # another type than the metas were made from: the argument is named too
+        with pytest.raises(TypeError, match=r"expected a subclasses\.MeshTensor at args\[1\] .*got torch\.Tensor"):
+            osc.unwrap_tensor_subclasses([good, torch.ones(2)], is_joint_structure=False, subclass_metas=metas)
+
+
 @pytest.mark.parametrize("bad", [3, None, 2.5, "t"])
 def test_fast_paths_refuse_a_non_tensor_in_a_tensor_slot(bad):
     """The generated unwrap and wrap (per subclass, and per argument list) check
@@ -225,7 +256,7 @@ def test_fast_paths_refuse_a_non_tensor_in_a_tensor_slot(bad):
     broken = nested(2)
     broken._data._data = bad
     kind = type(bad).__name__
-    with pytest.raises(TypeError, match=rf"MeshTensor: x\._data\._data is a tensor slot.*got {kind}\b.*Fix:"):
+    with pytest.raises(TypeError, match=rf"MeshTensor: args\[0\]\._data\._data is a tensor slot.*got {kind}\b.*Fix:"):
         osc.unwrap_tensor_subclasses([broken], is_joint_structure=False, subclass_metas=metas)
     with pytest.raises(TypeError, match=rf"args\[0\]\._data\._data is a tensor slot.*got {kind}\b"):
         ArgumentsPlan(metas).unwrap([broken])

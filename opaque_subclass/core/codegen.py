@@ -57,10 +57,10 @@ def _exec(source: str, namespace: dict[str, Any], fn_name: str) -> Callable[...,
     return namespace[fn_name]  # type: ignore[no-any-return]  # defined by the exec above
 
 
-def _bad_input(meta: SubclassCreationMeta) -> Callable[[object], None]:
-    def bad_input(x: object) -> None:
+def _bad_input(meta: SubclassCreationMeta) -> Callable[[object, str], None]:
+    def bad_input(x: object, name: str) -> None:
         raise TypeError(
-            f"run-time unwrap expected a {qualified_name(meta.subclass_type)} (the type the "
+            f"run-time unwrap expected a {qualified_name(meta.subclass_type)} at {name} (the type the "
             f"metadata was made from), got {describe_type(x)}. Fix: re-create the metadata "
             "for the new argument types (torch.compile recompiles on a type change)."
         )
@@ -86,15 +86,16 @@ def _slot_reads(
     append_symints: bool,
     tag: str,
     lines: list[str],
-    shown: str = "x",
+    shown: str | None = None,
     bad_leaf: str = "bad_leaf",
 ) -> list[str] | None:
     """The expressions reading ``meta``'s flat slots from ``root``, after adding to
     ``lines`` a type check of every tensor slot (one ``is`` test in the common
     case, so that an int or None in a tensor attribute raises instead of
     reaching the graph) that calls the generated code's ``bad_leaf`` function;
-    error messages show ``root`` as ``shown``. ``None`` when an attribute name
-    is not an identifier."""
+    error messages show ``root`` as ``shown``, or as the generated function's
+    ``name`` argument when ``shown`` is ``None``. ``None`` when an attribute
+    name is not an identifier."""
     exprs: list[str] = []
     for n, (path, slot) in enumerate(iter_slots(meta, root)):
         parts = path.split(".")
@@ -108,7 +109,9 @@ def _slot_reads(
             local = f"{tag}_{n}"
             lines.append(f"    {local} = {path}")
             lines.append(f"    if {local}.__class__ is not Tensor and not isinstance({local}, Tensor):")
-            lines.append(f"        {bad_leaf}({shown + path[len(root) :]!r}, {local})")
+            suffix = path[len(root) :]
+            where = repr(shown + suffix) if shown is not None else f"name + {suffix!r}"
+            lines.append(f"        {bad_leaf}({where}, {local})")
             exprs.append(local)
         else:
             exprs.append(path)
@@ -117,9 +120,9 @@ def _slot_reads(
 
 def _unwrap_source(meta: SubclassCreationMeta, append_symints: bool) -> str | None:
     lines = [
-        "def unwrap(x):",
+        "def unwrap(x, name='x'):",
         "    if x.__class__ is not T0 and not isinstance(x, T0):",
-        "        bad_input(x)",
+        "        bad_input(x, name)",
     ]
     exprs = _slot_reads(meta, "x", append_symints, "v", lines)
     if exprs is None:
@@ -128,8 +131,9 @@ def _unwrap_source(meta: SubclassCreationMeta, append_symints: bool) -> str | No
     return "\n".join(lines) + f"\n    return ({body})\n"
 
 
-def compiled_unwrap(meta: SubclassCreationMeta, append_symints: bool) -> Callable[[Any], tuple[Any, ...]]:
-    """``unwrap(x) -> leaves`` for a subclass instance described by ``meta``.
+def compiled_unwrap(meta: SubclassCreationMeta, append_symints: bool) -> Callable[..., tuple[Any, ...]]:
+    """``unwrap(x, name="x") -> leaves`` for a subclass instance described by
+    ``meta``; errors name the instance ``name`` (``args[1]``, ``args[1]._data``).
 
     With ``append_symints`` (and a meta that includes symbolic sizes), the
     symbolic size/stride entries are included after each subclass's leaves.
@@ -143,9 +147,9 @@ def compiled_unwrap(meta: SubclassCreationMeta, append_symints: bool) -> Callabl
     source = _unwrap_source(meta, append_symints)
     if source is None:
 
-        def fn(x: Any) -> tuple[Any, ...]:
+        def fn(x: Any, name: str = "x") -> tuple[Any, ...]:
             out: list[Any] = []
-            append_leaves(x, out)
+            append_leaves(x, out, name)
             return tuple(out)
 
     else:
@@ -298,13 +302,13 @@ class ArgumentsPlan:
             source = _unwrap_source(meta, append_symints)
             if source is None:
                 namespace[f"U{i}"] = compiled_unwrap(meta, append_symints)
-                exprs.append(f"*U{i}(a{i})")
+                exprs.append(f"*U{i}(a{i}, 'args[{i}]')")
                 continue
             namespace[f"T{i}"] = meta.subclass_type
             namespace[f"B{i}"] = _bad_input(meta)
             namespace[f"L{i}"] = _bad_leaf(meta)
             lines.append(f"    if a{i}.__class__ is not T{i} and not isinstance(a{i}, T{i}):")
-            lines.append(f"        B{i}(a{i})")
+            lines.append(f"        B{i}(a{i}, 'args[{i}]')")
             reads = _slot_reads(meta, f"a{i}", append_symints, f"v{i}", lines, shown=f"args[{i}]", bad_leaf=f"L{i}")
             if reads is None:  # _unwrap_source above accepted these names
                 raise AssertionError(f"unreadable attribute names in {meta!r}")

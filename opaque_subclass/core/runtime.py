@@ -53,15 +53,28 @@ def _unwrap_flat(args: Sequence[Any], metas: Sequence[SlotMeta] | None, append_s
     key = "unwrap+symints" if append_symints else "unwrap"
     extend = out.extend
     append = out.append
-    for x, m in zip(args, metas):
-        if m.__class__ is _SCM:
-            fn = m._compiled.get(key)
-            if fn is None:
-                fn = compiled_unwrap(m, append_symints)
-            extend(fn(x))
-        else:
-            append(x)
+    try:
+        for x, m in zip(args, metas):
+            if m.__class__ is _SCM:
+                fn = m._compiled.get(key)
+                if fn is None:
+                    fn = compiled_unwrap(m, append_symints)
+                extend(fn(x))
+            else:
+                append(x)
+    except (TypeError, AttributeError, ValueError):
+        # The generated unwrap names its argument "x" (it is cached per meta);
+        # unwrap again, naming each argument as the path without metas does
+        # (args[1]._data), to raise the same error under that name.
+        _unwrap_named(args, metas, append_symints, what)
+        raise
     return out
+
+
+def _unwrap_named(args: Sequence[Any], metas: Sequence[SlotMeta], append_symints: bool, what: str) -> None:
+    for i, (x, m) in enumerate(zip(args, metas)):
+        if m.__class__ is _SCM:
+            compiled_unwrap(m, append_symints)(x, f"{what}[{i}]")
 
 
 def unwrap_tensor_subclasses(
