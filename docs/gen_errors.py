@@ -270,7 +270,7 @@ DECLARING = Group(
             class Scaled(OpaqueSubclass):
                 tensor_attrs = ("2d",)
             """,
-            'Use a valid attribute name: `tensor_attrs = ("_data2d",)`.',
+            'Use a valid attribute name, as the message suggests: `tensor_attrs = ("_2d",)`.',
         ),
         _e(
             "declare-shadow",
@@ -854,8 +854,7 @@ METAS = Group(
     "Building metas by hand: `SubclassCreationMeta`",
     """`SubclassCreationMeta` checks its fields when it is constructed, and its `attrs` cannot be
     changed afterwards (all metas are frozen dataclasses: assigning a field raises
-    `dataclasses.FrozenInstanceError`, an `AttributeError`, from the standard library). These
-    messages carry no `Fix:` part; the fix is below each.""",
+    `dataclasses.FrozenInstanceError`, an `AttributeError`, from the standard library).""",
     """
     def scm(attrs, subclass_type=MeshTensor):
         return osc.SubclassCreationMeta(
@@ -1508,8 +1507,8 @@ argument list, of an op on an `OpaqueSubclass` or of a saved program
 `opaque_subclass.core.walk.ValueOpaqueListedError` (a `TypeError`) and
 `opaque_subclass.export.OpaqueBindingError` (an `OpaqueSubclassError` and a `LookupError`).
 
-Where a subclass is involved, the message names it, the attribute path, the type found and, in most
-messages, a fix after `Fix:`; a fix in backticks runs as written. For a class defined in a script or
+Where a subclass is involved, the message names it (module-qualified), the attribute path and the
+type found; every message has a fix after `Fix:`, and a fix in backticks runs as written. For a class defined in a script or
 a function the fix cannot import it and says `(with <Class> in scope)`; for a class of an importable
 module it starts with the import. Paths start at a name for the argument, `x` by default
 (`flatten_subclass(t, name=...)` sets it; `args[1]` is the second argument of

@@ -28,7 +28,10 @@ class Pair(OpaqueSubclass):
     "body, message",
     [
         ({}, "declares no tensor_attrs"),
-        ({"tensor_attrs": "_data"}, "must be a tuple of names, got the string '_data'. Fix: tensor_attrs = ('_data',)"),
+        (
+            {"tensor_attrs": "_data"},
+            "must be a tuple of names, got the string '_data'. Fix: `tensor_attrs = ('_data',)`",
+        ),
         (
             {"tensor_attrs": ("_d", "_d2"), "meta_attrs": ("_d",)},
             "'_d' is declared in both tensor_attrs and meta_attrs",
@@ -204,7 +207,7 @@ def test_op_table_per_class_and_inherited():
     out = Child(torch.ones(1), m) * 2
     assert calls == [torch.ops.aten.mul.Tensor] and out._data.item() == 102.0
     assert (Tagged(torch.ones(1), m, "t") * 2)._data.item() == 2.0  # other classes unaffected
-    with pytest.raises(TypeError, match="called on your subclass"):
+    with pytest.raises(TypeError, match="not for the base class. Fix: call it on your subclass, `import torch; "):
         OpaqueSubclass.implements(torch.ops.aten.mul.Tensor)
 
 

@@ -97,7 +97,8 @@ def test_input_check_and_lint_name_the_same_object_inside_a_spec():
     assert "inside a subclasses.ShardSpec whose == decides the guard" in finding.message
     (error,) = cp.explain(lambda x: x + 1, x).errors
     assert "returns a flatten context whose <context>[0].mesh holds test_compile_lints.IdentityHandle" in error, error
-    assert "Fix: give test_compile_lints.IdentityHandle value equality" in error, error
+    assert "Fix: register its class, `import opaque_subclass; from test_compile_lints import IdentityHandle;" in error
+    assert "or, if it is a constant, give IdentityHandle value equality: define `def __eq__" in error, error
 
 
 def test_nested_and_opaque_subclass_meta_attr():

@@ -364,8 +364,13 @@ class _CtxHolder(MeshTensor):
 @pytest.mark.parametrize(
     "held, found, fix",
     [
-        (lambda: Mesh("in-context"), "subclasses.Mesh", "list it among the attributes instead"),
-        (lambda: _Handle(), "test_errors._Handle", "give test_errors._Handle value equality"),
+        (lambda: Mesh("in-context"), "subclasses.Mesh", "list it among the attributes: return its attribute name"),
+        (
+            lambda: _Handle(),
+            "test_errors._Handle",
+            "register its class, `import opaque_subclass; from test_errors import _Handle; "
+            'opaque_subclass.register_opaque(_Handle, kind="reference")`',
+        ),
     ],
     ids=["registered-opaque", "plain-object"],
 )

@@ -21,10 +21,12 @@ of opaque classes may be left to the first instance, with
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import io
 import keyword
 import pickle
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -78,22 +80,76 @@ def _register_pending(cls: type) -> None:
         _PENDING.pop(cls, None)
 
 
+def _valid_name(name: object) -> str:
+    """An attribute name made from ``name`` for a fix: ``'2d'`` -> ``'_2d'``."""
+    text = re.sub(r"\W", "_", str(name)) or "_attr"
+    if not text.startswith("_"):
+        text = "_" + text
+    return text if text.isidentifier() and text not in _TENSOR_NAMES else "_attr"
+
+
+def _tuple_source(names: Sequence[object]) -> str:
+    return f"({', '.join(map(repr, names))}{',' if len(names) == 1 else ''})"
+
+
 def _check_names(cls: type, group: str, names: Sequence[str]) -> tuple[str, ...]:
     if isinstance(names, str):
         raise _declaration_error(
-            cls, f"{group} must be a tuple of names, got the string {names!r}. Fix: {group} = ({names!r},)"
+            cls, f"{group} must be a tuple of names, got the string {names!r}. Fix: `{group} = ({names!r},)`"
         )
     if not isinstance(names, (tuple, list)):
-        raise _declaration_error(cls, f"{group} must be a tuple of attribute names, got {describe_type(names)}")
+        try:  # the names of a set or dict, in a fixed order: the user's to check
+            given = [n for n in names if isinstance(n, str)]
+            fixed = _tuple_source(sorted(given) if isinstance(names, (set, frozenset)) else given)
+        except Exception:
+            fixed = '("_data",)'
+        raise _declaration_error(
+            cls,
+            f"{group} must be a tuple of attribute names, got {describe_type(names)}, which has no fixed "
+            f"order. Fix: a tuple in the order the flat slots should have, e.g. `{group} = {fixed}`",
+        )
     for name in names:
         if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-            raise _declaration_error(cls, f"{group} entry {name!r} is not a valid attribute name")
+            fixed = _tuple_source([_valid_name(n) if n == name else n for n in names])
+            raise _declaration_error(
+                cls, f"{group} entry {name!r} is not a valid attribute name. Fix: `{group} = {fixed}`"
+            )
         if name in _TENSOR_NAMES:
             raise _declaration_error(
                 cls,
                 f"{group} entry {name!r} would shadow torch.Tensor.{name}. Fix: rename it, e.g. '_{name}'.",
             )
     return tuple(names)
+
+
+def _declared_subclasses() -> list[type]:
+    """The user's declared subclasses of OpaqueSubclass (the library's own left
+    out), in declaration order as far as ``__subclasses__`` keeps it."""
+    found: list[type] = []
+    stack = list(reversed(OpaqueSubclass.__subclasses__()))
+    while stack:
+        klass = stack.pop()
+        if "_value_names" in klass.__dict__ and not klass.__module__.startswith("opaque_subclass"):
+            found.append(klass)
+        stack.extend(reversed(klass.__subclasses__()))
+    return found
+
+
+def _implements_on_base(ops: tuple[Any, ...]) -> str:
+    """The message for ``OpaqueSubclass.implements(...)``, with a fix on the most
+    recently declared subclass (a placeholder when there is none)."""
+    try:
+        declared = _declared_subclasses()
+        name = declared[-1].__name__ if declared else "YourSubclass"
+        shown = ", ".join(f"torch.ops.{op}" for op in ops) or "torch.ops.aten.mul.Tensor"
+    except Exception:  # an error message must never crash
+        name, shown = "YourSubclass", "torch.ops.aten.mul.Tensor"
+    scope = f" (with {name} in scope)" if name != "YourSubclass" else " (YourSubclass: your OpaqueSubclass)"
+    return (
+        "OpaqueSubclass.implements() registers a rule for one subclass, not for the base class. "
+        f"Fix: call it on your subclass, `import torch; {name}.implements({shown})`{scope}, as the "
+        f"decorator @{name}.implements({shown})."
+    )
 
 
 class OpaqueSubclass(torch.Tensor):
@@ -159,16 +215,23 @@ class OpaqueSubclass(torch.Tensor):
         for group, names in (("tensor_attrs", tensors), ("opaque_attrs", opaques), ("meta_attrs", metas)):
             for name in names:
                 if name in seen:
+                    rest = _tuple_source([n for n in names if n != name])
                     raise _declaration_error(
                         cls,
-                        f"{name!r} is declared in both {seen[name]} and {group}; each attribute belongs to one group",
+                        f"{name!r} is declared in both {seen[name]} and {group}; each attribute belongs to one "
+                        f"group. Fix: keep it in {seen[name]} only, `{group} = {rest}` (rename the other "
+                        "attribute if both are meant)",
                     )
                 seen[name] = group
         pending: list[type] = []
         for name, opaque_cls in cls.opaque_attrs.items():
             if not isinstance(opaque_cls, type):
+                shown = type(opaque_cls).__name__
                 raise _declaration_error(
-                    cls, f"opaque_attrs[{name!r}] must be a class, got {describe_type(opaque_cls)}"
+                    cls,
+                    f"opaque_attrs[{name!r}] must be a class, got {describe_type(opaque_cls)} (an instance). "
+                    f"Fix: name its class, `opaque_attrs = {{{name!r}: {shown}}}` (with {shown} in scope), and "
+                    "pass the object to the constructor",
                 )
             if issubclass(opaque_cls, torch.Tensor):
                 raise _declaration_error(
@@ -225,7 +288,11 @@ class OpaqueSubclass(torch.Tensor):
         **named: Any,
     ) -> Any:
         if cls is OpaqueSubclass:
-            raise TypeError("OpaqueSubclass is a base class; subclass it and declare tensor_attrs")
+            raise TypeError(
+                "OpaqueSubclass is a base class and declares no attributes, so it cannot be built. Fix: "
+                'declare a subclass, `class Scaled(OpaqueSubclass): tensor_attrs = ("_data",)`, and build '
+                "that: Scaled(data) (add opaque_attrs and meta_attrs as needed)."
+            )
         bound = cls._bind(values, named)
         # ``_trusted`` (private): a rebuild from flattened parts (unflatten, wrap_like,
         # a replayed exported constructor) stores the inner tensors as given.
@@ -273,24 +340,40 @@ class OpaqueSubclass(torch.Tensor):
         if "_none" in named:  # metadata that is None, named apart in a recorded export call (see _recorded)
             named = {n: v for n, v in named.items() if n != "_none"} | dict.fromkeys(named["_none"])
         if len(values) > len(names):
-            raise TypeError(f"{subject(cls)}() takes {len(names)} values ({', '.join(names)}), got {len(values)}")
+            raise TypeError(
+                f"{subject(cls)}() takes {len(names)} values ({', '.join(names)}), got {len(values)}. Fix: "
+                f"drop the last {len(values) - len(names)} value(s): pass one value per declared attribute, in "
+                f"the order {', '.join(names)}"
+            )
         bound = dict(zip(names, values))
         for name, value in named.items():
             if name not in names:
+                close = difflib.get_close_matches(name, names, n=1) or difflib.get_close_matches(f"_{name}", names, n=1)
+                fix = f"write {close[0]}= instead of {name}=" if close else "use one of the declared names"
                 raise TypeError(
-                    f"{subject(cls)}() got an unexpected argument {name!r}; declared attributes are {', '.join(names)}"
+                    f"{subject(cls)}() got an unexpected argument {name!r}; declared attributes are "
+                    f"{', '.join(names)}. Fix: {fix}"
                 )
             if name in bound:
-                raise TypeError(f"{subject(cls)}() got {name!r} both by position and by keyword")
+                position = names.index(name) + 1
+                raise TypeError(
+                    f"{subject(cls)}() got {name!r} both by position and by keyword. Fix: give it once: drop "
+                    f"{name}= or pass only {position - 1} positional value(s)"
+                )
             bound[name] = value
         missing = [n for n in names if n not in bound]
         if missing:
-            raise TypeError(f"{subject(cls)}() is missing {', '.join(map(repr, missing))}")
+            raise TypeError(
+                f"{subject(cls)}() is missing {', '.join(map(repr, missing))}. Fix: pass "
+                + ", ".join(f"{n}=..." for n in missing)
+                + f" too (declared attributes, in order: {', '.join(names)})"
+            )
         for name in cls.tensor_attrs:
             value = bound[name]
             if not isinstance(value, torch.Tensor):
                 raise TypeError(
-                    f"{subject(cls)}.{name} must be a tensor (declared in tensor_attrs), got {describe_type(value)}"
+                    f"{subject(cls)}.{name} must be a tensor (declared in tensor_attrs), got {describe_type(value)}. "
+                    f"Fix: pass a tensor for {name}, e.g. {name}=torch.as_tensor(value) for a list or number"
                 )
         for name, expected in cls.opaque_attrs.items():
             value = bound[name]
@@ -451,7 +534,7 @@ class OpaqueSubclass(torch.Tensor):
         override entries.
         """
         if cls is OpaqueSubclass:
-            raise TypeError("implements() is called on your subclass, e.g. @MeshTensor.implements(...)")
+            raise TypeError(_implements_on_base(ops))
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             for op in ops:

@@ -17,7 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake as _is_fake_tensor
 
 from opaque_subclass.core.context import unequal_to_copy
-from opaque_subclass.core.errors import describe_type, subject
+from opaque_subclass.core.errors import describe_type, import_fix, subject
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.spec import (
     OpaqueMeta,
@@ -263,17 +263,27 @@ def check_guardable_context(level: Level) -> None:
     where, culprit = part.path, part.obj
     cls = type(owner)
     culprit_cls = opaque_type_of(culprit)
+    try:  # the instance attribute holding the object, if any (read from __dict__, nothing called)
+        attr = next((n for n, v in vars(owner).items() if v is culprit), None)
+    except Exception:
+        attr = None
+    names = list(level.names)
+    listed = f"`return {[*names, attr]!r}, <the context without it>`" if attr else "its attribute name"
+    as_input = (
+        f"list it among the attributes: return {listed} from {cls.__qualname__}.__tensor_flatten__ and "
+        "read it from inner_tensors in __tensor_unflatten__ (a graph input, passed by identity)"
+    )
     if opaque_kind(culprit_cls) == "reference":
-        fix = (
-            f"list it among the attributes instead: a registered reference opaque travels as a graph "
-            f"input, passed by identity (return [..., '<name>'] from {cls.__qualname__}.__tensor_flatten__ "
-            "and read it from the inner dict in __tensor_unflatten__)"
-        )
+        fix = as_input
     else:
+        shown = culprit_cls.__name__
         fix = (
-            f"give {describe_type(culprit)} value equality (__eq__ and __hash__ over its state), or, if its "
-            "identity matters, register it with opaque_subclass.register_opaque(<class>) and list it among "
-            f"the attributes, or define __metadata_guard__ on {cls.__qualname__}"
+            "register its class, "
+            + import_fix(culprit_cls, 'opaque_subclass.register_opaque({cls}, kind="reference")')
+            + f", and {as_input}; or, if it is a constant, give {shown} value equality: define "
+            "`def __eq__(self, other): return type(other) is type(self) and vars(other) == vars(self)` and "
+            "`def __hash__(self): return hash(type(self))` in its class (or define __metadata_guard__ on "
+            f"{cls.__qualname__})"
         )
     eq: Any = type(culprit).__eq__
     why = "it compares by identity" if eq is object.__eq__ else "its __eq__ says so"

@@ -47,8 +47,10 @@ def _unwrap_flat(args: Sequence[Any], metas: Sequence[SlotMeta] | None, append_s
         return out
     if len(metas) != len(args):
         raise OpaqueSubclassError(
-            f"unwrap: {len(args)} {what} but {len(metas)} metas; pass the metas made for "
-            "exactly these arguments (create_subclass_meta(args))."
+            f"unwrap: {len(args)} {what} but {len(metas)} metas; the metas describe other arguments. "
+            f"Fix: make the metas from exactly these arguments, `import opaque_subclass; "
+            f"metas = opaque_subclass.create_subclass_meta({what})` ({what}: the list passed), and pass "
+            "subclass_metas=metas."
         )
     key = "unwrap+symints" if append_symints else "unwrap"
     extend = out.extend
@@ -200,8 +202,11 @@ def _raise_width(metas: Sequence[SlotMeta], flat: Sequence[Any], saved: int | No
     raise OpaqueSubclassError(
         f"wrap_tensor_subclasses: the metas describe {width} flat slots{extra} "
         f"({width + (saved or 0)} values) but {len(flat)} values were given. The flat list "
-        "must come from the same subclass structure the metas were made from; re-create "
-        "the metas (create_subclass_meta) if __tensor_flatten__ changed."
+        "must come from the same subclass structure the metas were made from. Fix: wrap the list "
+        "that unwrapping the values gives, `import opaque_subclass; flat = "
+        "opaque_subclass.unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)` "
+        "(args: the values the metas were made from), or, if __tensor_flatten__ changed, re-create "
+        "the metas with opaque_subclass.create_subclass_meta(args)."
     )
 
 

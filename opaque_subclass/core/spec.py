@@ -116,7 +116,13 @@ class _FrozenAttrs(dict):  # type: ignore[type-arg]  # str -> SlotMeta, checked 
     __slots__ = ()
 
     def _readonly(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise TypeError("SubclassCreationMeta.attrs is read-only; build a new meta instead")
+        raise TypeError(
+            "SubclassCreationMeta.attrs is read-only (metas are shared by compiled code). Fix: build a "
+            "new meta with the attributes you want, `import dataclasses; "
+            "meta = dataclasses.replace(meta, attrs={**meta.attrs, name: slot_meta})` (name, slot_meta: "
+            "the entry to add, numbered after the others), or make one from an instance with "
+            "opaque_subclass.create_subclass_meta([x])[0]"
+        )
 
     # deliberately disabled
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _readonly
@@ -201,8 +207,14 @@ class SubclassCreationMeta:
         setattr_(self, "outer_size", tuple(self.outer_size))
         setattr_(self, "outer_stride", tuple(self.outer_stride))
         if not isinstance(self.subclass_type, type) or not issubclass(self.subclass_type, torch.Tensor):
+            given = self.subclass_type
+            shown = qualified_name(given) if isinstance(given, type) else describe_type(given)
             raise TypeError(
-                f"SubclassCreationMeta.subclass_type must be a torch.Tensor subclass, got {self.subclass_type!r}"
+                f"SubclassCreationMeta.subclass_type must be a torch.Tensor subclass, got {shown}"
+                f"{' (a class that is not a tensor)' if isinstance(given, type) else ''}. Fix: pass the "
+                "wrapper subclass the meta describes (subclass_type=MeshTensor for a MeshTensor), not the class "
+                "of one of its attributes, or make the meta from an instance: `import opaque_subclass; "
+                "meta = opaque_subclass.create_subclass_meta([x])[0]` (x: an instance)"
             )
         count = tensors = opaques = 0
         expected = self.flat_tensor_start_idx
@@ -220,17 +232,24 @@ class SubclassCreationMeta:
             else:
                 raise TypeError(
                     f"{subject(self.subclass_type)} meta: attrs[{name!r}] must be a "
-                    f"PlainTensorMeta, OpaqueMeta or SubclassCreationMeta, got {describe_type(sub)}"
+                    f"PlainTensorMeta, OpaqueMeta or SubclassCreationMeta, got {describe_type(sub)}. Fix: "
+                    f"describe a tensor attribute with `PlainTensorMeta({expected}, {name!r})`, an opaque with "
+                    f"OpaqueMeta({expected}, {name!r}, <its class>), a nested subclass with its own "
+                    "SubclassCreationMeta"
                 )
             if sub.attr != name:
                 raise ValueError(
                     f"{subject(self.subclass_type)} meta: attrs[{name!r}] describes "
-                    f"attribute {sub.attr!r}; the key and the meta's attr must agree"
+                    f"attribute {sub.attr!r}; the key and the meta's attr must agree. Fix: build "
+                    f"attrs[{name!r}] with attr={name!r}, `import dataclasses; "
+                    f"slot = dataclasses.replace(slot, attr={name!r})` (slot: that meta)"
                 )
             if start != expected:
+                field_name = "flat_tensor_start_idx" if isinstance(sub, SubclassCreationMeta) else "unwrapped_idx"
                 raise ValueError(
                     f"{subject(self.subclass_type)} meta: attribute {name!r} starts at flat "
-                    f"slot {start}, expected {expected} (slots must be contiguous, in order)"
+                    f"slot {start}, expected {expected} (slots must be contiguous, in order). Fix: give "
+                    f"attrs[{name!r}] {field_name}={expected}, and number the attributes after it on from there"
                 )
             expected += width
             count += width

@@ -207,11 +207,40 @@ def read_level(t: torch.Tensor, path: str = "x", *, strict: bool = True) -> Leve
         raise TypeError(
             f"{subject(type(t))}.__tensor_flatten__() at {path!r} lists no tensor attribute "
             f"(names {list(names)!r}); a traceable wrapper subclass needs at least one inner tensor, "
-            "from which torch builds its fake and functional copies while tracing. Fix: keep the "
-            f"data in a tensor attribute set in __new__ and list it first, e.g. "
-            f"`return ['_data', *{list(names)!r}], ctx`."
+            "from which torch builds its fake and functional copies while tracing. Fix: "
+            + _no_tensor_fix(t, names, ctx)
         )
     return Level(t, path, ctx, tuple(attrs))
+
+
+def _literal(value: object) -> str | None:
+    """``repr(value)`` when it is a short literal that evaluates back to ``value``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        text = repr(value)
+    elif isinstance(value, tuple) and all(v is None or isinstance(v, (bool, int, float, str)) for v in value):
+        text = repr(value)
+    else:
+        return None
+    return text if len(text) <= 40 else None
+
+
+def _no_tensor_fix(t: object, names: tuple[str, ...], ctx: object) -> str:
+    """The fix for a level that lists no tensor: list the instance's own tensor
+    attribute when it has one (read from its ``__dict__``, nothing called),
+    else say which kind of attribute to add; the names are never assumed."""
+    try:
+        held = [n for n, v in vars(t).items() if isinstance(v, _Tensor) and n not in names]
+        context = _literal(ctx)
+    except Exception:  # an error message must never crash
+        held, context = [], None
+    if held:
+        shown = context if context is not None else "ctx"
+        where = "" if context is not None else " (ctx: the context it returns now)"
+        return f"list its tensor attribute {held[0]!r} first, `return {[held[0], *names]!r}, {shown}`{where}."
+    return (
+        "keep the data in a tensor attribute set in __new__ (the instance has none) and return its "
+        f"name first: ['<tensor attribute>', *{list(names)!r}], with <tensor attribute> that name."
+    )
 
 
 def walk(x: object, path: str = "x") -> Iterator[tuple[str, Level | Attr]]:

@@ -54,7 +54,10 @@ class UnwrapSubclass(torch.nn.Module):
     def forward(self, *leaves: Any) -> torch.Tensor:
         if self._rebuild is None:
             raise RuntimeError(
-                "UnwrapSubclass.forward called before right_inverse; register it with "
+                "UnwrapSubclass.forward called before right_inverse: it was called directly, or registered "
+                "without unsafe=True. Fix: let the library parametrize every subclass parameter, "
+                "`import opaque_subclass; opaque_subclass.unwrap_tensor_subclass_parameters(module)` "
+                "(module: the module holding the parameter), or register it with "
                 "torch.nn.utils.parametrize.register_parametrization(module, name, UnwrapSubclass(), unsafe=True)."
             )
         if self._export_error is not None and _is_exporting():
