@@ -16,6 +16,14 @@ stops the script. No trigger compiles anything: torch.compile and
 torch.export reach the same checks through the same walk and produce the same
 messages, with another root in attribute paths (``L['x']._mesh`` for ``x._mesh``).
 
+Every entry also has a ``fixed`` variant (unless ``NOT_FIXED`` says why not):
+the trigger with the message's fix applied. ``{fix}`` in it stands for the
+message's first backticked snippet after ``Fix:``, so the snippet itself runs.
+The fixed variants run after all triggers (they register classes, which later
+triggers must not see), each in a copy of its trigger's namespace; one that
+raises, or that leaves out the message's snippet, stops the script. They are
+not shown on the page.
+
 The page is the same on every supported torch (checked on 2.11 and 2.15): no
 message shown depends on the release.
 """
@@ -23,6 +31,7 @@ message shown depends on the release.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import textwrap
 import types
@@ -50,6 +59,10 @@ class Entry:
     cause: str
     code: str
     fix: str
+    # The trigger with the message's fix applied, which must raise nothing; a
+    # line (or part of one) ``{fix}`` is replaced by the message's first
+    # backticked snippet after "Fix:", so the snippet itself runs. Not shown.
+    fixed: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,8 +78,8 @@ def _code(text: str) -> str:
     return textwrap.dedent(text).strip("\n")
 
 
-def _e(key: str, error: str, title: str, cause: str, code: str, fix: str) -> Entry:
-    return Entry(key, error, title, " ".join(cause.split()), _code(code), " ".join(fix.split()))
+def _e(key: str, error: str, title: str, cause: str, code: str, fix: str, fixed: str = "") -> Entry:
+    return Entry(key, error, title, " ".join(cause.split()), _code(code), " ".join(fix.split()), _code(fixed))
 
 
 # ---------------------------------------------------------------------- the entries
@@ -160,6 +173,9 @@ REGISTRATION = Group(
             "`register_opaque` was given an object, not its class.",
             "osc.register_opaque(Mesh())",
             "Pass the class: `register_opaque(Mesh)`, or `register_opaque(type(obj))`.",
+            fixed="""
+                osc.register_opaque(type(Mesh()))
+            """,
         ),
         _e(
             "register-kind",
@@ -170,6 +186,9 @@ REGISTRATION = Group(
             'osc.register_opaque(Mesh, kind="ref")',
             """`kind="reference"` for an object whose identity matters (a mesh, a process group, a
             stream), `kind="value"` for a constant compared with `==`.""",
+            fixed="""
+                osc.register_opaque(Mesh, kind="reference")
+            """,
         ),
         _e(
             "register-builtin",
@@ -180,6 +199,14 @@ REGISTRATION = Group(
             """Keep a plain value in the flatten context (the second value `__tensor_flatten__`
             returns); wrap an object whose identity matters in a class of your own and register
             that class.""",
+            fixed="""
+                class Count(OpaqueBase):
+                    def __init__(self, n):
+                        self.n = n
+
+
+                osc.register_opaque(Count)
+            """,
         ),
         _e(
             "register-torch-type",
@@ -190,6 +217,9 @@ REGISTRATION = Group(
             values, and registering one would change that for every compiled program in the process.""",
             "osc.register_opaque(torch.device)",
             "Keep the value in the flatten context, or as a plain attribute read outside the compiled region.",
+            fixed="""
+                osc.flatten_subclass(MeshTensor(torch.ones(2), Mesh(), torch.device("cpu")))
+            """,
         ),
         _e(
             "register-pytree",
@@ -202,6 +232,14 @@ REGISTRATION = Group(
             osc.register_opaque(Point)
             """,
             "Wrap the value in a class that is not a pytree node, and register that class.",
+            fixed="""
+                class PointBox(OpaqueBase):
+                    def __init__(self, point):
+                        self.point = point
+
+
+                osc.register_opaque(PointBox)
+            """,
         ),
         _e(
             "register-other-kind",
@@ -212,6 +250,9 @@ REGISTRATION = Group(
             'osc.register_opaque(Mesh, kind="value")',
             """Keep one registration. To change the kind, change the first registration and start a
             fresh process.""",
+            fixed="""
+                osc.register_opaque(Mesh, kind="reference")
+            """,
         ),
         _e(
             "register-value-protocol",
@@ -228,6 +269,9 @@ REGISTRATION = Group(
             """,
             """Define the missing methods (see `Config` in the set-up above), or register the class as a
             reference opaque if its identity matters.""",
+            fixed="""
+                {fix}
+                """,
         ),
     ),
 )
@@ -249,6 +293,10 @@ DECLARING = Group(
                 tensor_attrs = "_data"
             """,
             'A tuple: `tensor_attrs = ("_data",)`.',
+            fixed="""
+                class Scaled(OpaqueSubclass):
+                    {fix}
+            """,
         ),
         _e(
             "declare-not-a-tuple",
@@ -260,6 +308,10 @@ DECLARING = Group(
                 tensor_attrs = {"_data"}
             """,
             'A tuple, in the order the flat slots should have: `tensor_attrs = ("_data",)`.',
+            fixed="""
+                class Scaled(OpaqueSubclass):
+                    {fix}
+            """,
         ),
         _e(
             "declare-bad-name",
@@ -271,6 +323,10 @@ DECLARING = Group(
                 tensor_attrs = ("2d",)
             """,
             'Use a valid attribute name, as the message suggests: `tensor_attrs = ("_2d",)`.',
+            fixed="""
+                class Scaled(OpaqueSubclass):
+                    {fix}
+            """,
         ),
         _e(
             "declare-shadow",
@@ -282,6 +338,10 @@ DECLARING = Group(
                 tensor_attrs = ("data",)
             """,
             "Rename it; a leading underscore is the convention: `_data`.",
+            fixed="""
+                class Scaled(OpaqueSubclass):
+                    tensor_attrs = ("_data",)
+            """,
         ),
         _e(
             "declare-no-tensor",
@@ -294,6 +354,11 @@ DECLARING = Group(
                 opaque_attrs = {"_mesh": Mesh}
             """,
             'Declare the data: `tensor_attrs = ("_data",)`.',
+            fixed="""
+                class Scaled(OpaqueSubclass):
+                    tensor_attrs = ("_data",)
+                    opaque_attrs = {"_mesh": Mesh}
+            """,
         ),
         _e(
             "declare-opaques-not-mapping",
@@ -306,6 +371,11 @@ DECLARING = Group(
                 opaque_attrs = ("_mesh",)
             """,
             'Map each name to its opaque class: `opaque_attrs = {"_mesh": Mesh}`.',
+            fixed="""
+                class Scaled(OpaqueSubclass):
+                    tensor_attrs = ("_data",)
+                    opaque_attrs = {"_mesh": Mesh}
+            """,
         ),
         _e(
             "declare-two-groups",
@@ -318,6 +388,11 @@ DECLARING = Group(
                 meta_attrs = ("_data",)
             """,
             "Keep the name in one group (tensors, opaques or metadata); rename the other attribute.",
+            fixed="""
+                class Scaled(OpaqueSubclass):
+                    tensor_attrs = ("_data",)
+                    {fix}
+            """,
         ),
         _e(
             "declare-opaque-not-a-class",
@@ -330,6 +405,14 @@ DECLARING = Group(
                 opaque_attrs = {"_mesh": Mesh()}
             """,
             'Name the class: `opaque_attrs = {"_mesh": Mesh}`; the object is passed to the constructor.',
+            fixed="""
+                class Scaled(OpaqueSubclass):
+                    tensor_attrs = ("_data",)
+                    {fix}
+
+
+                Scaled(torch.ones(2), Mesh())
+            """,
         ),
         _e(
             "declare-opaque-tensor",
@@ -342,6 +425,10 @@ DECLARING = Group(
                 opaque_attrs = {"_scale": torch.Tensor}
             """,
             "Declare the attribute in `tensor_attrs`.",
+            fixed="""
+                class Scaled(OpaqueSubclass):
+                    tensor_attrs = ("_data", "_scale")
+            """,
         ),
         _e(
             "declare-opaque-plain-type",
@@ -355,6 +442,11 @@ DECLARING = Group(
                 opaque_attrs = {"_dim": int}
             """,
             "Declare the attribute in `meta_attrs` (metadata, kept in the flatten context).",
+            fixed="""
+                class Scaled(OpaqueSubclass):
+                    tensor_attrs = ("_data",)
+                    meta_attrs = ("_dim",)
+            """,
         ),
         _e(
             "declare-opaque-value",
@@ -368,6 +460,14 @@ DECLARING = Group(
                 opaque_attrs = {"_cfg": Config}
             """,
             "Declare the attribute in `meta_attrs`.",
+            fixed="""
+                class Scaled(OpaqueSubclass):
+                    tensor_attrs = ("_data",)
+                    meta_attrs = ("_cfg",)
+
+
+                Scaled(torch.ones(2), Config(8))
+            """,
         ),
         _e(
             "declare-opaque-unregistered",
@@ -382,6 +482,17 @@ DECLARING = Group(
             """Register it first, `osc.register_opaque(Handle)`, or declare the subclass with
             `register_opaques=True` (`class Scaled(OpaqueSubclass, register_opaques=True)`) to
             register it when the first instance is built.""",
+            fixed="""
+                {fix}
+
+
+                class Scaled(OpaqueSubclass):
+                    tensor_attrs = ("_data",)
+                    opaque_attrs = {"_handle": Handle}
+
+
+                Scaled(torch.ones(2), Handle())
+            """,
         ),
         _e(
             "declare-pending-became-value",
@@ -411,6 +522,14 @@ DECLARING = Group(
             """,
             """Register the class as a reference opaque (before any other registration), or declare
             the attribute in `meta_attrs` if it is a constant.""",
+            fixed="""
+                class Coded(OpaqueSubclass):
+                    tensor_attrs = ("_data",)
+                    meta_attrs = ("_codec",)
+
+
+                Coded(torch.ones(2), Codec())
+            """,
         ),
     ),
 )
@@ -438,6 +557,10 @@ CONSTRUCTING = Group(
             "`OpaqueSubclass` was instantiated directly; it declares nothing.",
             "OpaqueSubclass(torch.ones(2))",
             "Subclass it and declare `tensor_attrs` (and `opaque_attrs`, `meta_attrs`).",
+            fixed="""
+                {fix}
+                Scaled(torch.ones(2))
+            """,
         ),
         _e(
             "construct-too-many",
@@ -446,6 +569,9 @@ CONSTRUCTING = Group(
             "More positional values than declared attributes.",
             "Sharded(torch.ones(2), Mesh(), 0, 1)",
             "Pass one value per declared attribute, in the order the message lists them.",
+            fixed="""
+                Sharded(torch.ones(2), Mesh(), 0)
+            """,
         ),
         _e(
             "construct-unexpected",
@@ -454,6 +580,9 @@ CONSTRUCTING = Group(
             "A keyword argument names no declared attribute.",
             "Sharded(torch.ones(2), Mesh(), dim=0)",
             "Use the declared names (`_dim=0`); the message lists them.",
+            fixed="""
+                Sharded(torch.ones(2), Mesh(), _dim=0)
+            """,
         ),
         _e(
             "construct-twice",
@@ -462,6 +591,9 @@ CONSTRUCTING = Group(
             "The same attribute was given positionally and by keyword.",
             "Sharded(torch.ones(2), Mesh(), 0, _dim=0)",
             "Give each value once.",
+            fixed="""
+                Sharded(torch.ones(2), Mesh(), 0)
+            """,
         ),
         _e(
             "construct-missing",
@@ -470,6 +602,9 @@ CONSTRUCTING = Group(
             "A declared attribute got no value.",
             "Sharded(torch.ones(2), Mesh())",
             "Pass every declared attribute (metadata too: `Sharded(data, mesh, 0)`).",
+            fixed="""
+                Sharded(torch.ones(2), Mesh(), _dim=0)
+            """,
         ),
         _e(
             "construct-not-a-tensor",
@@ -478,6 +613,9 @@ CONSTRUCTING = Group(
             "A value for an attribute of `tensor_attrs` is not a tensor.",
             "Sharded([1.0, 2.0], Mesh(), 0)",
             "Pass a tensor: `Sharded(torch.tensor([1.0, 2.0]), mesh, 0)`.",
+            fixed="""
+                Sharded(_data=torch.as_tensor([1.0, 2.0]), _mesh=Mesh(), _dim=0)
+            """,
         ),
         _e(
             "construct-wrong-opaque",
@@ -486,6 +624,9 @@ CONSTRUCTING = Group(
             "A value for an attribute of `opaque_attrs` is not an instance of the declared class.",
             "Sharded(torch.ones(2), Handle(), 0)",
             "Pass an object of the declared class (the mesh itself, not a name or a copy of its fields).",
+            fixed="""
+                Sharded(torch.ones(2), Mesh(), 0)
+            """,
         ),
         _e(
             "construct-requires-grad",
@@ -496,6 +637,9 @@ CONSTRUCTING = Group(
             "Sharded(torch.ones(2, requires_grad=True), Mesh(), 0, requires_grad=True)",
             """Pass a detached inner tensor for a leaf, or drop `requires_grad=True` to stay
             differentiable with respect to the inner tensor.""",
+            fixed="""
+                Sharded(torch.ones(2, requires_grad=True).detach(), Mesh(), 0, requires_grad=True)
+            """,
         ),
         _e(
             "wrap-like",
@@ -507,6 +651,10 @@ CONSTRUCTING = Group(
             `NotImplemented`.""",
             "s.wrap_like(_data=s._data * 2, _mesh=Mesh())",
             "Pass every inner tensor; to change an opaque or metadata, build a new instance.",
+            fixed="""
+                x = s
+                {fix}
+            """,
         ),
         _e(
             "implements-on-base",
@@ -515,6 +663,9 @@ CONSTRUCTING = Group(
             "`OpaqueSubclass.implements(...)` would register a rule for every subclass.",
             "OpaqueSubclass.implements(torch.ops.aten.mul)",
             "Register on your class: `@Sharded.implements(torch.ops.aten.mul)`.",
+            fixed="""
+                {fix}
+            """,
         ),
         _e(
             "dispatch-different-opaques",
@@ -525,6 +676,9 @@ CONSTRUCTING = Group(
             "s + Sharded(torch.ones(2), Mesh(), 0)",
             """Bring the arguments to one mesh first, or register a rule for the op with
             `@Sharded.implements(...)`.""",
+            fixed="""
+                s + Sharded(torch.ones(2), s._mesh, 0)
+            """,
         ),
         _e(
             "dispatch-different-metadata",
@@ -533,6 +687,9 @@ CONSTRUCTING = Group(
             "The default rule got two arguments of the class whose metadata differ (compared with `==`).",
             "s + Sharded(torch.ones(2), s._mesh, 1)",
             "Make the metadata agree first, or register a rule for the op.",
+            fixed="""
+                s + Sharded(torch.ones(2), s._mesh, 0)
+            """,
         ),
         _e(
             "dispatch-rule-type-error",
@@ -552,6 +709,15 @@ CONSTRUCTING = Group(
             s * 2
             """,
             "Correct the rule where the chained traceback points (here: pass `_dim`, or use `a.wrap_like(...)`).",
+            fixed="""
+                @Sharded.implements(torch.ops.aten.mul.Tensor)
+                def mul(func, args, kwargs):
+                    a, b = args
+                    return a.wrap_like(_data=func(a._data, b))
+
+
+                s * 2
+            """,
         ),
     ),
 )
@@ -580,6 +746,15 @@ FLATTEN_NAMES = Group(
             osc.flatten_subclass(NoContext(torch.ones(2), Mesh()))
             """,
             'Return the names and a context: `return ["_data", "_mesh"], self._tag` (`None` for no context).',
+            fixed="""
+                class NoContext(MeshTensor):
+                    def __tensor_flatten__(self):
+                        ctx = self._tag
+                        {fix}
+
+
+                osc.flatten_subclass(NoContext(torch.ones(2), Mesh()))
+            """,
         ),
         _e(
             "flatten-names-not-a-list",
@@ -596,6 +771,14 @@ FLATTEN_NAMES = Group(
             osc.flatten_subclass(SetNames(torch.ones(2), Mesh()))
             """,
             'Return a list: `["_data", "_mesh"]`.',
+            fixed="""
+                class SetNames(MeshTensor):
+                    def __tensor_flatten__(self):
+                        return ["_data", "_mesh"], self._tag
+
+
+                osc.flatten_subclass(SetNames(torch.ones(2), Mesh()))
+            """,
         ),
         _e(
             "flatten-names-not-strings",
@@ -612,6 +795,14 @@ FLATTEN_NAMES = Group(
             osc.flatten_subclass(OneName(torch.ones(2), Mesh()))
             """,
             'Return a list of strings: `["_data"]`, or `("_data",)`.',
+            fixed="""
+                class OneName(MeshTensor):
+                    def __tensor_flatten__(self):
+                        return ["_data", "_mesh"], self._tag
+
+
+                osc.flatten_subclass(OneName(torch.ones(2), Mesh()))
+            """,
         ),
         _e(
             "flatten-names-repeated",
@@ -627,6 +818,14 @@ FLATTEN_NAMES = Group(
             osc.flatten_subclass(Twice(torch.ones(2), Mesh()))
             """,
             "List each name once (the message gives the list without repeats).",
+            fixed="""
+                class Twice(MeshTensor):
+                    def __tensor_flatten__(self):
+                        return ['_data', '_mesh'], self._tag
+
+
+                osc.flatten_subclass(Twice(torch.ones(2), Mesh()))
+            """,
         ),
         _e(
             "flatten-missing-attribute",
@@ -642,6 +841,14 @@ FLATTEN_NAMES = Group(
             osc.flatten_subclass(Typo(torch.ones(2), Mesh()))
             """,
             "List only attributes that `__new__`/`__init__` set on every instance.",
+            fixed="""
+                class Typo(MeshTensor):
+                    def __tensor_flatten__(self):
+                        return ["_data", "_mesh"], self._tag
+
+
+                osc.flatten_subclass(Typo(torch.ones(2), Mesh()))
+            """,
         ),
         _e(
             "flatten-no-tensor",
@@ -658,6 +865,14 @@ FLATTEN_NAMES = Group(
             osc.flatten_subclass(OnlyMesh(torch.ones(2), Mesh()))
             """,
             'Keep the data in a tensor attribute and list it first: `return ["_data", "_mesh"], ctx`.',
+            fixed="""
+                class OnlyMesh(MeshTensor):
+                    def __tensor_flatten__(self):
+                        {fix}
+
+
+                osc.flatten_subclass(OnlyMesh(torch.ones(2), Mesh()))
+            """,
         ),
     ),
 )
@@ -679,6 +894,10 @@ FLATTEN_VALUES = Group(
             "osc.flatten_subclass(MeshTensor(MeshTensor(torch.ones(2), Handle()), Mesh()))",
             """Register the class as a reference opaque (the message gives the call), or, if the
             object is a constant, move it into the flatten context.""",
+            fixed="""
+                {fix}
+                osc.flatten_subclass(MeshTensor(MeshTensor(torch.ones(2), Handle()), Mesh()))
+            """,
         ),
         _e(
             "value-builtin",
@@ -688,6 +907,9 @@ FLATTEN_VALUES = Group(
             'osc.flatten_subclass(MeshTensor(torch.ones(2), "dp"))',
             """Move the value into the flatten context (the second value `__tensor_flatten__`
             returns) and read it back in `__tensor_unflatten__`.""",
+            fixed="""
+                osc.flatten_subclass(MeshTensor(torch.ones(2), Mesh(), "dp"))
+            """,
         ),
         _e(
             "value-torch-type",
@@ -696,6 +918,9 @@ FLATTEN_VALUES = Group(
             "The attribute holds a `torch.dtype`, `torch.device`, `torch.Size`, a module or another value torch.compile handles itself.",
             "osc.flatten_subclass(MeshTensor(torch.ones(2), torch.float16))",
             "Move the value into the flatten context.",
+            fixed="""
+                osc.flatten_subclass(MeshTensor(torch.ones(2), Mesh(), torch.float16))
+            """,
         ),
         _e(
             "value-value-opaque",
@@ -708,6 +933,19 @@ FLATTEN_VALUES = Group(
             "osc.flatten_subclass(MeshTensor(torch.ones(2), Config(8)))",
             """Return the object in the context instead of the names; if its identity matters,
             register its class as a reference opaque (in a fresh process: the kind cannot change).""",
+            fixed="""
+                class InContext(MeshTensor):
+                    def __tensor_flatten__(self):
+                        names = ["_data"]
+                        {fix}
+
+                    @classmethod
+                    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+                        return cls(inner["_data"], ctx[1])
+
+
+                osc.flatten_subclass(InContext(torch.ones(2), Config(8)))
+            """,
         ),
     ),
 )
@@ -738,6 +976,16 @@ UNFLATTEN = Group(
             osc.unflatten_subclass(leaves, spec)
             """,
             "Return `cls(...)` built from the inner tensors, the context and `outer_size`/`outer_stride`.",
+            fixed="""
+                class ReturnsInner(MeshTensor):
+                    @classmethod
+                    def __tensor_unflatten__(cls, inner, tag, outer_size, outer_stride):
+                        return ReturnsInner(inner["_data"], inner["_mesh"], tag)
+
+
+                leaves, spec = osc.flatten_subclass(ReturnsInner(torch.ones(2), Mesh()))
+                osc.unflatten_subclass(leaves, spec)
+            """,
         ),
         _e(
             "unflatten-shape-dtype",
@@ -762,6 +1010,15 @@ UNFLATTEN = Group(
             """Build the result with `outer_size`, `outer_stride` and the inner tensors' dtype
             (`torch.Tensor._make_wrapper_subclass(cls, outer_size, strides=outer_stride,
             dtype=...)`).""",
+            fixed="""
+                class DropsShape(MeshTensor):
+                    @classmethod
+                    def __tensor_unflatten__(cls, inner, tag, outer_size, outer_stride):
+                        return cls(inner["_data"], inner["_mesh"], tag)
+
+
+                check_rebuild(DropsShape(torch.ones(2), Mesh()))
+            """,
         ),
     ),
 )
@@ -781,6 +1038,9 @@ FLATTEN_API = Group(
             "`flatten_subclass` takes one tensor (a subclass instance, or a plain tensor).",
             "osc.flatten_subclass(Mesh())",
             "Pass the subclass instance; for a list of arguments use `create_subclass_meta`.",
+            fixed="""
+                osc.flatten_subclass(x)
+            """,
         ),
         _e(
             "unflatten-not-a-spec",
@@ -789,6 +1049,9 @@ FLATTEN_API = Group(
             "The second argument is not a spec returned by `flatten_subclass` (nor a meta from `create_subclass_meta`).",
             'osc.unflatten_subclass(leaves, "MeshTensor")',
             "Pass the second value `flatten_subclass` returned.",
+            fixed="""
+                osc.unflatten_subclass(leaves, spec)
+            """,
         ),
         _e(
             "unflatten-leaf-count",
@@ -797,6 +1060,9 @@ FLATTEN_API = Group(
             "The leaves are more or fewer than the spec describes.",
             "osc.unflatten_subclass(leaves[:1], spec)",
             "Pass exactly the leaves `flatten_subclass` returned for this spec.",
+            fixed="""
+                osc.unflatten_subclass(leaves, spec)
+            """,
         ),
         _e(
             "unflatten-tensor-for-opaque",
@@ -805,6 +1071,9 @@ FLATTEN_API = Group(
             "A leaf in an opaque slot is not a reference opaque of the slot's type.",
             "osc.unflatten_subclass([leaves[0], torch.ones(2)], spec)",
             "Pass the leaves in the order `flatten_subclass` returned them.",
+            fixed="""
+                osc.unflatten_subclass(leaves, spec)
+            """,
         ),
         _e(
             "unflatten-opaque-for-tensor",
@@ -813,6 +1082,9 @@ FLATTEN_API = Group(
             "A leaf in a tensor slot is not a tensor.",
             "osc.unflatten_subclass([Mesh(), Mesh()], spec)",
             "Pass the leaves in the order `flatten_subclass` returned them.",
+            fixed="""
+                osc.unflatten_subclass(leaves, spec)
+            """,
         ),
         _e(
             "unflatten-unregistered",
@@ -837,6 +1109,10 @@ FLATTEN_API = Group(
             osc.unflatten_subclass([torch.ones(2), Pipe()], pipe_spec)
             """,
             "Register the class as a reference opaque in this process before rebuilding (the message gives the call).",
+            fixed="""
+                {fix}
+                osc.unflatten_subclass([torch.ones(2), Pipe()], pipe_spec)
+            """,
         ),
         _e(
             "create-meta-not-a-list",
@@ -845,6 +1121,9 @@ FLATTEN_API = Group(
             "`create_subclass_meta` takes a list or tuple of arguments.",
             "osc.create_subclass_meta(x)",
             "Wrap a single argument in a list: `create_subclass_meta([x])`.",
+            fixed="""
+                osc.create_subclass_meta([x])
+            """,
         ),
     ),
 )
@@ -874,6 +1153,10 @@ METAS = Group(
             "`subclass_type` is not a class derived from `torch.Tensor`.",
             'scm({"_data": osc.PlainTensorMeta(0, "_data")}, subclass_type=Mesh)',
             "Pass the wrapper subclass (`MeshTensor`), not the class of one of its attributes.",
+            fixed="""
+                {fix}
+                scm({"_data": osc.PlainTensorMeta(0, "_data"), "_mesh": osc.OpaqueMeta(1, "_mesh", Mesh)}, subclass_type=type(x))
+            """,
         ),
         _e(
             "meta-attrs-value",
@@ -882,6 +1165,11 @@ METAS = Group(
             "A value of `attrs` is not a `PlainTensorMeta`, `OpaqueMeta` or `SubclassCreationMeta`.",
             'scm({"_data": 0})',
             'Describe each attribute with a meta: `{"_data": osc.PlainTensorMeta(0, "_data")}`.',
+            fixed="""
+                from opaque_subclass import PlainTensorMeta
+
+                scm({"_data": {fix}})
+            """,
         ),
         _e(
             "meta-attrs-key",
@@ -890,6 +1178,11 @@ METAS = Group(
             "The key of an `attrs` entry and the `attr` field of its meta name different attributes.",
             'scm({"_data": osc.PlainTensorMeta(0, "data")})',
             'Use one name for both: `{"_data": osc.PlainTensorMeta(0, "_data")}`.',
+            fixed="""
+                slot = osc.PlainTensorMeta(0, "data")
+                {fix}
+                scm({"_data": slot})
+            """,
         ),
         _e(
             "meta-slots",
@@ -898,6 +1191,9 @@ METAS = Group(
             "The attributes' flat slots do not follow each other from `flat_tensor_start_idx`, in order.",
             'scm({"_data": osc.PlainTensorMeta(0, "_data"), "_mesh": osc.OpaqueMeta(2, "_mesh", Mesh)})',
             "Number the slots 0, 1, 2, ... in the order of `attrs` (a nested meta takes `arg_count` slots).",
+            fixed="""
+                scm({"_data": osc.PlainTensorMeta(0, "_data"), "_mesh": osc.OpaqueMeta(1, "_mesh", Mesh)})
+            """,
         ),
         _e(
             "meta-attrs-read-only",
@@ -906,6 +1202,11 @@ METAS = Group(
             "`SubclassCreationMeta.attrs` is a read-only mapping.",
             'spec.attrs["_extra"] = osc.PlainTensorMeta(2, "_extra")',
             "Build a new meta with the attributes you want (or `create_subclass_meta` from an instance).",
+            fixed="""
+                meta = spec
+                name, slot_meta = "_extra", osc.PlainTensorMeta(2, "_extra")
+                {fix}
+            """,
         ),
     ),
 )
@@ -928,6 +1229,9 @@ RUNTIME = Group(
             "`unwrap_tensor_subclasses` got a single argument instead of a list or tuple of them.",
             "osc.unwrap_tensor_subclasses(x, is_joint_structure=False)",
             "Pass `[x]`, or `is_joint_structure=True` with a `(primals, tangents)` pair.",
+            fixed="""
+                osc.unwrap_tensor_subclasses([x], is_joint_structure=False)
+            """,
         ),
         _e(
             "unwrap-joint-not-a-pair",
@@ -937,6 +1241,9 @@ RUNTIME = Group(
             `(primals, tangents)` of lists; the same for `wrap_tensor_subclasses_maybe_joint`.""",
             "osc.unwrap_tensor_subclasses([x], is_joint_structure=True)",
             "Pass `([primals...], [tangents...])`, or `is_joint_structure=False` for a flat list.",
+            fixed="""
+                osc.unwrap_tensor_subclasses(([x], []), is_joint_structure=True)
+            """,
         ),
         _e(
             "unwrap-meta-count",
@@ -945,6 +1252,11 @@ RUNTIME = Group(
             "The number of metas differs from the number of arguments.",
             "osc.unwrap_tensor_subclasses([x, x], is_joint_structure=False, subclass_metas=metas)",
             "Pass the metas made for exactly these arguments: `create_subclass_meta(args)`.",
+            fixed="""
+                args = [x, x]
+                {fix}
+                osc.unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
+            """,
         ),
         _e(
             "unwrap-type",
@@ -953,6 +1265,11 @@ RUNTIME = Group(
             "An argument is not of the subclass its meta was made from.",
             "osc.unwrap_tensor_subclasses([torch.ones(2)], is_joint_structure=False, subclass_metas=metas)",
             "Re-create the metas for the new argument types (torch.compile recompiles on a type change).",
+            fixed="""
+                args = [torch.ones(2)]
+                metas = osc.create_subclass_meta(args)
+                osc.unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
+            """,
         ),
         _e(
             "unwrap-tensor-slot",
@@ -966,6 +1283,10 @@ RUNTIME = Group(
             osc.unwrap_tensor_subclasses([y], is_joint_structure=False, subclass_metas=metas)
             """,
             "Give the attribute a tensor, or re-create the metas from arguments of the new structure.",
+            fixed="""
+                y = MeshTensor(torch.ones(2), Mesh())
+                osc.unwrap_tensor_subclasses([y], is_joint_structure=False, subclass_metas=metas)
+            """,
         ),
         _e(
             "wrap-width",
@@ -976,6 +1297,11 @@ RUNTIME = Group(
             "osc.wrap_tensor_subclasses([*flat, torch.ones(1)], subclass_metas=metas, is_runtime=True)",
             """Wrap the flat list made from the same subclass structure as the metas; re-create the
             metas (`create_subclass_meta`) if `__tensor_flatten__` changed.""",
+            fixed="""
+                args = [x]
+                {fix}
+                osc.wrap_tensor_subclasses(flat, subclass_metas=metas, is_runtime=True)
+            """,
         ),
         _e(
             "wrap-tensor-slot",
@@ -984,6 +1310,9 @@ RUNTIME = Group(
             "A value of the flat list in a slot that rebuilds a tensor attribute is not a tensor.",
             "osc.wrap_tensor_subclasses([None, flat[1]], subclass_metas=metas, is_runtime=True)",
             "Pass the flat values in the order `unwrap_tensor_subclasses` returns them.",
+            fixed="""
+                osc.wrap_tensor_subclasses(flat, subclass_metas=metas, is_runtime=True)
+            """,
         ),
         _e(
             "wrap-joint-no-tangent-metas",
@@ -992,6 +1321,11 @@ RUNTIME = Group(
             "`wrap_tensor_subclasses_maybe_joint(..., is_joint_structure=True)` was not given `tangent_metas`.",
             "osc.wrap_tensor_subclasses_maybe_joint((flat, flat), is_joint_structure=True, inp_metas=metas)",
             "Pass `tangent_metas=create_subclass_meta(tangents)`.",
+            fixed="""
+                osc.wrap_tensor_subclasses_maybe_joint(
+                    (flat, flat), is_joint_structure=True, inp_metas=metas, tangent_metas=osc.create_subclass_meta([x])
+                )
+            """,
         ),
     ),
 )
@@ -1013,6 +1347,9 @@ TANGENTS = Group(
             "The forward output in this slot was an opaque, which has no gradient.",
             "osc.process_runtime_tangent(torch.ones(1), mesh_meta)",
             "Pass `None` for outputs that are opaques.",
+            fixed="""
+                osc.process_runtime_tangent(None, mesh_meta)
+            """,
         ),
         _e(
             "tangent-metadata",
@@ -1024,6 +1361,12 @@ TANGENTS = Group(
             """Define `__coerce_same_metadata_as_tangent__(self, expected_metadata,
             expected_type=None)` returning a tangent of the expected type and context, or make
             backward produce one.""",
+            fixed="""
+                MeshTensor.__coerce_same_metadata_as_tangent__ = lambda self, expected_metadata, expected_type=None: MeshTensor(
+                    self._data, self._mesh, expected_metadata
+                )
+                osc.process_runtime_tangent(MeshTensor(torch.ones(2), Mesh(), "other"), out_meta, name="grad_out[0]")
+            """,
         ),
         _e(
             "tangent-coercion",
@@ -1039,6 +1382,14 @@ TANGENTS = Group(
             osc.process_runtime_tangent(Coerces(torch.ones(2), Mesh()), out_meta)
             """,
             "Return a tensor of the expected type and flatten context.",
+            fixed="""
+                class Coerces(MeshTensor):
+                    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+                        return MeshTensor(self._data, self._mesh, expected_metadata)
+
+
+                osc.process_runtime_tangent(Coerces(torch.ones(2), Mesh()), out_meta)
+            """,
         ),
         _e(
             "tangent-opaque-slot",
@@ -1051,6 +1402,9 @@ TANGENTS = Group(
             osc.process_runtime_tangent(grad, out_meta)
             """,
             "Build the tangent with the same attributes as the forward output (its opaques included).",
+            fixed="""
+                osc.process_runtime_tangent(MeshTensor(torch.ones(2), Mesh()), out_meta)
+            """,
         ),
     ),
 )
@@ -1081,6 +1435,9 @@ MODULES = Group(
             "`untyped_storages` takes one tensor.",
             "osc.untyped_storages([x])",
             "Pass the tensor (or subclass instance) itself.",
+            fixed="""
+                osc.untyped_storages(x)
+            """,
         ),
         _e(
             "parametrization-unregistered",
@@ -1091,6 +1448,11 @@ MODULES = Group(
             "UnwrapSubclass()(torch.ones(2))",
             """Register it with `torch.nn.utils.parametrize.register_parametrization(module, name,
             UnwrapSubclass(), unsafe=True)`, or call `osc.unwrap_tensor_subclass_parameters(module)`.""",
+            fixed="""
+                module = Holder(MeshTensor(torch.ones(2), Mesh()))
+                {fix}
+                module.w
+            """,
         ),
         _e(
             "parametrization-not-a-subclass",
@@ -1099,6 +1461,10 @@ MODULES = Group(
             "`UnwrapSubclass` was registered on a parameter that is not a wrapper subclass.",
             "UnwrapSubclass().right_inverse(torch.ones(2))",
             "Parametrize only subclass parameters; `unwrap_tensor_subclass_parameters` picks them.",
+            fixed="""
+                module = Holder(MeshTensor(torch.ones(2), Mesh()))
+                osc.unwrap_tensor_subclass_parameters(module).w
+            """,
         ),
         _e(
             "parametrization-export",
@@ -1114,6 +1480,13 @@ MODULES = Group(
             """,
             """Export the subclass parameter itself (remove the parametrization, as the message
             shows), or derive the subclass from `OpaqueSubclass`, whose constructor is recorded.""",
+            fixed="""
+                # A fresh module: torch 2.11's non-strict export leaves a buffer hook on the
+                # module of a failed export (not removed on error), which refuses buffers later.
+                module = osc.unwrap_tensor_subclass_parameters(Holder(MeshTensor(torch.ones(2), Mesh())))
+                {fix}
+                torch.export.export(module, (torch.ones(2),), strict=False)
+            """,
         ),
     ),
 )
@@ -1165,6 +1538,9 @@ EXPORT = Group(
             "`save` takes a `torch.export.ExportedProgram`.",
             "osc.export.save(Model(mesh), io.BytesIO())",
             "Export first: `osc.export.save(torch.export.export(model, args), f)`.",
+            fixed="""
+                osc.export.save(torch.export.export(Model(mesh), (torch.ones(2),), strict=False), io.BytesIO())
+            """,
         ),
         _e(
             "save-reserved-file",
@@ -1173,6 +1549,9 @@ EXPORT = Group(
             "`extra_files` has an entry named `opaque_subclass.json`, the name of the manifest `save` writes.",
             'osc.export.save(ep, io.BytesIO(), extra_files={"opaque_subclass.json": "{}"})',
             "Rename that extra file.",
+            fixed="""
+                osc.export.save(ep, io.BytesIO(), extra_files={"notes.json": "{}"})
+            """,
         ),
         _e(
             "save-name-not-a-string",
@@ -1181,6 +1560,9 @@ EXPORT = Group(
             "A key of `opaques=` is not a non-empty string (here the mapping is the wrong way round).",
             'osc.export.save(ep, io.BytesIO(), opaques={mesh: "dp"})',
             'Map names to objects: `opaques={"dp": mesh}`.',
+            fixed="""
+                osc.export.save(ep, io.BytesIO(), opaques={"dp": mesh})
+            """,
         ),
         _e(
             "save-two-names",
@@ -1189,6 +1571,9 @@ EXPORT = Group(
             "`opaques=` names the same object twice.",
             'osc.export.save(ep, io.BytesIO(), opaques={"dp": mesh, "data_parallel": mesh})',
             "Give each object one name.",
+            fixed="""
+                osc.export.save(ep, io.BytesIO(), opaques={"dp": mesh})
+            """,
         ),
         _e(
             "save-name-clash",
@@ -1198,6 +1583,9 @@ EXPORT = Group(
             (an unnamed object is named after the first place that holds it).""",
             'osc.export.save(two_meshes, io.BytesIO(), opaques={"w._mesh": tp})',
             'Name both objects: `opaques={"dp": mesh, "tp": tp}`.',
+            fixed="""
+                osc.export.save(two_meshes, io.BytesIO(), opaques={"first": mesh, "second": tp})
+            """,
         ),
         _e(
             "save-unused-name",
@@ -1206,6 +1594,9 @@ EXPORT = Group(
             "`opaques=` names an object that is not in the program (the message lists those it holds).",
             'osc.export.save(ep, io.BytesIO(), opaques={"tp": tp})',
             "Name only objects of the program, or drop those names.",
+            fixed="""
+                osc.export.save(ep, io.BytesIO())
+            """,
         ),
         _e(
             "load-missing",
@@ -1218,6 +1609,9 @@ EXPORT = Group(
             """Pass this process's objects, `osc.export.load(f, opaques={"w._mesh": mesh})`, or a
             resolver `opaques=lambda name, cls: ...`; `osc.export.read_manifest(f)` lists the
             names.""",
+            fixed="""
+                osc.export.load(io.BytesIO(saved), opaques={"w._mesh": mesh})
+            """,
         ),
         _e(
             "load-wrong-type",
@@ -1227,6 +1621,9 @@ EXPORT = Group(
             registered as a value opaque in this process).""",
             'osc.export.load(io.BytesIO(saved), opaques={"w._mesh": Handle()})',
             "Pass an object of the saved type for each name.",
+            fixed="""
+                osc.export.load(io.BytesIO(saved), opaques={"w._mesh": mesh})
+            """,
         ),
         _e(
             "load-unknown-name",
@@ -1235,6 +1632,9 @@ EXPORT = Group(
             "`opaques=` has a name that is not in the program's manifest.",
             'osc.export.load(io.BytesIO(saved), opaques={"w._mesh": mesh, "tp": tp})',
             "Drop the extra names; the message lists the ones the program needs.",
+            fixed="""
+                osc.export.load(io.BytesIO(saved), opaques={"w._mesh": mesh})
+            """,
         ),
         _e(
             "load-not-saved-by-the-library",
@@ -1243,6 +1643,9 @@ EXPORT = Group(
             "The archive has no manifest (it was not written by `opaque_subclass.export.save`), so it binds no opaques.",
             'osc.export.load(io.BytesIO(torch_saved(linear)), opaques={"w._mesh": mesh})',
             "Load it without `opaques=`.",
+            fixed="""
+                osc.export.load(io.BytesIO(torch_saved(linear)))
+            """,
         ),
         _e(
             "load-foreign-manifest",
@@ -1251,6 +1654,9 @@ EXPORT = Group(
             "The archive has an extra file named `opaque_subclass.json` that is not a manifest written by `save`.",
             'osc.export.load(io.BytesIO(torch_saved(linear, **{"opaque_subclass.json": "{}"})))',
             "Load it with `torch.export.load`, or save the program again with `opaque_subclass.export.save`.",
+            fixed="""
+                torch.export.load(io.BytesIO(torch_saved(linear, **{"opaque_subclass.json": "{}"})))
+            """,
         ),
         _e(
             "load-newer-manifest",
@@ -1325,6 +1731,18 @@ GROUPS: tuple[Group, ...] = (
     MODULES,
     EXPORT,
 )
+
+#: Entries without a ``fixed`` variant -> why their fix cannot be run here.
+#: tests/test_errors_page.py checks that this is exactly the entries without one.
+NOT_FIXED: dict[str, str] = {
+    "load-newer-manifest": "the fix upgrades the installed package (pip install -U), outside this process",
+    "save-local-class": "the fix moves the class into a module file that a loading process imports; "
+    "the message's backticked `import` is a word, not a snippet",
+    "load-placeholder": "the message's snippet opaque_subclass.export.load(f, opaques={...}) is a template "
+    "(the names come from read_manifest), not runnable as written: to be made concrete",
+    "load-construction": "the message's snippet opaque_subclass.export.load(f, opaques={...}) is a template "
+    "(the names come from read_manifest), not runnable as written: to be made concrete",
+}
 
 #: Errors of opaque_subclass/{core,authoring,modules,export} that have no entry:
 #: (where, exception type, why).
@@ -1448,16 +1866,60 @@ def run() -> list[tuple[Group, list[Result]]]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's own warnings (a read-only buffer at load) are not ours
             exec(compile(SETUP, "<set-up>", "exec"), module.__dict__)
+            snapshots: list[tuple[Entry, str, dict[str, object]]] = []
             for group in GROUPS:
                 if group.setup:
                     exec(compile(_code(group.setup), f"<{group.key} set-up>", "exec"), module.__dict__)
-                results.append((group, [_trigger(entry, module, library, problems) for entry in group.entries]))
+                done = []
+                for entry in group.entries:
+                    result = _trigger(entry, module, library, problems)
+                    done.append(result)
+                    if entry.fixed:  # the namespace the trigger ran in, for its fix (run after all triggers)
+                        snapshots.append((entry, result.message, dict(module.__dict__)))
+                results.append((group, done))
+            # The fixes register classes and change objects, which later triggers
+            # must not see: they run last, each in a copy of its trigger's namespace.
+            for entry, message, namespace in snapshots:
+                _run_fixed(entry, message, namespace, module, problems)
     finally:
         if previous is not None:
             sys.modules["__main__"] = previous
     if problems:
-        raise SystemExit("docs/gen_errors.py: triggers that do not give their error:\n  " + "\n  ".join(problems))
+        raise SystemExit(
+            "docs/gen_errors.py: triggers that do not give their error, or fixes that do not run:\n  "
+            + "\n  ".join(problems)
+        )
     return results
+
+
+FIX_SNIPPET = re.compile(r"Fix:.*?`([^`]+)`", re.S)
+
+
+def fix_snippet(message: str) -> str | None:
+    """The first backticked snippet after "Fix:" in a message, or ``None``."""
+    m = FIX_SNIPPET.search(message)
+    return m.group(1) if m else None
+
+
+def _run_fixed(
+    entry: Entry, message: str, namespace: dict[str, object], module: types.ModuleType, problems: list[str]
+) -> None:
+    """Run an entry's ``fixed`` code, with the message's snippet in place of ``{fix}``;
+    a fixed variant that raises, or that leaves out the message's snippet, is a problem."""
+    snippet = fix_snippet(message)
+    if snippet is not None and "{fix}" not in entry.fixed:
+        problems.append(f"{entry.key}: the message's fix `{snippet}` is not run by its fixed code")
+        return
+    if snippet is None and "{fix}" in entry.fixed:
+        problems.append(f"{entry.key}: the fixed code has {{fix}} but the message has no backticked fix")
+        return
+    code = entry.fixed.replace("{fix}", snippet or "")
+    module.__dict__.clear()
+    module.__dict__.update(namespace)
+    try:
+        exec(compile(code, f"<{entry.key} fixed>", "exec"), module.__dict__)
+    except Exception as e:
+        problems.append(f"{entry.key}: the fixed code raised {type(e).__name__}: {e}")
 
 
 def _trigger(entry: Entry, module: types.ModuleType, library: str, problems: list[str]) -> Result:
@@ -1508,7 +1970,9 @@ argument list, of an op on an `OpaqueSubclass` or of a saved program
 `opaque_subclass.export.OpaqueBindingError` (an `OpaqueSubclassError` and a `LookupError`).
 
 Where a subclass is involved, the message names it (module-qualified), the attribute path and the
-type found; every message has a fix after `Fix:`, and a fix in backticks runs as written. For a class defined in a script or
+type found; every message has a fix after `Fix:`, and a fix in backticks runs as written: the
+generator also runs each entry's code with the message's fix applied (its backticked snippet
+executed) and fails if that raises, for every fix that can run in one process. For a class defined in a script or
 a function the fix cannot import it and says `(with <Class> in scope)`; for a class of an importable
 module it starts with the import. Paths start at a name for the argument, `x` by default
 (`flatten_subclass(t, name=...)` sets it; `args[1]` is the second argument of

@@ -10,6 +10,9 @@ drifting:
 * every message has a ``Fix:`` part, except exactly those of
   :data:`KNOWN_WITHOUT_FIX` (a message that gains one fails the test until its
   key is removed there);
+* every entry has a ``fixed`` variant, the trigger with the message's fix
+  applied (its backticked snippet executed), which the generator runs and which
+  must raise nothing, except exactly those of the generator's ``NOT_FIXED``;
 * every exception class the library exports has an entry;
 * every file of ``opaque_subclass/{core,authoring,modules,export}`` that raises
   an error has an entry, or a line among the errors the page leaves out.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import pkgutil
 import re
 import subprocess
@@ -67,6 +71,35 @@ def test_every_message_has_a_fix():
     assert not gained, f"these messages have a Fix: now; remove them from KNOWN_WITHOUT_FIX: {sorted(gained)}"
     new = {key: message for key, message in without.items() if key not in KNOWN_WITHOUT_FIX}
     assert not new, f"messages without a Fix: part: {new}"
+
+
+def _generator():
+    """docs/gen_errors.py as a module (importing it runs nothing)."""
+    spec = importlib.util.spec_from_file_location("gen_errors", ROOT / "docs" / "gen_errors.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gen_errors"] = module  # @dataclass looks its module up there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["gen_errors"]
+    return module
+
+
+def test_every_fix_is_run_or_listed_as_not_runnable():
+    """Each entry has a ``fixed`` variant (the generator runs it, with the message's
+    backticked snippet, and stops when it raises: see test_errors_page_is_up_to_date),
+    except exactly those of ``NOT_FIXED``, each with its reason."""
+    gen = _generator()
+    without = {e.key for group in gen.GROUPS for e in group.entries if not e.fixed}
+    listed = set(gen.NOT_FIXED)
+    assert not listed - without, (
+        f"these entries have a fixed variant now; remove them from NOT_FIXED: {sorted(listed - without)}"
+    )
+    assert not without - listed, (
+        f"entries without a fixed variant (write one, or list why in NOT_FIXED): {sorted(without - listed)}"
+    )
+    assert all(reason.strip() for reason in gen.NOT_FIXED.values())
 
 
 def _exported_exceptions() -> set[str]:
