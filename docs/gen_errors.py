@@ -1676,7 +1676,15 @@ EXPORT = Group(
             """`torch.export.load` loaded an archive that `opaque_subclass.export.save` wrote: its
             subclass parameters are placeholders without their opaques, and any op on one raises.""",
             'torch.export.load(io.BytesIO(saved)).state_dict["w"] * 2',
-            'Load it with `osc.export.load(f, opaques={"w._mesh": mesh})`.',
+            """Load it with `osc.export.load(f, opaques={"w._mesh": mesh})`: the message gives the
+            call with the names this tensor needs.""",
+            fixed="""
+                import opaque_subclass
+
+                f = io.BytesIO(saved)
+                program = {fix}
+                program.state_dict["w"] * 2
+            """,
         ),
         _e(
             "save-local-class",
@@ -1712,7 +1720,15 @@ EXPORT = Group(
             osc.export.save(torch.export.export(unwrapped, (torch.ones(2),), strict=False), constructs)
             torch.export.load(io.BytesIO(constructs.getvalue())).module()(torch.ones(2))
             """,
-            'Load it with `osc.export.load(f, opaques={"w._mesh": mesh})`.',
+            """Load it with `osc.export.load(f, opaques=objects)`, `objects` holding an object for
+            each name the manifest lists (`osc.export.read_manifest(f).opaques`).""",
+            fixed="""
+                import opaque_subclass
+
+                f = io.BytesIO(constructs.getvalue())
+                objects = {"w._mesh": mesh}
+                {fix}.module()(torch.ones(2))
+            """,
         ),
     ),
 )
@@ -1738,10 +1754,6 @@ NOT_FIXED: dict[str, str] = {
     "load-newer-manifest": "the fix upgrades the installed package (pip install -U), outside this process",
     "save-local-class": "the fix moves the class into a module file that a loading process imports; "
     "the message's backticked `import` is a word, not a snippet",
-    "load-placeholder": "the message's snippet opaque_subclass.export.load(f, opaques={...}) is a template "
-    "(the names come from read_manifest), not runnable as written: to be made concrete",
-    "load-construction": "the message's snippet opaque_subclass.export.load(f, opaques={...}) is a template "
-    "(the names come from read_manifest), not runnable as written: to be made concrete",
 }
 
 #: Errors of opaque_subclass/{core,authoring,modules,export} that have no entry:

@@ -52,8 +52,9 @@ def _stored_construction(key: str, tensors: list[torch.Tensor]) -> torch.Tensor:
     raise OpaqueSubclassError(
         f"the subclass construction {key!r} of a program saved by opaque_subclass.export.save ran without being "
         "restored: the program was loaded with torch.export.load, which cannot bind its reference opaques. "
-        "Fix: load it with `opaque_subclass.export.load(f, opaques={...})` "
-        "(opaque_subclass.export.read_manifest(f) lists the names it needs)."
+        "Fix: load it with `opaque_subclass.export.load(f, opaques=objects)`, where f is the saved archive and "
+        "objects maps each name of `[r.name for r in opaque_subclass.export.read_manifest(f).opaques]` to your "
+        "object of that name (the manifest also says each one's type and where the program holds it)."
     )
 
 

@@ -180,8 +180,9 @@ class StoredSubclass(torch.Tensor):
             f"{func} was called on the saved placeholder of {qualified_name(stored.subclass_type)} at "
             f"{stored._path!r}: this program was saved by opaque_subclass.export.save, which stores reference "
             "opaques by name and never by value, and it was loaded without binding them. Fix: load it with "
-            "`opaque_subclass.export.load(f, opaques={...})` (opaque_subclass.export.read_manifest(f) lists the "
-            "names it needs)."
+            f"`opaque_subclass.export.load(f, opaques={_binding(stored)})`, where f is the saved archive and "
+            f"{_variables(stored)} (opaque_subclass.export.read_manifest(f).opaques lists every name the "
+            "program needs)."
         )
 
 
@@ -216,3 +217,33 @@ def restore_stored(
         requires_grad=requires_grad and not is_param,
     )
     return torch.nn.Parameter(stored, requires_grad=requires_grad) if is_param else stored
+
+
+def _variable(name: str) -> str:
+    """A Python variable name for the object stored under ``name`` (``'w._mesh'`` -> ``mesh``)."""
+    last = name.rsplit(".", 1)[-1].strip("_[]'\"")
+    return last if last.isidentifier() else "obj"
+
+
+def _binding(stored: StoredSubclass) -> str:
+    """The ``opaques=`` mapping, as code, for the names ``stored`` needs."""
+    return "{" + ", ".join(f"{n!r}: {_variable(n)}" for n in stored._names) + "}"
+
+
+def _variables(stored: StoredSubclass) -> str:
+    """What each variable of :func:`_binding` must hold."""
+    types = [tree[1] for tree in _opaque_nodes(stored._tree)]
+    parts = [
+        f"{_variable(n)} is your {qualified_name(t) if isinstance(t, type) else 'object'} for {n!r}"
+        for n, t in zip(stored._names, types + [None] * (len(stored._names) - len(types)))
+    ]
+    return ", ".join(parts) if parts else "opaques maps each saved name to your object"
+
+
+def _opaque_nodes(tree: Tree) -> list[Any]:
+    """The opaque nodes of a saved structure, in leaf order."""
+    if tree[0] == "opaque":
+        return [tree]
+    if tree[0] == "subclass":
+        return [node for _, sub in tree[5] for node in _opaque_nodes(sub)]
+    return []
