@@ -38,7 +38,8 @@ while Dynamo or export first meets the input, before any graph is compiled, so a
 cells, runs in about 2 s of test time).
 
 ``outcome`` classifies one cell without asserting (``named``, ``crash``, ``other``
-or ``silent``); it is what the measurement behind the ``GAPS`` table used.
+or ``silent``); ``tally`` runs it on every cell of the full matrix, whatever the
+release (``PYTHONPATH=.:tests python tests/test_error_matrix.py`` prints the counts).
 """
 
 from __future__ import annotations
@@ -585,3 +586,23 @@ def test_cases_name_their_subclass_module_qualified() -> None:
             held.add(qualified_name(type(x)))
             x = x.__dict__.get("_data")
         assert case.cls in held, f"{case.id}: {case.cls} is not one of {sorted(held)}"
+
+
+def tally() -> dict[str, int]:
+    """Every cell of the full matrix on this torch, by outcome (``named``,
+    ``crash``, ``other``, ``silent``), printing each cell that is not named."""
+    counts = {"named": 0, "crash": 0, "other": 0, "silent": 0}
+    for case in CASES:
+        for route in ROUTES:
+            if route in case.excluded:
+                continue
+            kind, text = outcome(case, route)
+            counts[kind] += 1
+            if kind != "named":
+                print(f"{case.id} via {route}: {kind}: {text[:300]}")
+    return counts
+
+
+if __name__ == "__main__":  # PYTHONPATH=.:tests python tests/test_error_matrix.py
+    counts = tally()
+    print(f"torch {torch.__version__}: {len(CASES)} cases, {sum(counts.values())} cells:", counts)
