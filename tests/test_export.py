@@ -4,7 +4,7 @@ import re
 
 import pytest
 import torch
-from subclasses import Mesh, MeshTensor
+from subclasses import HoldsMesh, Mesh, MeshTensor
 
 from opaque_subclass import (
     OpaqueSubclass,
@@ -119,27 +119,6 @@ def test_export_after_unwrap_lifts_a_shared_opaque_once(strict):
     assert w._mesh is mesh and v._mesh is mesh
     torch.testing.assert_close(w._data, torch.arange(3.0) * 2)
     torch.testing.assert_close(v._data, torch.full((3,), 3.0))
-
-
-@torch.library.custom_op("opaque_subclass_tests::add_name_length", mutates_args=())
-def add_name_length(t: torch.Tensor, mesh: Mesh) -> torch.Tensor:
-    return t + len(mesh.name)
-
-
-@add_name_length.register_fake
-def _(t, mesh):
-    return torch.empty_like(t)
-
-
-class HoldsMesh(torch.nn.Module):
-    """A reference opaque as a plain module attribute, handed to a custom op."""
-
-    def __init__(self, mesh):
-        super().__init__()
-        self.mesh = mesh
-
-    def forward(self, x):
-        return add_name_length(x, self.mesh)
 
 
 @STRICT
