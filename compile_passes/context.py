@@ -33,10 +33,8 @@ import dataclasses
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import torch
-
 from opaque_subclass import OpaqueSubclass
-from opaque_subclass.core.context import PLAIN_TYPES, walk_context
+from opaque_subclass.core.context import PLAIN_TYPES, is_plain, walk_context
 from opaque_subclass.core.errors import describe_type, import_fix, qualified_name
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.walk import Level, walk
@@ -71,7 +69,7 @@ def reference_reason(obj: object) -> str | None:
     value): a registered reference opaque, a ``DeviceMesh`` / ``ProcessGroup``,
     or an object compared by identity."""
     global _DISTRIBUTED
-    if isinstance(obj, PLAIN_TYPES) or isinstance(obj, torch.Tensor):
+    if is_plain(obj):
         return None
     kind = opaque_kind(obj)
     if kind == "value":

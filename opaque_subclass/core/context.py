@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_DEPTH", "PLAIN_TYPES", "ContextPart", "children", "unequal_to_copy", "walk_context"]
+__all__ = ["MAX_DEPTH", "PLAIN_TYPES", "ContextPart", "children", "is_plain", "unequal_to_copy", "walk_context"]
 
 #: How deep the walk goes into nested containers and objects.
 MAX_DEPTH = 8
@@ -81,9 +81,10 @@ def children(obj: object) -> Iterator[tuple[str, Any]]:
                 yield f".{name}", getattr(obj, name)
 
 
-def _may_look_inside(obj: object) -> bool:
-    """Whether the walk may look inside ``obj``."""
-    return not isinstance(obj, PLAIN_TYPES) and not isinstance(obj, torch.Tensor)
+def is_plain(obj: object) -> bool:
+    """Whether ``obj`` is a plain value (:data:`PLAIN_TYPES`) or a tensor: the walk
+    never looks inside one, and the lint never reports one."""
+    return isinstance(obj, PLAIN_TYPES) or isinstance(obj, torch.Tensor)
 
 
 def _holder_of(part: ContextPart) -> object | None:
@@ -107,7 +108,7 @@ def walk_context(ctx: object, *, descend: Callable[[object], bool] | None = None
         part, depth = stack.pop()
         yield part
         obj = part.obj
-        if depth >= MAX_DEPTH or not _may_look_inside(obj) or id(obj) in seen:
+        if depth >= MAX_DEPTH or is_plain(obj) or id(obj) in seen:
             continue
         if descend is not None and not descend(obj):
             continue
@@ -133,14 +134,14 @@ def unequal_to_copy(ctx: object) -> ContextPart | None:
         return None
     part = ContextPart("", ctx, None)
     for _ in range(MAX_DEPTH):
-        if not _may_look_inside(part.obj):
+        if is_plain(part.obj):
             break
         holder = _holder_of(part)
         inner = next(
             (
                 ContextPart(part.path + suffix, child, holder)
                 for suffix, child in children(part.obj)
-                if _may_look_inside(child) and not _equal_to_copy(child)
+                if not is_plain(child) and not _equal_to_copy(child)
             ),
             None,
         )

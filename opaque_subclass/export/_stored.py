@@ -31,7 +31,7 @@ import torch
 
 from opaque_subclass.core.errors import OpaqueSubclassError, qualified_name
 from opaque_subclass.core.flatten import unflatten_subclass
-from opaque_subclass.core.spec import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
+from opaque_subclass.core.spec import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta, iter_slots
 
 __all__ = ["FORMAT_VERSION", "StoredSubclass", "restore_stored", "spec_from_tree", "spec_tree"]
 
@@ -232,18 +232,6 @@ def _binding(stored: StoredSubclass) -> str:
 
 def _variables(stored: StoredSubclass) -> str:
     """What each variable of :func:`_binding` must hold."""
-    types = [tree[1] for tree in _opaque_nodes(stored._tree)]
-    parts = [
-        f"{_variable(n)} is your {qualified_name(t) if isinstance(t, type) else 'object'} for {n!r}"
-        for n, t in zip(stored._names, types + [None] * (len(stored._names) - len(types)))
-    ]
+    types = [slot.opaque_type for _, slot in iter_slots(spec_from_tree(stored._tree)) if isinstance(slot, OpaqueMeta)]
+    parts = [f"{_variable(n)} is your {qualified_name(t)} for {n!r}" for n, t in zip(stored._names, types)]
     return ", ".join(parts) if parts else "opaques maps each saved name to your object"
-
-
-def _opaque_nodes(tree: Tree) -> list[Any]:
-    """The opaque nodes of a saved structure, in leaf order."""
-    if tree[0] == "opaque":
-        return [tree]
-    if tree[0] == "subclass":
-        return [node for _, sub in tree[5] for node in _opaque_nodes(sub)]
-    return []
