@@ -20,9 +20,15 @@ they add to a compilation: ``torch.compile(fn, backend=BACKEND, fullgraph=True)`
 
 with k nested ``MeshTensor`` arguments (two levels, one mesh per level), timed
 from the first call to its return (Dynamo + AOTAutograd + the backend) after
-``torch._dynamo.reset()``, with the checks on and with both patched functions
-suspended (torch's originals restored; the rest of the library unchanged),
-``--repeats`` times each. Two flatten contexts (``--contexts``):
+``torch._dynamo.reset()``, ``--repeats`` times in each of three variants:
+
+* ``on``: the library as installed;
+* ``off``: both patched functions suspended (torch's originals restored; the
+  rest of the library unchanged);
+* ``forward``: suspended, and torch's ``wrap_tensor`` behind a wrapper that
+  only forwards to it: the patch's extra Python frame without its checks.
+
+Two flatten contexts (``--contexts``):
 
 * ``trivial``: the test suite's ``nested(2)``, whose context is
   ``("lvl", level)``: ``copy.deepcopy`` returns such a tuple of atoms itself,
@@ -32,35 +38,40 @@ suspended (torch's originals restored; the rest of the library unchanged),
   "orig_dtype": torch.float32}``, ``QuantConfig`` a frozen dataclass (value
   equality), one new config per level. Deep-copying it is real work.
 
-All cells (context x on/suspended) run round-robin, the order rotating every
-repeat, so drift of the machine hits them alike; before each timed
-compilation the patched functions are suspended and restored (the same work
-before either cell: suspending scans torch's modules, and in one probe that
-alone made the next compilation about 1% faster) and ``gc.collect()`` runs.
-Printed per context:
+Each round runs every context's three variants back to back, the order of
+contexts and of variants rotating from round to round, so drift of the
+machine hits them alike; before each timed compilation the patched
+functions are suspended and restored (the same work before every variant:
+suspending scans torch's modules, and in one probe that alone made the next
+compilation about 1% faster) and ``gc.collect()`` runs. Printed per context:
 
-* the median compile time both ways (wall clock), their ratio with a 95%
-  bootstrap interval (2,000 resamples of each side), and the ratio of the
-  median process CPU times (less sensitive to other jobs on the machine, not
-  to their cache effects). This end-to-end ratio also carries the cost of the
-  Python frame the patch adds around ``wrap_tensor`` (on torch 2.15 about 1%
-  even for a wrapper that only forwards: compilation there slows with the
-  depth of the stack it runs at; see benchmarks/README.md), and on a busy
-  machine it scatters by a few per cent from run to run;
+* the median compile time of each variant (wall clock);
+* ``on / off`` as the ratio of the medians, with a 95% bootstrap interval
+  (2,000 resamples of each side), and *paired*: the median over rounds of
+  ``on_i / off_i``, with a 95% bootstrap interval over rounds. On a machine
+  whose speed drifts (a shared virtual machine: the same pure-Python loop
+  can take 1.7x as long from one second to the next), pairing compilations
+  that ran back to back cancels most of the drift the ratio of medians keeps;
+* ``forward / off``, paired: what the Python frame alone adds;
 * the checks timed *in situ*, inside real compilations (five more, not the
   timed ones; median): the seconds spent in the patched ``wrap_tensor``'s
-  ``validate_input(..., guarded=True)`` and, within it, in
+  ``validate_graph_input`` (the walk with ``guarded=True``, once per level and graph) and, within it, in
   ``check_guardable_context``, with their call counts, and that time's share
   of the compilation with the checks suspended: the checks' own cost;
 * ``check_guardable_context`` timed directly per level in a loop (warm
   caches, so lower than in situ), in microseconds;
 * the ``get_plain_tensors`` fix against torch's original per call on one
   argument (timed directly), with how many times one compilation calls it
-  (counted with ``sys.setprofile`` in one more compilation).
+  (counted with ``sys.setprofile`` in one more compilation);
+* how many times that compilation walks the interpreter's stack
+  (``sys._getframe``, the ``traceback``/``inspect`` stack extractors, torch's
+  ``CapturedTraceback.extract``) while the patched ``wrap_tensor`` runs and
+  elsewhere: only a walk made under it can see the frame it adds.
 
 The per-call cost is zero by construction (the checks are not in the
-compiled call's path); ``--calls`` also times compiled calls with the checks
-on and suspended to show it.
+compiled call's path); ``--calls N`` also times N compiled calls of a function
+compiled with the checks on and of one compiled with them suspended, in
+alternating blocks, to show it.
 
 Usage::
 
@@ -74,15 +85,20 @@ import argparse
 import contextlib
 import dataclasses
 import gc
+import inspect
 import random
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch._dynamo.exc
+import torch.utils._traceback
+from torch._dynamo.variables.builder import VariableBuilder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -158,15 +174,59 @@ def _compile_once(make: Callable[[], torch.Tensor], k: int, backend: str) -> tup
     return wall, cpu
 
 
-def _calls(make: Callable[[], torch.Tensor], k: int, backend: str, n: int) -> float:
+VARIANTS = ("on", "forward", "off")
+
+
+def _compile_variant(
+    variant: str, patched: list[tuple[Any, str, str]], make: Callable[[], torch.Tensor], k: int, backend: str
+) -> tuple[float, float]:
+    """One timed compilation with the checks ``on``, ``off`` (torch's originals
+    restored) or with torch's ``wrap_tensor`` behind a ``forward``-only wrapper
+    (the patch's extra Python frame, without its checks). The same switching
+    work (suspend, restore) runs before each."""
+    if variant == "on":
+        with _suspended(patched):
+            pass
+        return _compile_once(make, k, backend)
+    with _suspended(patched):
+        if variant == "off":
+            return _compile_once(make, k, backend)
+        original = VariableBuilder.__dict__["wrap_tensor"]
+
+        def wrap_tensor(self: Any, value: Any) -> Any:
+            return original(self, value)
+
+        VariableBuilder.wrap_tensor = wrap_tensor  # type: ignore[method-assign]  # restored below
+        try:
+            return _compile_once(make, k, backend)
+        finally:
+            VariableBuilder.wrap_tensor = original  # type: ignore[method-assign]
+
+
+def _calls(
+    patched: list[tuple[Any, str, str]], make: Callable[[], torch.Tensor], k: int, backend: str, n: int
+) -> tuple[float, float]:
+    """Seconds per compiled call of a function compiled with the checks on and
+    of one compiled with them suspended (both compiled first, then called in
+    alternating blocks of ``n // 20`` calls; the median block of each)."""
     torch._dynamo.reset()
-    xs = [make() for _ in range(k)]
-    fn = torch.compile(lambda *xs: tuple(x * 2 + 1 for x in xs), backend=backend, fullgraph=True)
-    fn(*xs)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn(*xs)
-    return (time.perf_counter() - t0) / n
+    compiled = []
+    for on in (True, False):
+        xs = [make() for _ in range(k)]
+        fn = torch.compile(lambda *xs: tuple(x * 2 + 1 for x in xs), backend=backend, fullgraph=True)
+        with contextlib.nullcontext() if on else _suspended(patched):
+            fn(*xs)
+        compiled.append((fn, xs))
+    block = max(1, n // 20)
+    blocks: tuple[list[float], list[float]] = ([], [])
+    for i in range(20):
+        for j in (0, 1) if i % 2 == 0 else (1, 0):
+            fn, xs = compiled[j]
+            t0 = time.perf_counter()
+            for _ in range(block):
+                fn(*xs)
+            blocks[j].append((time.perf_counter() - t0) / block)
+    return statistics.median(blocks[0]), statistics.median(blocks[1])
 
 
 @contextlib.contextmanager
@@ -193,20 +253,31 @@ def _timed(namespace: dict[str, Any], name: str, acc: list[float]) -> Iterator[N
 def _in_situ(make: Callable[[], torch.Tensor], k: int, backend: str, n: int = 5) -> dict[str, tuple[float, int]]:
     """The checks timed inside real compilations (not the timed ones): seconds
     and calls per compilation (median of ``n``) of the ``wrap_tensor`` check
-    (``validate_input`` as the patched ``wrap_tensor`` calls it) and of
+    (``validate_graph_input`` as the patched ``wrap_tensor`` calls it) and of
     ``check_guardable_context`` within it; and calls of ``get_plain_tensors``."""
-    from torch._dynamo.variables.builder import VariableBuilder
-
-    replacement = VariableBuilder.wrap_tensor  # the library's, which looks up validate_input in its module
-    if "validate_input" not in replacement.__globals__:
-        raise SystemExit(f"{WRAP_TENSOR} does not call validate_input on torch {torch.__version__}")
+    replacement = VariableBuilder.wrap_tensor  # the library's, which looks up validate_graph_input in its module
+    if "validate_graph_input" not in replacement.__globals__:
+        raise SystemExit(f"{WRAP_TENSOR} does not call validate_graph_input on torch {torch.__version__}")
     plain_code = getattr(torch._subclasses.fake_tensor.get_plain_tensors, "__code__", None)
     plain_calls = 0
+    wrap_code, inside = replacement.__code__, 0
+    walkers, c_walkers = _stack_walkers()
+    walks = {True: 0, False: 0}  # stack walks while the patched wrap_tensor runs / elsewhere
 
     def profile(frame: Any, event: str, arg: Any) -> None:
-        nonlocal plain_calls
-        if event == "call" and frame.f_code is plain_code:
-            plain_calls += 1
+        nonlocal plain_calls, inside
+        if event == "call":
+            code = frame.f_code
+            if code is plain_code:
+                plain_calls += 1
+            elif code is wrap_code:
+                inside += 1
+            elif code in walkers:
+                walks[inside > 0] += 1
+        elif event == "return" and frame.f_code is wrap_code:
+            inside -= 1
+        elif event == "c_call" and any(arg is w for w in c_walkers):
+            walks[inside > 0] += 1
 
     sys.setprofile(profile)  # counted in a compilation of its own: profiling slows it down
     try:
@@ -217,7 +288,7 @@ def _in_situ(make: Callable[[], torch.Tensor], k: int, backend: str, n: int = 5)
     for _ in range(n):
         check, context = [0.0, 0], [0.0, 0]
         with (
-            _timed(replacement.__globals__, "validate_input", check),
+            _timed(replacement.__globals__, "validate_graph_input", check),
             _timed(vars(hiding), "check_guardable_context", context),
         ):
             _compile_once(make, k, backend)
@@ -225,7 +296,26 @@ def _in_situ(make: Callable[[], torch.Tensor], k: int, backend: str, n: int = 5)
         runs["check_guardable_context"].append((context[0], int(context[1])))
     out = {key: (statistics.median(t for t, _ in v), v[0][1]) for key, v in runs.items()}
     out["get_plain_tensors"] = (float("nan"), plain_calls)
+    out["stack walks in wrap_tensor"] = (float("nan"), walks[True])
+    out["stack walks elsewhere"] = (float("nan"), walks[False])
     return out
+
+
+def _stack_walkers() -> tuple[set[Any], tuple[Any, ...]]:
+    """The code objects of the Python functions that walk the interpreter's
+    stack (the standard library's and torch's), and the C functions that do."""
+    functions: list[Any] = [
+        traceback.walk_stack,
+        traceback.extract_stack,
+        traceback.StackSummary.extract,
+        inspect.stack,
+        inspect.getouterframes,
+        torch.utils._traceback.CapturedTraceback.extract,
+        getattr(torch._dynamo.exc, "_extract_stack_with_positions", None),  # torch 2.14+
+    ]
+    codes = {getattr(f, "__func__", f).__code__ for f in functions if f is not None}
+    c_functions = (sys._getframe, getattr(torch._C._profiler, "gather_traceback", sys._getframe))
+    return codes, c_functions
 
 
 def _ratio_interval(on: list[float], off: list[float], resamples: int = 2000) -> tuple[float, float]:
@@ -236,6 +326,20 @@ def _ratio_interval(on: list[float], off: list[float], resamples: int = 2000) ->
         for _ in range(resamples)
     )
     return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
+
+
+def _paired(on: list[float], off: list[float], resamples: int = 2000) -> tuple[float, tuple[float, float]]:
+    """The median of the per-round ratios ``on[i] / off[i]`` and its 95%
+    bootstrap interval (rounds resampled). Pairing cells that ran back to back
+    cancels the machine's slow drift, which the ratio of medians keeps."""
+    ratios = [a / b for a, b in zip(on, off)]
+    rng = random.Random(0)
+    boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return statistics.median(ratios), (boot[int(0.025 * resamples)], boot[int(0.975 * resamples) - 1])
+
+
+def _shown(ratio: float, interval: tuple[float, float]) -> str:
+    return f"{ratio:.4f} ({interval[0]:.3f}-{interval[1]:.3f})"
 
 
 def _per_call(f: Callable[[], Any], n: int) -> float:
@@ -265,18 +369,13 @@ def main() -> None:
 
     for c in contexts:  # warm-up: imports, first-compile costs
         _compile_once(MAKERS[c], args.k, args.backend)
-    cells = [(c, on) for c in contexts for on in (True, False)]
-    times: dict[tuple[str, bool], list[tuple[float, float]]] = {cell: [] for cell in cells}
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {(c, v): [] for c in contexts for v in VARIANTS}
     for i in range(args.repeats):
-        shift = i % len(cells)  # rotate the order, so drift hits every cell alike
-        for c, on in cells[shift:] + cells[:shift]:
-            if on:
-                with _suspended(patched):  # the same switching work before either cell
-                    pass
-                times[c, on].append(_compile_once(MAKERS[c], args.k, args.backend))
-            else:
-                with _suspended(patched):
-                    times[c, on].append(_compile_once(MAKERS[c], args.k, args.backend))
+        # rotate the order of contexts and of variants every round, so drift hits
+        # every cell alike, and the three variants of one context run back to back
+        for c in contexts[i % len(contexts) :] + contexts[: i % len(contexts)]:
+            for v in VARIANTS[i % 3 :] + VARIANTS[: i % 3]:
+                times[c, v].append(_compile_variant(v, patched, MAKERS[c], args.k, args.backend))
 
     print(
         f"torch {torch.__version__}, opaque_subclass {opaque_subclass.__version__} ({opaque_subclass.support().mode}), "
@@ -284,28 +383,33 @@ def main() -> None:
         f"{args.repeats} compilations per cell"
     )
     print(
-        "suspended for 'off': "
+        "suspended for 'off' and 'forward': "
         + ", ".join(f"{t.rsplit('.', 2)[-2]}.{t.rsplit('.', 1)[-1]} ({kind})" for _, t, kind in patched)
     )
     print()
+    print("compile time, median ms (wall clock): checks on / a wrapper that only forwards / checks suspended")
+    print("ratios to 'suspended' (target <= 1.02 for 'on'), 95% bootstrap intervals:")
+    print("  of medians: median(on) / median(off)")
+    print("  paired:     median over rounds of on_i / off_i (the cells of a round run back to back)")
+    print()
     print(
-        f"{'context':<10} | {'checks on':>9} | {'suspended':>9} | {'ratio':>16} | {'95% interval':>15} | "
-        f"{'CPU ratio':>9} | {'wrap_tensor check':>24} | share"
-    )
-    print(
-        f"{'':<10} | {'median ms':>9} | {'median ms':>9} | {'(target <= 1.02)':>16} | {'':>15} | {'':>9} | "
-        f"{'in situ, per compilation':>24} |"
+        f"{'context':<10} | {'on':>6} | {'forward':>7} | {'off':>6} | {'on/off of medians':>24} | "
+        f"{'on/off paired':>24} | {'forward/off paired':>24} | {'wrap_tensor check in situ':>25} | share"
     )
     situ = {c: _in_situ(MAKERS[c], args.k, args.backend) for c in contexts}
     for c in contexts:
-        m_on, m_off = (statistics.median(w for w, _ in times[c, on]) for on in (True, False))
-        cpu_on, cpu_off = (statistics.median(p for _, p in times[c, on]) for on in (True, False))
-        lo, hi = _ratio_interval([w for w, _ in times[c, True]], [w for w, _ in times[c, False]])
+        walls = {v: [w for w, _ in times[c, v]] for v in VARIANTS}
+        med = {v: statistics.median(walls[v]) for v in VARIANTS}
         t, n = situ[c]["wrap_tensor check"]
+        cols = [
+            _shown(med["on"] / med["off"], _ratio_interval(walls["on"], walls["off"])),
+            _shown(*_paired(walls["on"], walls["off"])),
+            _shown(*_paired(walls["forward"], walls["off"])),
+        ]
         print(
-            f"{c:<10} | {m_on * 1e3:9.1f} | {m_off * 1e3:9.1f} | "
-            f"{m_on / m_off:.4f} ({(m_on / m_off - 1) * 100:+.2f}%) | {lo:.4f} - {hi:.4f} | {cpu_on / cpu_off:9.4f} | "
-            f"{f'{t * 1e6:.0f} us ({n} calls)':>24} | {t / m_off * 100:.3f}%"
+            f"{c:<10} | {med['on'] * 1e3:6.1f} | {med['forward'] * 1e3:7.1f} | {med['off'] * 1e3:6.1f} | "
+            + " | ".join(f"{col:>24}" for col in cols)
+            + f" | {f'{t * 1e6:.0f} us ({n} calls)':>25} | {t / med['off'] * 100:.3f}%"
         )
 
     print()
@@ -321,7 +425,7 @@ def main() -> None:
 
         per_level = _per_call(check_levels, 500) / len(levels)
         t, n = situ[c]["check_guardable_context"]
-        m_off = statistics.median(w for w, _ in times[c, False])
+        m_off = statistics.median(w for w, _ in times[c, "off"])
         print(
             f"  {c:<10}: {per_level * 1e6:6.2f} us per level directly; in situ {n} levels, {t * 1e6:.0f} us "
             f"({t / n * 1e6:.2f} us per level, {t / m_off * 100:.3f}% of the compilation)"
@@ -343,12 +447,16 @@ def main() -> None:
             f"{original * 1e6:.2f} us torch's ({(fixed - original) * 1e6:+.2f} us); {n} calls per compilation"
         )
 
+    inside, elsewhere = (situ[contexts[0]][f"stack walks {where}"][1] for where in ("in wrap_tensor", "elsewhere"))
+    print(
+        f"stack walks in one compilation ({contexts[0]}; sys._getframe, traceback/inspect stack extraction, "
+        f"torch's CapturedTraceback): {inside} while the patched wrap_tensor runs, {elsewhere} elsewhere"
+    )
+
     if args.calls:
         print()
         for c in contexts:
-            c_on = _calls(MAKERS[c], args.k, args.backend, args.calls)
-            with _suspended(patched):
-                c_off = _calls(MAKERS[c], args.k, args.backend, args.calls)
+            c_on, c_off = _calls(patched, MAKERS[c], args.k, args.backend, args.calls)
             print(f"compiled call ({c:<9}): {c_on * 1e6:.1f} us with the checks, {c_off * 1e6:.1f} us suspended")
 
 

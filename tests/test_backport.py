@@ -118,6 +118,60 @@ def test_disable_restores_modules_imported_while_enabled(dummy_module):
         del sys.modules[late.__name__]
 
 
+def test_caches_holding_the_target_are_rebuilt(dummy_module):
+    """A cache torch fills from the target on first use (Dynamo's type-dispatch
+    table keeps ``VariableBuilder.wrap_tensor``) is cleared whenever the patch is
+    installed, suspended or removed, so it never serves a function no longer in place."""
+    import functools
+
+    mod, _ = dummy_module
+    orig = mod.double
+    mod.table = functools.cache(lambda: mod.double)  # like _type_dispatch_impl: built on first call
+    assert mod.table() is orig
+    ps = PatchSet([Patch(f"{mod.__name__}.double", fingerprint(orig), _plus_one, caches=(f"{mod.__name__}.table",))])
+    ps.enable()
+    try:
+        assert mod.table() is mod.double and mod.table()(2) == 5
+        with ps.suspended(f"{mod.__name__}.double"):
+            assert mod.table() is orig
+        assert mod.table() is mod.double is not orig
+    finally:
+        ps.disable()
+    assert mod.table() is orig
+
+
+def test_a_cache_that_cannot_be_found_refuses_the_set(dummy_module):
+    mod, _ = dummy_module
+    orig = mod.double
+    ps = PatchSet([Patch(f"{mod.__name__}.double", fingerprint(orig), _plus_one, caches=(f"{mod.__name__}.triple",))])
+    with pytest.raises(
+        PatchRefused, match=r"triple \(a cache of .*double\): cannot be resolved \(.*not a functools cache"
+    ):
+        ps.enable()
+    assert mod.double is orig and not ps.enabled
+
+
+def test_disable_leaves_no_replacement_in_dynamos_dispatch_table():
+    """Every release patches ``VariableBuilder.wrap_tensor`` (2.11: backport;
+    2.12+: diagnostic fix), and Dynamo's type-dispatch table keeps the function
+    it found when first built: after ``disable()`` it must be torch's again."""
+    from torch._dynamo.variables.builder import VariableBuilder
+
+    torch._dynamo.reset()
+    torch.compile(lambda t: t + 1, backend="eager", fullgraph=True)(torch.ones(2))  # builds the table
+    replacement = VariableBuilder.__dict__["wrap_tensor"]
+    assert "opaque_subclass" in replacement.__module__
+    assert VariableBuilder._type_dispatch()[torch.Tensor] is replacement
+    try:
+        opaque_subclass.disable()
+        original = VariableBuilder.__dict__["wrap_tensor"]
+        assert original is not replacement and original.__module__ == "torch._dynamo.variables.builder"
+        assert VariableBuilder._type_dispatch()[torch.Tensor] is original
+    finally:
+        opaque_subclass.enable()
+    assert VariableBuilder._type_dispatch()[torch.Tensor] is VariableBuilder.__dict__["wrap_tensor"] is not original
+
+
 def test_patch_scoped_here_rebinds_only_that_module(dummy_module):
     mod, alias = dummy_module
     orig = mod.double

@@ -4,11 +4,15 @@ inside a subclass, and one validation of what it returns."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
-from subclasses import Mesh, MeshTensor
+import torch._dynamo
+from subclasses import Mesh, MeshTensor, nested
 
 import opaque_subclass as osc
+from opaque_subclass.backport._machinery import hiding
 from opaque_subclass.backport._machinery.hiding import split_attrs, tensor_leaves, validate_input
 from opaque_subclass.core.context import MAX_DEPTH, unequal_to_copy, walk_context
 from opaque_subclass.core.flatten import check_rebuild
@@ -142,6 +146,48 @@ def test_level_views():
     level = read_level(Counted(torch.ones(2), m), "p")
     assert isinstance(level, Level) and level.path == "p" and level.names == ("_data", "_mesh")
     assert [a.name for a in level.tensors()] == ["_data"] and level.opaques() == {"_mesh": m}
+
+
+# ------------------------------------------- where Dynamo meets a subclass input
+
+
+@pytest.fixture
+def checked_paths(monkeypatch):
+    """The paths ``validate_input`` walks from Dynamo's ``wrap_tensor`` check
+    (``validate_graph_input`` looks it up in its module on every call)."""
+    paths: list[str] = []
+    original = hiding.validate_input
+
+    def recording(t, path, **kwargs):
+        paths.append(path)
+        return original(t, path, **kwargs)
+
+    monkeypatch.setattr(hiding, "validate_input", recording)
+    return paths
+
+
+def test_dynamo_walks_each_input_once_per_graph(checked_paths):
+    # Dynamo wraps every inner subclass again as an input of its own
+    # (L['t']._data, ...); the outer input's walk checked those levels already.
+    torch._dynamo.reset()
+    f = torch.compile(lambda t, u: t * 2 + u, backend="aot_eager", fullgraph=True)
+    x, y = nested(3), nested(2)
+    out = f(x, y)
+    assert out._mesh is x._mesh
+    assert checked_paths == ["L['t']", "L['u']"]
+
+
+def test_dynamo_checks_a_source_again_in_a_new_graph(checked_paths):
+    # the record of checked sources is per graph: the same source name in a
+    # later compilation names another object, which is walked and refused
+    torch._dynamo.reset()
+    torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)(nested(2))
+    bad = MeshTensor(MeshTensor(torch.ones(2, 3), 7), Mesh("outer"))  # type: ignore[arg-type]  # an int where a mesh belongs
+    # the library's TypeError, as raised or inside Dynamo's InternalTorchDynamoError
+    with pytest.raises((TypeError, torch._dynamo.exc.InternalTorchDynamoError)) as info:
+        torch.compile(lambda t: t * 3, backend="aot_eager", fullgraph=True)(bad)
+    assert re.search(r"(?s)MeshTensor.*\"L\['t'\]\._data\._mesh\".*\bint\b.*Fix:", str(info.value)), str(info.value)
+    assert checked_paths == ["L['t']", "L['t']"]
 
 
 # ------------------------------------------------------ the walk over a context

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -56,6 +58,7 @@ __all__ = [
     "tensor_attrs",
     "tensor_leaves",
     "validate_attrs",
+    "validate_graph_input",
     "validate_input",
 ]
 
@@ -102,13 +105,15 @@ def validate_attrs(t: object, path: str) -> None:
         pass
 
 
-def validate_input(t: object, path: str, *, guarded: bool = False) -> None:
+def validate_input(t: object, path: str, *, guarded: bool = False) -> list[Level]:
     """Everything checked where torch first meets a subclass input while
     tracing: every level's attributes (the walk) and, for a real (not fake)
     input, that ``__tensor_unflatten__`` rebuilds it (:func:`~opaque_subclass.core.flatten.check_rebuild`),
     from one walk. ``guarded`` (Dynamo, which guards on flatten contexts): each
     level's context also equals its deep copy
-    (:func:`~opaque_subclass.core.flatten.check_guardable_context`)."""
+    (:func:`~opaque_subclass.core.flatten.check_guardable_context`).
+    Returns the levels checked, outermost first (``[]`` for anything but a
+    wrapper subclass)."""
     levels: list[Level] = []
     first_leaf: Any = None
     for _, slot in walk(t, path):  # one read per level, validated
@@ -121,6 +126,39 @@ def validate_input(t: object, path: str, *, guarded: bool = False) -> None:
     # a subclass is fake when its tensor leaves are (the first one decides, as in torch)
     if levels and not (first_leaf is not None and is_fake(first_leaf)):
         check_levels(levels)
+    return levels
+
+
+class _CheckedLevels(threading.local):
+    """Per thread: the Dynamo output graph being built (weakly) and the source
+    names of the subclass levels already checked for it."""
+
+    graph: weakref.ref[object] | None = None
+    paths: set[str]
+
+
+_CHECKED = _CheckedLevels()
+
+
+def validate_graph_input(builder: Any, value: object) -> None:
+    """:func:`validate_input` (``guarded``) for Dynamo's
+    ``VariableBuilder.wrap_tensor``, once per subclass level per graph.
+
+    Dynamo wraps each inner subclass of a subclass input again as an input of
+    its own (source ``L['x']._data``), after the outer input's walk checked that
+    level already: within one output graph a source names one object, so a
+    source recorded here is not walked again. The record is per thread and per
+    graph (a new graph, or another thread's, starts empty) and holds source
+    names only, never the objects."""
+    path = source_name(builder.source)
+    graph = builder.tx.output
+    state = _CHECKED
+    ref = state.graph
+    if ref is None or ref() is not graph:
+        state.graph, state.paths = weakref.ref(graph), set()
+    paths = state.paths
+    if path not in paths:
+        paths.update(level.path for level in validate_input(value, path, guarded=True))
 
 
 def skip_opaque_leaves(original: F, *, result: Any = None) -> F:

@@ -35,7 +35,7 @@ import textwrap
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -73,6 +73,13 @@ class Patch:
         module that holds it. ``"here"``: only the name given by ``target`` is
         rebound (one module's import of a function defined elsewhere), so every
         other module keeps torch's function.
+    caches
+        Qualified names of torch's ``functools`` caches that keep the target
+        they read on first use (Dynamo's type-dispatch table keeps
+        ``VariableBuilder.wrap_tensor``). Each is cleared whenever the patch
+        is installed, suspended or removed, so torch rebuilds it from the
+        function in place: without that, ``disable()`` would leave the
+        replacement running from the cache.
     """
 
     target: str
@@ -80,6 +87,7 @@ class Patch:
     make: Callable[[Callable[..., Any]], Callable[..., Any]]
     depends_on: tuple[tuple[str, str], ...] = ()
     scope: Literal["everywhere", "here"] = "everywhere"
+    caches: tuple[str, ...] = ()
 
     @property
     def doc(self) -> str:
@@ -219,6 +227,19 @@ def _function(raw: Any) -> Any:
     return raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
 
 
+def _cache(name: str) -> Any:
+    """The ``functools`` cache wrapper named ``name`` (a function or a static/class method)."""
+    cached = _function(_raw(*_resolve(name)[:2]))
+    if not callable(getattr(cached, "cache_clear", None)):
+        raise TypeError(f"{name} is not a functools cache")
+    return cached
+
+
+def _clear_caches(patch: Patch) -> None:
+    for name in patch.caches:
+        _cache(name).cache_clear()
+
+
 @dataclass
 class _Applied:
     patch: Patch
@@ -289,6 +310,13 @@ class PatchSet:
                     problems.append(f"{label}: source fingerprint {found}, expected {expected}")
                 elif module is not None and target == p.target:
                     waits[target] = module
+            for name in p.caches:
+                if p.target in waits:
+                    continue  # checked when its module is imported, before the patch applies
+                try:
+                    _cache(name)
+                except (ImportError, AttributeError, TypeError) as e:
+                    problems.append(f"{name} (a cache of {p.target}): cannot be resolved ({e})")
         return problems, waits
 
     def check(self) -> list[str]:
@@ -336,6 +364,7 @@ class PatchSet:
         record = _Applied(p, original, replacement)
         try:
             self._install(record, owner, attr)
+            _clear_caches(p)
         except BaseException:
             self._uninstall([record])
             raise
@@ -396,12 +425,14 @@ class PatchSet:
                 places += [(ns, key) for _, ns, key in _torch_namespaces_holding(record.replacement)]
             for d, k in places:
                 d[k] = record.original
+            _clear_caches(record.patch)
         try:
             yield
         finally:
             with self._lock:
                 for d, k in places:
                     d[k] = record.replacement
+                _clear_caches(record.patch)
 
     @staticmethod
     def _install(record: _Applied, owner: Any, attr: str) -> None:
@@ -430,6 +461,8 @@ class PatchSet:
                 # replacement by name (``from .x import f``): restore those too.
                 for _, namespace, key in _torch_namespaces_holding(record.replacement):
                     namespace[key] = record.original
+            with suppress(ImportError, AttributeError, TypeError):  # checked when applied
+                _clear_caches(record.patch)
 
 
 class _ImportHook(importlib.abc.MetaPathFinder):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from opaque_subclass.backport._machinery.hiding import source_name, validate_input
+from opaque_subclass.backport._machinery.hiding import source_name, validate_graph_input, validate_input
 from opaque_subclass.backport._machinery.patching import Patch
 from opaque_subclass.core.errors import OpaqueSubclassError
 from opaque_subclass.core.flatten import is_wrapper_subclass
@@ -41,7 +41,7 @@ def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def wrap_tensor(self: Any, value: Any) -> Any:
         if is_wrapper_subclass(value):
-            validate_input(value, source_name(self.source), guarded=True)
+            validate_graph_input(self, value)
         return original(self, value)
 
     return wrap_tensor
@@ -105,9 +105,18 @@ def plain_tensors_patch(fingerprint: str) -> Patch:
     return Patch("torch._subclasses.fake_tensor.get_plain_tensors", fingerprint, make_get_plain_tensors)
 
 
+#: Dynamo's type-dispatch table, built once from ``VariableBuilder.wrap_tensor`` (among others)
+TYPE_DISPATCH = "torch._dynamo.variables.builder.VariableBuilder._type_dispatch_impl"
+
+
 def wrap_tensor_patch(fingerprint: str) -> Patch:
     """The Dynamo fix, for a release whose original has ``fingerprint``."""
-    return Patch("torch._dynamo.variables.builder.VariableBuilder.wrap_tensor", fingerprint, make_wrap_tensor)
+    return Patch(
+        "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor",
+        fingerprint,
+        make_wrap_tensor,
+        caches=(TYPE_DISPATCH,),
+    )
 
 
 def symbolic_context_patch(fingerprint: str) -> Patch:

@@ -15,8 +15,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from opaque_subclass.backport._machinery.hiding import hide_in_fake_args, source_name, split_attrs, validate_input
+from opaque_subclass.backport._machinery.hiding import hide_in_fake_args, source_name, split_attrs, validate_graph_input
 from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.backport.native.diagnostics import TYPE_DISPATCH
 from opaque_subclass.core.registry import opaque_kind
 from opaque_subclass.core.walk import is_wrapper_subclass, read_level
 
@@ -75,14 +76,20 @@ def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def wrap_tensor(self: Any, value: Any) -> Any:
-        validate_input(value, source_name(self.source), guarded=True)
+        if is_wrapper_subclass(value):
+            validate_graph_input(self, value)
         return original(self, value)
 
     return wrap_tensor
 
 
 PATCHES = [
-    Patch("torch._dynamo.variables.builder.VariableBuilder.wrap_tensor", "4966eaf89fbb36bb", make_wrap_tensor),
+    Patch(
+        "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor",
+        "4966eaf89fbb36bb",
+        make_wrap_tensor,
+        caches=(TYPE_DISPATCH,),
+    ),
     Patch("torch._dynamo.variables.builder._automatic_dynamic", "6dad81d75732e4d5", make_automatic_dynamic),
     Patch(
         "torch.fx.experimental.symbolic_shapes.ShapeEnv.produce_guards_verbose",
