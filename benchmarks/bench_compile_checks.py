@@ -261,7 +261,8 @@ def _in_situ(make: Callable[[], torch.Tensor], k: int, backend: str, n: int = 5)
     plain_code = getattr(torch._subclasses.fake_tensor.get_plain_tensors, "__code__", None)
     plain_calls = 0
     wrap_code, inside = replacement.__code__, 0
-    walkers, c_walkers = _stack_walkers()
+    walkers, c_functions = _stack_walkers()
+    c_walkers = {id(f) for f in c_functions}
     walks = {True: 0, False: 0}  # stack walks while the patched wrap_tensor runs / elsewhere
 
     def profile(frame: Any, event: str, arg: Any) -> None:
@@ -276,7 +277,7 @@ def _in_situ(make: Callable[[], torch.Tensor], k: int, backend: str, n: int = 5)
                 walks[inside > 0] += 1
         elif event == "return" and frame.f_code is wrap_code:
             inside -= 1
-        elif event == "c_call" and any(arg is w for w in c_walkers):
+        elif event == "c_call" and id(arg) in c_walkers:  # no generator here: Dynamo would trace it
             walks[inside > 0] += 1
 
     sys.setprofile(profile)  # counted in a compilation of its own: profiling slows it down
