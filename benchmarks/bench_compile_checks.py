@@ -69,9 +69,9 @@ compilation about 1% faster) and ``gc.collect()`` runs. Printed per context:
   elsewhere: only a walk made under it can see the frame it adds.
 
 The per-call cost is zero by construction (the checks are not in the
-compiled call's path); ``--calls N`` also times N compiled calls of a function
-compiled with the checks on and of one compiled with them suspended, in
-alternating blocks, to show it.
+compiled call's path); ``--calls N`` also times N compiled calls with the
+checks on and suspended while compiling, in alternating blocks, each block
+after its own compilation, to show it.
 
 Usage::
 
@@ -206,22 +206,19 @@ def _compile_variant(
 def _calls(
     patched: list[tuple[Any, str, str]], make: Callable[[], torch.Tensor], k: int, backend: str, n: int
 ) -> tuple[float, float]:
-    """Seconds per compiled call of a function compiled with the checks on and
-    of one compiled with them suspended (both compiled first, then called in
-    alternating blocks of ``n // 20`` calls; the median block of each)."""
-    torch._dynamo.reset()
-    compiled = []
-    for on in (True, False):
-        xs = [make() for _ in range(k)]
-        fn = torch.compile(lambda *xs: tuple(x * 2 + 1 for x in xs), backend=backend, fullgraph=True)
-        with contextlib.nullcontext() if on else _suspended(patched):
-            fn(*xs)
-        compiled.append((fn, xs))
+    """Seconds per compiled call with the checks on and suspended while
+    compiling: 20 blocks of ``n // 20`` calls, alternating, each after its own
+    ``torch._dynamo.reset()`` and compilation (so both are timed on a cache
+    holding only their own graph); the median block of each."""
     block = max(1, n // 20)
     blocks: tuple[list[float], list[float]] = ([], [])
     for i in range(20):
         for j in (0, 1) if i % 2 == 0 else (1, 0):
-            fn, xs = compiled[j]
+            torch._dynamo.reset()
+            xs = [make() for _ in range(k)]
+            fn = torch.compile(lambda *xs: tuple(x * 2 + 1 for x in xs), backend=backend, fullgraph=True)
+            with contextlib.nullcontext() if j == 0 else _suspended(patched):
+                fn(*xs)
             t0 = time.perf_counter()
             for _ in range(block):
                 fn(*xs)

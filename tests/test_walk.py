@@ -177,6 +177,18 @@ def test_dynamo_walks_each_input_once_per_graph(checked_paths):
     assert checked_paths == ["L['t']", "L['u']"]
 
 
+def test_compiled_calls_run_no_check(checked_paths):
+    # the checks run while tracing only: calls that reuse the graph walk nothing
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)
+    f(nested(2))
+    assert checked_paths == ["L['t']"]
+    for _ in range(3):
+        x = nested(2)  # new objects, the same structure: the guards pass
+        assert f(x)._mesh is x._mesh
+    assert checked_paths == ["L['t']"]
+
+
 def test_dynamo_checks_a_source_again_in_a_new_graph(checked_paths):
     # the record of checked sources is per graph: the same source name in a
     # later compilation names another object, which is walked and refused
