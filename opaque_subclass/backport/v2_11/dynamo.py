@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from opaque_subclass.backport._machinery.hiding import hide_in_fake_args, source_name, split_attrs, validate_graph_input
+from opaque_subclass.backport._machinery.hiding import hide_in_fake_args, source_name, split_attrs
 from opaque_subclass.backport._machinery.patching import Patch
-from opaque_subclass.backport.native.diagnostics import TYPE_DISPATCH
+from opaque_subclass.backport.native import diagnostics
 from opaque_subclass.core.registry import opaque_kind
 from opaque_subclass.core.walk import is_wrapper_subclass, read_level
 
@@ -73,14 +73,10 @@ def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     first and the error names the subclass, the attribute path from the
     compiled function's argument (``L['x']._mesh``), the type found and the
     fix. torch 2.12 (pytorch/pytorch#176457) raises its own, shorter error here.
+    The replacement is the native releases' diagnostic fix (the same check,
+    once per level per graph); this docstring is the 2.11 patch's own.
     """
-
-    def wrap_tensor(self: Any, value: Any) -> Any:
-        if is_wrapper_subclass(value):
-            validate_graph_input(self, value)
-        return original(self, value)
-
-    return wrap_tensor
+    return diagnostics.make_wrap_tensor(original)
 
 
 PATCHES = [
@@ -88,7 +84,7 @@ PATCHES = [
         "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor",
         "4966eaf89fbb36bb",
         make_wrap_tensor,
-        caches=(TYPE_DISPATCH,),
+        caches=(diagnostics.TYPE_DISPATCH,),
     ),
     Patch("torch._dynamo.variables.builder._automatic_dynamic", "6dad81d75732e4d5", make_automatic_dynamic),
     Patch(
