@@ -26,14 +26,22 @@ from opaque_subclass._versions import LIBRARY_VERSION
 from opaque_subclass.activation import disable, enable, support
 from opaque_subclass.authoring.base import OpaqueSubclass
 from opaque_subclass.core.aliasing import OpaqueAliasPattern, opaque_alias_pattern
-from opaque_subclass.core.errors import OpaqueSubclassError
+from opaque_subclass.core.errors import OpaqueMemberError, OpaqueSubclassError
 from opaque_subclass.core.flatten import (
     create_subclass_meta,
     flatten_subclass,
     is_wrapper_subclass,
     unflatten_subclass,
 )
-from opaque_subclass.core.registry import KIND_ALIASES, OpaqueBase, OpaqueKind, is_opaque, opaque_kind, register_opaque
+from opaque_subclass.core.registry import (
+    KIND_ALIASES,
+    Member,
+    OpaqueBase,
+    OpaqueKind,
+    is_opaque,
+    opaque_kind,
+    register_opaque,
+)
 from opaque_subclass.core.runtime import (
     process_runtime_tangent,
     unwrap_tensor_subclasses,
@@ -69,9 +77,11 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "KIND_ALIASES",
     "SUPPORTED_TORCH",
+    "Member",
     "OpaqueAliasPattern",
     "OpaqueBase",
     "OpaqueKind",
+    "OpaqueMemberError",
     "OpaqueMeta",
     "OpaqueSubclass",
     "OpaqueSubclassError",

@@ -99,11 +99,19 @@ class RegistryAPI:
         """The metaclass of :meth:`base_class`."""
         return getattr(importlib.import_module(self.base_module), self.base_meta)  # type: ignore[no-any-return]  # a class by construction
 
-    def register_in_torch(self, cls: type, kind: OpaqueKind) -> None:
-        """Call torch's own registration function with this release's names."""
-        getattr(self.torch_module(), self.register)(cls, typ=self.kinds[kind])
+    def register_in_torch(self, cls: type, kind: OpaqueKind, options: Mapping[str, Any] | None = None) -> None:
+        """Call torch's own registration function with this release's names.
 
-    def enter_in_tables(self, cls: type, kind: OpaqueKind) -> None:
+        ``options`` are torch's keyword arguments (``members``, ``guard_fn``,
+        ``hoist``, ``reconstruct_fn``), only those the caller sets."""
+        getattr(self.torch_module(), self.register)(cls, typ=self.kinds[kind], **(options or {}))
+
+    def table_fields(self) -> tuple[str, ...]:
+        """The fields of torch's registry entry on the running release
+        (``reconstruct_fn`` appeared in torch 2.12)."""
+        return tuple(f.name for f in dataclasses.fields(self.torch_module()._OpaqueTypeInfo))
+
+    def enter_in_tables(self, cls: type, kind: OpaqueKind, options: Mapping[str, Any] | None = None) -> None:
         """Enter ``cls`` in torch's opaque tables directly, for a foreign class
         that cannot take torch's metaclass (torch's own registration function
         requires it). Refuses a torch whose table entry has fields this library
@@ -118,8 +126,9 @@ class RegistryAPI:
             "members": {},
             "hoist": False,
             "reconstruct_fn": None,
+            **(options or {}),
         }
-        field_names = [f.name for f in dataclasses.fields(info_type)]
+        field_names = list(self.table_fields())
         unknown = [n for n in field_names if n not in known]
         if unknown:
             raise RuntimeError(

@@ -20,21 +20,28 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from subclasses import HoldsMesh, Mesh, MeshTensor, SetNames
+from subclasses import Gauge, GaugeTensor, GroupTensor, HoldsMesh, Mesh, MeshTensor, SetNames, fake_world
 
 __all__ = [
     "LOAD_CONSTANT_FAILURE",
     "MALFORMED_NAMES_FAILURE",
+    "MEMBER_UNGUARDED_FAILURE",
     "SAVE_CONSTANT_FAILURE",
+    "UNDECLARED_MEMBER_FAILURE",
     "Scale",
     "StockFailure",
     "assert_fails_as",
+    "compiled_member_uses",
+    "compiled_undeclared_member",
     "direct_save_of_subclass_parameter_is_refused",
     "export_names_malformed_flatten_names",
     "fsdp1_module_state_sync_keeps_opaques",
+    "member_method_result_is_guarded",
+    "program_on_groups_compiles_once",
     "save_and_load_opaque_constant",
     "storage_accounting_skips_opaques",
     "torch_subclass_parametrization_keeps_opaques",
+    "undeclared_member_is_named",
 ]
 
 
@@ -248,3 +255,72 @@ def direct_save_of_subclass_parameter_is_refused() -> None:
         assert "'w._mesh' (subclasses.Mesh)" in str(error) and "opaque_subclass.export.save(ep, f)" in str(error)
         return
     raise AssertionError("torch.export.save pickled the reference opaque of a subclass parameter by value")
+
+
+def compiled_member_uses(fn: Callable[[torch.Tensor], torch.Tensor], gauges: list[Gauge]) -> list[float]:
+    """``fn`` compiled (aot_eager, fullgraph) and called on a ``GaugeTensor`` of
+    ones for each gauge; the outputs, checked against eager."""
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    got = [compiled(GaugeTensor(torch.ones(1), g))._data.item() for g in gauges]
+    expected = [fn(GaugeTensor(torch.ones(1), g))._data.item() for g in gauges]
+    assert got == expected, f"outputs {got}, expected {expected}"
+    return got
+
+
+def member_method_result_is_guarded() -> None:
+    """A ``Member.USE_REAL`` method's result is compiled in and guarded: a gauge
+    whose ``factor()`` differs gets its own value (torch bakes the first)."""
+    compiled_member_uses(lambda t: t * t._gauge.factor(), [Gauge(3), Gauge(5)])
+
+
+def compiled_undeclared_member() -> None:
+    """Compiled code calling a member the registration does not declare."""
+    compiled_member_uses(lambda t: t * t._gauge.other(), [Gauge(3)])
+
+
+def undeclared_member_is_named() -> None:
+    """Compiled code calling an undeclared member gets the library's
+    ``OpaqueMemberError`` (re-raised by Dynamo as its wrapper, message first);
+    any other error propagates as it is."""
+    from opaque_subclass import OpaqueMemberError
+
+    try:
+        compiled_undeclared_member()
+    except Exception as error:
+        if isinstance(error, OpaqueMemberError) or str(error).startswith("OpaqueMemberError: "):
+            return
+        raise
+    raise AssertionError("compiled code using an undeclared member raised nothing")
+
+
+#: torch without the member guard: the first gauge's factor() is served to the second.
+MEMBER_UNGUARDED_FAILURE = StockFailure(AssertionError, r"^outputs \[3\.0, 3\.0\], expected \[3\.0, 5\.0\]$")
+
+
+def _undeclared_member_failure() -> StockFailure:
+    from torch._dynamo.exc import InternalTorchDynamoError
+
+    return StockFailure(
+        InternalTorchDynamoError,
+        r"^UnsafeScriptObjectError: Attempted to access unregistered member on an OpaqueObject\n",
+    )
+
+
+#: torch's own error for an undeclared member (2.11 - 2.15 alike).
+UNDECLARED_MEMBER_FAILURE = _undeclared_member_failure()
+
+
+def program_on_groups_compiles_once() -> None:
+    """A compiled program that reads nothing from its ``ProcessGroup``
+    attribute, called with three groups of one size (fake process groups):
+    one compilation, each output carrying its call's group."""
+    import torch.distributed as dist
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    with fake_world(4) as world:
+        groups = [world, dist.new_group([0, 1]), dist.new_group([0, 1])]
+        counter = CompileCounterWithBackend("aot_eager")
+        f = torch.compile(lambda t: t * 2, backend=counter, fullgraph=True)
+        for g in groups:
+            assert f(GroupTensor(torch.ones(1), g))._group is g
+        assert counter.frame_count == 1, f"compiled {counter.frame_count} times for {len(groups)} groups"

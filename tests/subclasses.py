@@ -226,6 +226,70 @@ class ValueMesh(OpaqueBase):
 opaque_subclass.register_opaque(ValueMesh)
 
 
+class Gauge(OpaqueBase):
+    """A reference opaque whose members compiled code uses: ``factor()`` and
+    ``offset`` are evaluated on the real object (and guarded), ``doubled()`` is
+    traced; ``other()`` is not declared."""
+
+    def __init__(self, factor: int, offset: int = 0) -> None:
+        self._factor = factor
+        self.offset = offset
+
+    def factor(self) -> int:
+        return self._factor
+
+    def doubled(self) -> int:
+        return 2 * self.offset
+
+    def other(self) -> int:
+        return 1
+
+    def __repr__(self) -> str:
+        return f"Gauge({self._factor}, {self.offset})"
+
+
+opaque_subclass.register_opaque(
+    Gauge,
+    members={
+        "factor": opaque_subclass.Member.USE_REAL,
+        "offset": opaque_subclass.Member.USE_REAL,
+        "doubled": opaque_subclass.Member.INLINED,
+    },
+)
+
+
+class GaugeTensor(_Wrapper):
+    """One tensor and a ``Gauge`` whose members compiled code reads."""
+
+    INNER = ("_data",)
+    OPAQUES = ("_gauge",)
+
+
+class GroupTensor(_Wrapper):
+    """A Float8-like tensor holding its amax-reduction ``ProcessGroup`` as an
+    opaque attribute (``ProcessGroup`` must be registered: :func:`fake_world`)."""
+
+    INNER = ("_data",)
+    OPAQUES = ("_group",)
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int, rank: int = 0) -> Iterator[Any]:
+    """torch's fake process group (``torch.testing._internal.distributed.fake_pg``:
+    no communication, any world size, one process) as the default group, with
+    ``ProcessGroup`` registered as a reference opaque; destroyed on exit."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import ProcessGroup
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    try:
+        opaque_subclass.register_opaque(ProcessGroup)
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardSpec:
     """A sharding spec holding its mesh, as DTensor 2.11's DTensorSpec and

@@ -18,15 +18,20 @@ import torch
 from scenarios import (
     LOAD_CONSTANT_FAILURE,
     MALFORMED_NAMES_FAILURE,
+    MEMBER_UNGUARDED_FAILURE,
     SAVE_CONSTANT_FAILURE,
+    UNDECLARED_MEMBER_FAILURE,
     StockFailure,
     assert_fails_as,
     direct_save_of_subclass_parameter_is_refused,
     export_names_malformed_flatten_names,
     fsdp1_module_state_sync_keeps_opaques,
+    member_method_result_is_guarded,
+    program_on_groups_compiles_once,
     save_and_load_opaque_constant,
     storage_accounting_skips_opaques,
     torch_subclass_parametrization_keeps_opaques,
+    undeclared_member_is_named,
 )
 from subclasses import Mesh, MeshTensor, registered_mesh_world_of_one
 
@@ -627,6 +632,18 @@ _END = r"(\n|$)"
 #: target -> (the scenario that needs the patch, how it fails on stock torch
 #: 2.11 with just that patch suspended). Measured on torch 2.11.0.
 NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
+    "torch._dynamo.variables.script_object.TorchScriptObjectVariable.call_method": (
+        member_method_result_is_guarded,
+        MEMBER_UNGUARDED_FAILURE,
+    ),
+    "torch._dynamo.variables.script_object.TorchScriptObjectVariable.var_getattr": (
+        undeclared_member_is_named,
+        UNDECLARED_MEMBER_FAILURE,
+    ),
+    "torch._dynamo.variables.distributed.ProcessGroupVariable.is_process_group": (
+        program_on_groups_compiles_once,
+        StockFailure(AssertionError, r"^compiled 3 times for 3 groups$"),
+    ),
     "torch._subclasses.fake_tensor.get_plain_tensors": (
         export_names_malformed_flatten_names,
         MALFORMED_NAMES_FAILURE,

@@ -14,11 +14,15 @@ import torch
 from scenarios import (
     LOAD_CONSTANT_FAILURE,
     MALFORMED_NAMES_FAILURE,
+    MEMBER_UNGUARDED_FAILURE,
     SAVE_CONSTANT_FAILURE,
+    UNDECLARED_MEMBER_FAILURE,
     StockFailure,
     assert_fails_as,
     export_names_malformed_flatten_names,
+    member_method_result_is_guarded,
     save_and_load_opaque_constant,
+    undeclared_member_is_named,
 )
 from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor
 
@@ -206,6 +210,22 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[in
             AssertionError,
             r"^torch logged: \['is_opaque_value is deprecated, use is_custom_class_obj instead'\]" + _END,
         ),
+    ),
+    "torch._dynamo.variables.script_object.TorchScriptObjectVariable.call_method": (  # 2.12, 2.13
+        member_method_result_is_guarded,
+        MEMBER_UNGUARDED_FAILURE,
+    ),
+    "torch._dynamo.variables.script_object.TorchScriptObjectVariable.var_getattr": (  # 2.12, 2.13
+        undeclared_member_is_named,
+        UNDECLARED_MEMBER_FAILURE,
+    ),
+    "torch._dynamo.variables.script_object.CustomClassObjectVariable.call_method": (  # 2.14, 2.15
+        member_method_result_is_guarded,
+        MEMBER_UNGUARDED_FAILURE,
+    ),
+    "torch._dynamo.variables.script_object.CustomClassObjectVariable.tp_getattro_impl": (  # 2.14, 2.15
+        undeclared_member_is_named,
+        UNDECLARED_MEMBER_FAILURE,
     ),
     "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor": (  # 2.12 - 2.15
         _compile_names_a_bad_attribute,

@@ -9,6 +9,7 @@ them verbatim.
 from __future__ import annotations
 
 __all__ = [
+    "OpaqueMemberError",
     "OpaqueSubclassError",
     "describe_type",
     "import_fix",
@@ -25,6 +26,13 @@ class OpaqueSubclassError(RuntimeError):
     being wrapped with). Wrong kinds of objects raise :class:`TypeError` and bad
     values raise :class:`ValueError` instead.
     """
+
+
+class OpaqueMemberError(OpaqueSubclassError, AttributeError):
+    """Compiled code used a member (attribute, property or method) of an opaque
+    that the opaque's registration does not declare (``register_opaque(cls,
+    members=...)``): torch.compile cannot tell whether to evaluate it on the
+    real object (and guard the value) or trace it."""
 
 
 def qualified_name(cls: type) -> str:

@@ -30,15 +30,32 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from typing import TYPE_CHECKING, get_args
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, get_args
 
 import torch
+
+# How compiled code may use a member (attribute, property or method) of a
+# registered opaque: torch's ``MemberType`` of the running release (the
+# same enum on torch 2.11 - 2.15), under the library's name.
+#
+# * ``Member.USE_REAL``: read or called on the real object while tracing,
+#   and the result compiled in as a constant. The library guards every such
+#   value (the graph is reused only while the member gives the same value),
+#   on every release; torch itself guards none.
+# * ``Member.INLINED``: traced into the graph (a method call on the opaque
+#   graph input; an attribute read on it).
+#
+# A member not declared is an error in compiled code
+# (:class:`opaque_subclass.OpaqueMemberError`).
+from torch._library.opaque_object import MemberType as Member
 
 from opaque_subclass._versions import OpaqueKind, RegistryAPI, current
 from opaque_subclass.core.errors import describe_type, import_fix, qualified_name
 
 __all__ = [
     "KIND_ALIASES",
+    "Member",
     "OpaqueBase",
     "OpaqueKind",
     "is_opaque",
@@ -222,9 +239,12 @@ _TORCH_REGISTRATION_HOOKS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _run_torch_registration_hooks(cls: type) -> None:
+def _run_torch_registration_hooks(cls: type) -> bool:
+    """Run torch's own registration of its classes for ``cls``'s package;
+    whether the running torch has such a hook."""
     import importlib
 
+    ran = False
     for prefix, module_name, hook_name in _TORCH_REGISTRATION_HOOKS:
         if not cls.__module__.startswith(prefix):
             continue
@@ -235,9 +255,156 @@ def _run_torch_registration_hooks(cls: type) -> None:
         hook = getattr(module, hook_name, None)
         if callable(hook):
             hook()
+            ran = True
+    return ran
 
 
-def register_opaque(cls: type, kind: str = "reference") -> None:
+def _process_group_options() -> dict[str, Any]:
+    names = ("size", "rank", "_get_backend_name", "group_name", "group_desc", "__eq__", "__ne__")
+    return {"members": dict.fromkeys(names, Member.USE_REAL)}
+
+
+#: torch's own registration of its classes, for a release that registers them
+#: not at all (torch 2.11): the members of torch 2.13's entry, keyed by the
+#: class's qualified name, so that compiled code may use the same members on
+#: every release (and the library guards every value read from them).
+_TORCH_OWN_OPTIONS: dict[str, Callable[[], dict[str, Any]]] = {
+    "torch.distributed.distributed_c10d.ProcessGroup": _process_group_options,
+    "torch._C._distributed_c10d.ProcessGroup": _process_group_options,
+}
+
+
+def _member_options(cls: type, members: object) -> dict[str, Member]:
+    """``members`` checked and normalised to torch's enum (strings ``"use_real"``
+    and ``"inlined"``, the enum's values, are accepted)."""
+    name = cls.__qualname__
+    if not isinstance(members, Mapping):
+        raise TypeError(
+            f"register_opaque({name}, members=...): members must map member names to "
+            f"opaque_subclass.Member values, got {describe_type(members)}. Fix: "
+            f'register_opaque({name}, members={{"size": opaque_subclass.Member.USE_REAL}}).'
+        )
+    checked: dict[str, Member] = {}
+    for member, how in members.items():
+        if not isinstance(member, str) or not member.isidentifier():
+            raise TypeError(
+                f"register_opaque({name}, members=...): member names must be attribute names, got "
+                f"{member!r} ({describe_type(member)}). Fix: "
+                f'register_opaque({name}, members={{"size": opaque_subclass.Member.USE_REAL}}).'
+            )
+        if isinstance(how, Member):
+            checked[member] = how
+            continue
+        try:
+            checked[member] = Member(how)
+        except ValueError:
+            raise TypeError(
+                f"register_opaque({name}, members=...): members[{member!r}] is {how!r} "
+                f"({describe_type(how)}); it must say how compiled code uses the member: "
+                "opaque_subclass.Member.USE_REAL (read on the real object while tracing, compiled "
+                "in as a constant and guarded) or opaque_subclass.Member.INLINED (traced). Fix: "
+                f"register_opaque({name}, members={{{member!r}: opaque_subclass.Member.USE_REAL}})."
+            ) from None
+    return checked
+
+
+def _torch_options(
+    cls: type,
+    kind: OpaqueKind,
+    members: object,
+    guard: object,
+    hoist: object,
+    reconstruct: object,
+) -> dict[str, Any]:
+    """The options of :func:`register_opaque`, checked, as torch's keyword
+    arguments (only those given)."""
+    name = cls.__qualname__
+    options: dict[str, Any] = {}
+    if members is not None:
+        options["members"] = _member_options(cls, members)
+    if guard is not None:
+        if not callable(guard):
+            raise TypeError(
+                f"register_opaque({name}, guard=...): guard must be a function of the object that "
+                f"returns the values to compare on every call, got {describe_type(guard)}. Fix: "
+                f"register_opaque({name}, guard=lambda obj: [obj.size()])."
+            )
+        if kind == "value":
+            raise ValueError(
+                f'register_opaque({name}, kind="value", guard=...): a value opaque is guarded by its '
+                f"__eq__ already; guard is for reference opaques. Fix: "
+                f'register_opaque({name}, kind="value") (drop guard=).'
+            )
+        options["guard_fn"] = guard
+    if hoist:
+        if hoist is not True:
+            raise TypeError(
+                f"register_opaque({name}, hoist=...): hoist is a bool, got {describe_type(hoist)}. "
+                f'Fix: register_opaque({name}, kind="value", hoist=True).'
+            )
+        if kind == "reference":
+            raise ValueError(
+                f"register_opaque({name}, hoist=True): hoist lifts a *value* opaque to a graph input "
+                "instead of compiling it in; a reference opaque is always a graph input. Fix: "
+                f'register_opaque({name}, kind="reference") (drop hoist=).'
+            )
+        options["hoist"] = True
+    if reconstruct is not None:
+        if not callable(reconstruct):
+            raise TypeError(
+                f"register_opaque({name}, reconstruct=...): reconstruct must be a function "
+                f"(obj, get_proxy, tracer) -> proxy or None, got {describe_type(reconstruct)}. Fix: "
+                f"register_opaque({name}, reconstruct=lambda obj, get_proxy, tracer: None)."
+            )
+        if "reconstruct_fn" not in _api().table_fields():
+            raise ValueError(
+                f"register_opaque({name}, reconstruct=...): torch {torch.__version__} has no "
+                "reconstruct hook for opaques (torch 2.12 added it to make_fx); the library does "
+                "not emulate it, so a backward closure holding such an object is kept as a "
+                f"constant. Fix: register_opaque({name}) without reconstruct=, or "
+                "python -m pip install 'torch>=2.12'."
+            )
+        options["reconstruct_fn"] = reconstruct
+    return options
+
+
+def _same_options(info: Any, options: Mapping[str, Any]) -> bool:
+    """Whether torch's registry entry already holds ``options``."""
+    return (
+        dict(info.members) == dict(options.get("members", {}))
+        and bool(info.hoist) == bool(options.get("hoist", False))
+        and info.guard_fn is options.get("guard_fn")
+        and getattr(info, "reconstruct_fn", None) is options.get("reconstruct_fn")
+    )
+
+
+def _describe_entry(info: Any) -> str:
+    parts = [f"kind {KIND_ALIASES.get(info.opaque_typ, info.opaque_typ)}"]
+    if info.members:
+        parts.append(f"members {sorted(info.members)}")
+    if info.guard_fn is not None:
+        parts.append("a guard")
+    if getattr(info, "hoist", False):
+        parts.append("hoist")
+    if getattr(info, "reconstruct_fn", None) is not None:
+        parts.append("a reconstruct function")
+    return ", ".join(parts)
+
+
+def _describe_call(options: Mapping[str, Any]) -> str:
+    names = {"members": "members", "guard_fn": "guard", "hoist": "hoist", "reconstruct_fn": "reconstruct"}
+    return ", ".join(f"{names[k]}=..." for k in options)
+
+
+def register_opaque(
+    cls: type,
+    kind: str = "reference",
+    *,
+    members: Mapping[str, Member | str] | None = None,
+    guard: Callable[[Any], Any] | None = None,
+    hoist: bool = False,
+    reconstruct: Callable[..., Any] | None = None,
+) -> None:
     """Register ``cls`` as an opaque type on the running torch.
 
     Parameters
@@ -252,10 +419,26 @@ def register_opaque(cls: type, kind: str = "reference") -> None:
         belong in the flatten context. See Note [Reference and value opaques].
         torch 2.14's names for the two kinds, ``"symbolic"`` and ``"constant"``,
         are accepted as aliases on every release.
+    members
+        ``{name: Member}``: the attributes, properties and methods compiled code
+        may use (see :data:`Member`). Any other member used in compiled code is
+        an :class:`opaque_subclass.OpaqueMemberError`. Every ``Member.USE_REAL``
+        value read while tracing is guarded, on every release.
+    guard
+        Reference opaques: ``guard(obj) -> list`` of values compared on every
+        call of a compiled function (a change recompiles), as torch's
+        ``guard_fn``.
+    hoist
+        Value opaques: lift the value to a graph input instead of compiling it
+        in (torch's ``hoist``).
+    reconstruct
+        torch's ``reconstruct_fn`` (torch 2.12 and newer; refused on 2.11):
+        how ``make_fx`` derives an untracked object from the graph's inputs.
 
     Registering a class again with the same kind does nothing, also when torch
-    registered it first. Registering it again with the other kind raises
-    :class:`ValueError`.
+    registered it first; with other options it raises :class:`ValueError`
+    (torch cannot change a registration). Registering it again with the other
+    kind raises :class:`ValueError`.
     """
     if not isinstance(cls, type):
         raise TypeError(
@@ -293,7 +476,10 @@ def register_opaque(cls: type, kind: str = "reference") -> None:
             "so torch would flatten it instead of passing it as one object. Fix: "
             "unregister it from pytree or wrap it in a class that is not a pytree node."
         )
-    _run_torch_registration_hooks(cls)
+    options = _torch_options(cls, kind, members, guard, hoist, reconstruct)
+    if not _run_torch_registration_hooks(cls) and not options and kind == "reference":
+        own = _TORCH_OWN_OPTIONS.get(qualified_name(cls))
+        options = own() if own is not None else options
     with _LOCK:
         # The kind of a class is fixed by its first registration, and a subclass
         # has the kind of its registered base: torch answers lookups through the MRO.
@@ -305,16 +491,34 @@ def register_opaque(cls: type, kind: str = "reference") -> None:
                 + f"; it cannot also be a {kind} opaque. Fix: keep one registration, "
                 f'register_opaque({cls.__qualname__}, kind="{existing}").'
             )
-        if existing is not None and cls in api.torch_module()._OPAQUE_TYPES:
+        info = api.torch_module()._OPAQUE_TYPES.get(cls)
+        if existing is not None and info is not None:
+            if options and not _same_options(info, options):
+                raise ValueError(
+                    f"{qualified_name(cls)} is registered already ({_describe_entry(info)}), and torch "
+                    "cannot change a registration. Fix: register it once, with every option, before "
+                    f"anything uses it: register_opaque({cls.__qualname__}, {_describe_call(options)}) "
+                    "as the first registration, or register_opaque("
+                    f"{cls.__qualname__}) to keep the one it has."
+                )
             _KIND_BY_TYPE[cls] = kind
             return
         if kind == "value":
             _check_value_type_protocol(cls)
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if name in api.torch_module()._OPAQUE_TYPES_BY_NAME:
+            raise ValueError(
+                f"cannot register {name}: another class of that name is registered already (torch "
+                "keys opaque types by module and qualified name, for every process that loads a "
+                f"compiled program). Fix: give the class a name of its own, `class "
+                f"{cls.__name__}2({', '.join(b.__name__ for b in cls.__bases__)}): ...`, and register "
+                "that one."
+            )
         if isinstance(cls, api.base_metaclass()):
-            api.register_in_torch(cls, kind)
+            api.register_in_torch(cls, kind, options)
         else:
             log.debug("entering %s in torch's opaque registry directly", qualified_name(cls))
-            api.enter_in_tables(cls, kind)
+            api.enter_in_tables(cls, kind, options)
         # A class registered now may have subclasses looked up before; they are
         # never cached negatively, so only the class itself needs an entry.
         _KIND_BY_TYPE[cls] = kind

@@ -199,3 +199,34 @@ PATCHES.append(
         "torch._dynamo.variables.distributed.DeviceMeshVariable.is_device_mesh", "f6951f04a46572a5", make_is_device_mesh
     )
 )
+
+
+def make_is_process_group(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._dynamo.variables.distributed.ProcessGroupVariable.is_process_group``
+    (torch 2.11).
+
+    Dynamo 2.11 models a ``ProcessGroup`` as a ``ProcessGroupVariable``: a
+    compile-time constant guarded by identity. Without it, a registered
+    ``ProcessGroup`` listed as an opaque attribute recompiles the program for
+    every group (``___check_obj_id``) even when the program never reads it,
+    where torch 2.12 - 2.15 (which register ``ProcessGroup`` as a reference
+    opaque themselves, pytorch/pytorch#176457 and its follow-ups) compile once. With it, a registered ``ProcessGroup``
+    takes Dynamo's reference-opaque path as on those releases: a graph input,
+    its declared members (torch 2.13's: ``size``, ``rank``, ``group_name`` ...)
+    evaluated on the real group and guarded by the member fix. Unregistered,
+    torch's behaviour is unchanged.
+    """
+
+    def is_process_group(value: object) -> bool:
+        return bool(original(value)) and opaque_kind(type(value)) != "reference"
+
+    return is_process_group
+
+
+PATCHES.append(
+    Patch(
+        "torch._dynamo.variables.distributed.ProcessGroupVariable.is_process_group",
+        "3dde770c19833ad1",
+        make_is_process_group,
+    )
+)

@@ -9,7 +9,7 @@ removed by ``opaque_subclass.disable()``.
 """
 
 from opaque_subclass.backport._machinery.patching import PatchSet
-from opaque_subclass.backport.native import autograd_cache, diagnostics
+from opaque_subclass.backport.native import autograd_cache, diagnostics, members
 
 from . import export, registry
 
@@ -23,5 +23,8 @@ FIX_SET = PatchSet(
         diagnostics.wrap_tensor_patch("3e4cb5d422351e93"),
         diagnostics.symbolic_context_patch("98cb7c1802eb5fc7"),
         diagnostics.plain_tensors_patch("fed2a3a6b7209de4"),
+        # members of opaques in compiled code: baked values guarded, undeclared ones named
+        members.call_method_patch(members.SCRIPT_OBJECT_VARIABLE, "19c3fe3c7b0e6398"),
+        members.getattr_patch(f"{members.SCRIPT_OBJECT_VARIABLE}.var_getattr", "0269dd07ee115f09"),
     ]
 )

@@ -7,7 +7,7 @@ nothing, listed in ``opaque_subclass.support().fixes``, removed by
 """
 
 from opaque_subclass.backport._machinery.patching import PatchSet
-from opaque_subclass.backport.native import autograd_cache, diagnostics
+from opaque_subclass.backport.native import autograd_cache, diagnostics, members
 
 __all__ = ["FIX_SET"]
 
@@ -17,5 +17,8 @@ FIX_SET = PatchSet(
         diagnostics.wrap_tensor_patch("4d0013f630d40596"),
         diagnostics.symbolic_context_patch("98cb7c1802eb5fc7"),
         diagnostics.plain_tensors_patch("9c9324c1b64f0c1b"),
+        # members of opaques in compiled code: baked values guarded, undeclared ones named
+        members.call_method_patch(members.SCRIPT_OBJECT_VARIABLE, "9caba592748686d4"),
+        members.getattr_patch(f"{members.SCRIPT_OBJECT_VARIABLE}.var_getattr", "10aa958cf597b072"),
     ]
 )

@@ -10,7 +10,7 @@ leftovers included. Applied all or nothing, listed in
 """
 
 from opaque_subclass.backport._machinery.patching import PatchSet
-from opaque_subclass.backport.native import autograd_cache, diagnostics
+from opaque_subclass.backport.native import autograd_cache, diagnostics, members
 
 from . import aot_autograd
 
@@ -24,5 +24,8 @@ FIX_SET = PatchSet(
         diagnostics.wrap_tensor_patch("3f917c5075df5856"),
         diagnostics.symbolic_context_patch("342a3851b99d5c47"),
         diagnostics.plain_tensors_patch("7778f151d889482b"),
+        # members of opaques in compiled code: baked values guarded, undeclared ones named
+        members.call_method_patch(members.CUSTOM_CLASS_VARIABLE, "3c566bf785884072"),
+        members.getattr_patch(f"{members.CUSTOM_CLASS_VARIABLE}.tp_getattro_impl", "ca3de2aa2afad6b1"),
     ]
 )
