@@ -325,7 +325,7 @@ REGISTRATION = Group(
             """Register the class once, with every option, before anything uses it (a fresh process
             to change it); registering it again without options keeps the entry it has.""",
             fixed="""
-                osc.register_opaque(Counter)
+                {fix}
                 """,
         ),
     ),

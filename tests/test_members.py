@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 from scenarios import compiled_member_uses, compiled_undeclared_member
-from subclasses import Gauge, GroupTensor, fake_world
+from subclasses import Gauge, GaugeTensor, GroupTensor, fake_world
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import guard_failures
 
@@ -70,18 +70,12 @@ def test_declared_method_is_guarded():
 
 
 def test_guard_reads_the_member_again_and_reuses_the_graph_for_equal_values():
-    inputs = [GaugeInput(f) for f in (3, 3, 5, 3)]
+    inputs = [GaugeTensor(torch.ones(1), Gauge(f)) for f in (3, 3, 5, 3)]
     guard_failures.clear()
     outputs, compilations = _counted(lambda t: t * t._gauge.factor(), inputs)
     assert outputs == [3.0, 3.0, 5.0, 3.0]
     assert compilations == 2
     assert any("._gauge.factor() == 3" in r for r in _reasons()), _reasons()
-
-
-def GaugeInput(factor: int, offset: int = 0) -> torch.Tensor:  # reads as a constructor
-    from subclasses import GaugeTensor
-
-    return GaugeTensor(torch.ones(1), Gauge(factor, offset))
 
 
 def test_declared_attribute_is_guarded():
@@ -110,8 +104,12 @@ def _library_message(error: BaseException) -> str:
     return text.removeprefix(prefix)
 
 
+# Dynamo re-raises an error from tracing as its wrapper, our message first.
+RAISED_AS = (osc.OpaqueMemberError, torch._dynamo.exc.InternalTorchDynamoError)
+
+
 def test_undeclared_member_is_a_named_error():
-    with pytest.raises(Exception) as info:  # Dynamo's wrapper; our type is checked on its message
+    with pytest.raises(RAISED_AS) as info:
         compiled_undeclared_member()
     message = _library_message(info.value)
     assert "'other' of subclasses.Gauge" in message
@@ -124,7 +122,7 @@ def test_undeclared_member_is_a_named_error():
 def test_undeclared_member_fix_runs_as_written():
     """The message's fix, run for a class like ``Gauge`` that nobody registered
     yet, makes the same compiled code work."""
-    with pytest.raises(Exception) as info:  # Dynamo's wrapper, as above
+    with pytest.raises(RAISED_AS) as info:
         compiled_undeclared_member()
     fix = re.search(r"Fix: .*?`([^`]+)`", _library_message(info.value)).group(1)
 
@@ -196,6 +194,22 @@ def test_guard_on_a_value_opaque_is_refused():
 
     with pytest.raises(ValueError, match=r'kind="value", guard=...\): a value opaque is guarded by its __eq__'):
         osc.register_opaque(Config, kind="value", guard=lambda c: [])
+
+
+def test_a_second_class_of_one_name_is_refused():
+    """torch keys opaque types by qualified name; its own refusal was a bare RuntimeError."""
+
+    def make():
+        class Twin(osc.OpaqueBase):
+            pass
+
+        return Twin
+
+    first, second = make(), make()
+    osc.register_opaque(first)
+    with pytest.raises(ValueError, match=r"another class of that name is registered already .* Fix: .*`class Twin2"):
+        osc.register_opaque(second)
+    assert not osc.is_opaque(second)
 
 
 def test_options_reach_torchs_registry_entry():

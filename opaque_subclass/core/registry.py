@@ -270,7 +270,6 @@ def _process_group_options() -> dict[str, Any]:
 #: every release (and the library guards every value read from them).
 _TORCH_OWN_OPTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "torch.distributed.distributed_c10d.ProcessGroup": _process_group_options,
-    "torch._C._distributed_c10d.ProcessGroup": _process_group_options,
 }
 
 
@@ -391,11 +390,6 @@ def _describe_entry(info: Any) -> str:
     return ", ".join(parts)
 
 
-def _describe_call(options: Mapping[str, Any]) -> str:
-    names = {"members": "members", "guard_fn": "guard", "hoist": "hoist", "reconstruct_fn": "reconstruct"}
-    return ", ".join(f"{names[k]}=..." for k in options)
-
-
 def register_opaque(
     cls: type,
     kind: str = "reference",
@@ -496,10 +490,10 @@ def register_opaque(
             if options and not _same_options(info, options):
                 raise ValueError(
                     f"{qualified_name(cls)} is registered already ({_describe_entry(info)}), and torch "
-                    "cannot change a registration. Fix: register it once, with every option, before "
-                    f"anything uses it: register_opaque({cls.__qualname__}, {_describe_call(options)}) "
-                    "as the first registration, or register_opaque("
-                    f"{cls.__qualname__}) to keep the one it has."
+                    "cannot change a registration. Fix: keep the registration it has, "
+                    + import_fix(cls, "opaque_subclass.register_opaque({cls})")
+                    + "; to change its options, pass them to the first registration (run before "
+                    "anything uses the class) in a fresh process."
                 )
             _KIND_BY_TYPE[cls] = kind
             return
