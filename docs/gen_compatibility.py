@@ -33,12 +33,18 @@ def _targets(module_name: str | None, attribute: str) -> tuple[str, ...]:
     return tuple(p.target for p in patch_set.patches)
 
 
+def _difference(d: object) -> str:
+    entries = getattr(d, "entries", ())
+    return f"{d} ({', '.join(f'`{e}`' for e in entries)})" if entries else str(d)
+
+
 def render() -> str:
     from opaque_subclass._versions import RELEASES
 
     lines = [
-        "| torch | mode | torch's registry names | patched to provide the feature | fixes of upstream bugs | known torch differences |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| torch | mode | torch's registry names | patched to provide the feature | fixes of upstream bugs "
+        "| known differences from the newest release (conformance entries) | torch limits |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in RELEASES.values():
         api = row.registry
@@ -51,8 +57,11 @@ def render() -> str:
         fixes = _targets(row.fixes, "FIX_SET")
         patched_cell = f"{len(patched)} functions ([backport.md](backport.md))" if patched else "none"
         fixes_cell = "<br>".join(f"`{t}`" for t in fixes) if fixes else "none"
-        differences = "<br>".join(row.differences) if row.differences else "-"
-        lines.append(f"| {row.label} | {row.mode} | {names} | {patched_cell} | {fixes_cell} | {differences} |")
+        differences = "<br>".join(_difference(d) for d in row.differences) or "-"
+        limits = "<br>".join(row.limits) or "-"
+        lines.append(
+            f"| {row.label} | {row.mode} | {names} | {patched_cell} | {fixes_cell} | {differences} | {limits} |"
+        )
     return "\n".join(lines)
 
 

@@ -24,7 +24,7 @@ See ``docs/`` for a guide.
 
 from opaque_subclass._versions import LIBRARY_VERSION
 from opaque_subclass.activation import disable, enable, support
-from opaque_subclass.authoring.base import OpaqueSubclass
+from opaque_subclass.authoring.base import OpaqueAttr, OpaqueSubclass
 from opaque_subclass.core.aliasing import OpaqueAliasPattern, opaque_alias_pattern
 from opaque_subclass.core.errors import OpaqueMemberError, OpaqueSubclassError
 from opaque_subclass.core.flatten import (
@@ -79,6 +79,7 @@ __all__ = [
     "SUPPORTED_TORCH",
     "Member",
     "OpaqueAliasPattern",
+    "OpaqueAttr",
     "OpaqueBase",
     "OpaqueKind",
     "OpaqueMemberError",

@@ -16,8 +16,15 @@ minor)`` release:
 * the **fix set** for upstream bugs of a native release, as the name of the
   module holding its ``FIX_SET`` (``opaque_subclass.backport.v2_12`` and on;
   fixes shared by several releases live in ``opaque_subclass.backport.native``);
-* the **known differences** that are torch's own and that the library does not
-  hide; docs/compatibility.md is checked against them by a test.
+* the **known differences** (:class:`Difference`): behaviours of the release
+  that differ from the newest release's, for a torch reason the library does
+  not hide, each naming the entries of the cross-release conformance corpus
+  (``tests/conformance.py``) that show it. The corpus runs on every leg and
+  fails on a difference not listed here, and on a listed one that no longer
+  shows;
+* the **limits** every supported release shares (torch's, not hidden either).
+
+docs/compatibility.md is checked against this table by a test.
 
 Adding a release means adding a row here (and, for a backport, a patch
 subpackage); nothing in the core changes. A release newer than the newest row
@@ -48,6 +55,7 @@ __all__ = [
     "NEWEST",
     "OPAQUE_OBJECT_API",
     "RELEASES",
+    "Difference",
     "Mode",
     "OpaqueKind",
     "RegistryAPI",
@@ -172,6 +180,22 @@ CUSTOM_CLASS_API = RegistryAPI(
 
 
 @dataclass(frozen=True, slots=True)
+class Difference:
+    """A behaviour of one release that differs from the newest release's.
+
+    ``text`` says what differs and the torch reason; ``entries`` names the
+    conformance corpus entries (``tests/conformance.py``) whose observations on
+    this release differ from the reference because of it.
+    """
+
+    text: str
+    entries: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True, slots=True)
 class ReleaseSupport:
     """One row of the table: how the library runs on one torch release."""
 
@@ -180,7 +204,9 @@ class ReleaseSupport:
     registry: RegistryAPI | None
     patches: str | None = None
     fixes: str | None = None
-    differences: tuple[str, ...] = ()
+    differences: tuple[Difference, ...] = ()
+    #: What torch cannot do on this release, whatever the release (shared limits).
+    limits: tuple[str, ...] = ()
     #: False for a release newer than every row (taken on trust, untested).
     tested: bool = True
 
@@ -194,6 +220,12 @@ _FOREIGN_ISINSTANCE = (
     "that does not inherit opaque_subclass.OpaqueBase (it sees torch's fake wrapper)"
 )
 
+_ATTRIBUTE_GUARD_TEXT = (
+    "a recompile reason on an opaque's attribute reads object.__getattribute__(t._gauge, 'offset') == 2 "
+    "(Dynamo 2.11 and 2.12 name the attribute source so; 2.13 and newer write t._gauge.offset == 2); "
+    "the guard itself is the same"
+)
+
 #: The table. Keep docs/compatibility.md in step (a test compares them).
 RELEASES: Mapping[tuple[int, int], ReleaseSupport] = {
     row.release: row
@@ -202,7 +234,7 @@ RELEASES: Mapping[tuple[int, int], ReleaseSupport] = {
             (2, 10),
             "unsupported",
             None,
-            differences=("no opaque base class (torch._opaque_base); a backport is not written yet",),
+            differences=(Difference("no opaque base class (torch._opaque_base); a backport is not written yet"),),
         ),
         ReleaseSupport(
             (2, 11),
@@ -210,41 +242,65 @@ RELEASES: Mapping[tuple[int, int], ReleaseSupport] = {
             OPAQUE_OBJECT_API,
             patches="opaque_subclass.backport.v2_11",
             differences=(
-                _FOREIGN_ISINSTANCE,
-                "torch 2.11 does not register enum.Enum as a value opaque (2.12 and newer do): "
-                "opaque_kind(AnEnum) is None until register_opaque(AnEnum, kind='value')",
-                "torch 2.11's CUDA build without a GPU crashes (SIGSEGV in FakeTensorMode.__enter__) "
-                "when a thread compiles after another compiling thread has exited, with or without "
-                "the library: compile from one long-lived thread",
+                Difference(
+                    "torch 2.11 does not register enum.Enum as a value opaque (2.12 and newer do): "
+                    "opaque_kind(AnEnum) is None until register_opaque(AnEnum, kind='value')",
+                    ("api/enum-is-value-opaque",),
+                ),
+                Difference(
+                    "torch.export.save on a program holding reference opaques raises TypeError with the fix "
+                    "opaque_subclass.export.save (the backport's archive patch); torch 2.12 and newer pickle "
+                    "them by value and offer no hook to refuse",
+                    ("export/torch-save-direct",),
+                ),
+                Difference(
+                    _ATTRIBUTE_GUARD_TEXT,
+                    ("members/attribute-use-real", "collectives/functional-all-reduce"),
+                ),
+                Difference(
+                    "torch 2.11's CUDA build without a GPU crashes (SIGSEGV in FakeTensorMode.__enter__) "
+                    "when a thread compiles after another compiling thread has exited, with or without "
+                    "the library: compile from one long-lived thread",
+                    ("threads/compile-after-thread-exit",),
+                ),
             ),
+            limits=(_FOREIGN_ISINSTANCE,),
         ),
         ReleaseSupport(
             (2, 12),
             "native",
             OPAQUE_OBJECT_API,
             fixes="opaque_subclass.backport.v2_12",
-            differences=(_FOREIGN_ISINSTANCE,),
+            differences=(
+                Difference(_ATTRIBUTE_GUARD_TEXT, ("members/attribute-use-real", "collectives/functional-all-reduce")),
+            ),
+            limits=(
+                _FOREIGN_ISINSTANCE,
+                "torch 2.12's CUDA build without a GPU may abort at interpreter exit ('terminate called "
+                "without an active exception', exit 134) after threads that compiled have exited, with or "
+                "without the library (4 of 6 runs of a 3-thread program): compile from one long-lived thread",
+            ),
         ),
         ReleaseSupport(
             (2, 13),
             "native",
             OPAQUE_OBJECT_API,
             fixes="opaque_subclass.backport.v2_13",
-            differences=(_FOREIGN_ISINSTANCE,),
+            limits=(_FOREIGN_ISINSTANCE,),
         ),
         ReleaseSupport(
             (2, 14),
             "native",
             CUSTOM_CLASS_API,
             fixes="opaque_subclass.backport.v2_14",
-            differences=(_FOREIGN_ISINSTANCE,),
+            limits=(_FOREIGN_ISINSTANCE,),
         ),
         ReleaseSupport(
             (2, 15),
             "native",
             CUSTOM_CLASS_API,
             fixes="opaque_subclass.backport.v2_15",
-            differences=(_FOREIGN_ISINSTANCE,),
+            limits=(_FOREIGN_ISINSTANCE,),
         ),
     )
 }
@@ -291,11 +347,13 @@ def release_support(version: str) -> ReleaseSupport:
     """
     release = parse_release(version)
     if release is None:
-        return ReleaseSupport((0, 0), "unsupported", None, differences=(f"unparsable version {version!r}",))
+        return ReleaseSupport((0, 0), "unsupported", None, differences=(Difference(f"unparsable version {version!r}"),))
     row = RELEASES.get(release)
     if row is not None:
         if row.mode == "native" and not _has_native_opaque_attrs():
-            return ReleaseSupport(release, "unsupported", None, differences=("development build without the feature",))
+            return ReleaseSupport(
+                release, "unsupported", None, differences=(Difference("development build without the feature"),)
+            )
         return row
     if release > NEWEST and _has_native_opaque_attrs():
         api = next(

@@ -19,6 +19,7 @@ import torch
 
 from opaque_subclass._versions import OLDEST_SUPPORTED, ReleaseSupport, current
 from opaque_subclass.backport._machinery.patching import PatchRefused, PatchSet
+from opaque_subclass.core.registry import opaque_kind, register_opaque
 from opaque_subclass.mode import Mode, Support
 
 __all__ = ["disable", "enable", "support"]
@@ -101,7 +102,30 @@ def enable() -> Support:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+        if _MODE != "unsupported":
+            _register_torch_classes()
     return support()
+
+
+def _register_torch_classes() -> None:
+    """torch's ``ProcessGroup`` and ``DeviceMesh`` as reference opaques, with
+    torch's own registration, at one moment on every release: when the library
+    is enabled. torch registers them itself at moments that differ by release
+    (2.14+: ``ProcessGroup`` with ``import torch``; 2.12+: both when
+    ``torch.distributed.tensor`` is imported; 2.11: never), so without this
+    ``opaque_kind`` of them, what a declaration may name, and whether a DTensor
+    lists its mesh as a graph input (the 2.11 backport's ``dtensor`` patches
+    do once ``DeviceMesh`` is registered) would depend on the release and on
+    imports. Their modules are imported by ``import torch`` already; a registry
+    entry outlives :func:`disable`, as torch's own does."""
+    if not torch.distributed.is_available():
+        return
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.distributed_c10d import ProcessGroup
+
+    for cls in (ProcessGroup, DeviceMesh):
+        if opaque_kind(cls) is None:
+            register_opaque(cls)
 
 
 def disable() -> Support:
@@ -125,4 +149,4 @@ def support() -> Support:
 
 
 if _MODE == "unsupported":
-    _unsupported_warning("; ".join(_ROW.differences) or "no native support and no backport")
+    _unsupported_warning("; ".join(map(str, _ROW.differences)) or "no native support and no backport")

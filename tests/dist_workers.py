@@ -87,3 +87,59 @@ def fsdp2_train(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str
         kept = type(local) is Weight and local._mesh is mesh
         losses[label + "_mesh_kept"] = [float(kept)]
     return {"losses": losses}
+
+
+def _tp_fsdp_model(mesh: Any) -> torch.nn.Module:
+    """A two-layer MLP, tensor parallel over ``mesh["tp"]`` (column- then
+    row-wise) and FSDP2-sharded over ``mesh["dp"]``: 2-D DTensor parameters."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
+def fsdp2_tp_train(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """FSDP2 + tensor parallel on a 2x2 (dp, tp) mesh, 3 SGD steps: losses in
+    eager, compiled with torch stock (the library disabled) and compiled with
+    the library, with ``DeviceMesh`` registered as a reference opaque (torch
+    2.12+ registers it itself; on torch 2.11 this turns on DTensor's mesh as an
+    opaque attribute). Also whether DTensor lists its mesh among its flatten
+    attributes."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    opaque_subclass.register_opaque(DeviceMesh)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(1 + mesh["dp"].get_local_rank())  # one batch per dp rank, the same on its tp ranks
+    data = [torch.randn(3, 8) for _ in range(3)]
+    result: dict[str, Any] = {}
+    for label in ("eager", "compiled_stock", "compiled"):
+        if label == "compiled_stock":
+            opaque_subclass.disable()
+        torch._dynamo.reset()
+        model = _tp_fsdp_model(mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            return model(x).pow(2).sum()  # noqa: B023 - step is called only within this iteration
+
+        run = step if label == "eager" else torch.compile(step, backend=payload.get("backend", "aot_eager"))
+        losses = []
+        for x in data:
+            loss = run(x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(loss.detach()))
+        result[label] = losses
+        result[label + "_graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        torch._dynamo.utils.counters.clear()
+        if label == "compiled_stock":
+            opaque_subclass.enable()
+    weight = model[0].weight
+    result["mesh_listed"] = "device_mesh" in weight.__tensor_flatten__()[0]
+    result["weight_mesh_ndim"] = weight.device_mesh.ndim
+    return result

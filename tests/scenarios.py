@@ -23,6 +23,7 @@ import torch
 from subclasses import Gauge, GaugeTensor, GroupTensor, HoldsMesh, Mesh, MeshTensor, SetNames, fake_world
 
 __all__ = [
+    "DTENSOR_MESH_CONSTANT_FAILURE",
     "LOAD_CONSTANT_FAILURE",
     "MALFORMED_NAMES_FAILURE",
     "MEMBER_UNGUARDED_FAILURE",
@@ -34,6 +35,8 @@ __all__ = [
     "compiled_member_uses",
     "compiled_undeclared_member",
     "direct_save_of_subclass_parameter_is_refused",
+    "dtensor_handlers_take_registered_mesh",
+    "dtensor_outputs_on_runtime_mesh",
     "export_names_malformed_flatten_names",
     "fsdp1_module_state_sync_keeps_opaques",
     "member_method_result_is_guarded",
@@ -324,3 +327,184 @@ def program_on_groups_compiles_once() -> None:
         for g in groups:
             assert f(GroupTensor(torch.ones(1), g))._group is g
         assert counter.frame_count == 1, f"compiled {counter.frame_count} times for {len(groups)} groups"
+
+
+def collectives_on_group_attribute() -> list[tuple[str, int]]:
+    """Compiled code passing a subclass's ``ProcessGroup`` attribute to torch's
+    functional collectives (``all_reduce``, ``all_gather_tensor``) and to
+    ``dist.all_reduce``, over five calls with four distinct groups (fake
+    process groups): outputs equal eager's, one compilation per group (torch
+    guards the group's name, which the graph's collective names). Returns
+    ``(program, compilations)`` per program."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def inplace(t: torch.Tensor) -> torch.Tensor:
+        data = t._data.clone()
+        dist.all_reduce(data, group=t._group)
+        return data * 2
+
+    programs: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "all_reduce": lambda t: funcol.all_reduce(t._data, "sum", t._group) * 2,
+        "all_gather_tensor": lambda t: funcol.all_gather_tensor(t._data, 0, t._group) * 2,
+        "dist.all_reduce": inplace,
+    }
+    counts: list[tuple[str, int]] = []
+    with fake_world(4) as world:
+        groups = [world, dist.new_group([0, 1]), dist.new_group([0, 1]), dist.new_group([0, 1, 2, 3]), world]
+        for name, fn in programs.items():
+            torch._dynamo.reset()
+            counter = CompileCounterWithBackend("aot_eager")
+            compiled = torch.compile(fn, backend=counter, fullgraph=True)
+            for g in groups:
+                x = GroupTensor(torch.arange(1.0, 3.0), g)
+                got, expected = compiled(x), fn(x)
+                assert torch.equal(got, expected), f"{name}: {got} != eager {expected}"
+            counts.append((name, counter.frame_count))
+    return counts
+
+
+def collectives_on_group_attribute_compile_per_group() -> None:
+    counts = collectives_on_group_attribute()
+    assert all(n == 4 for _, n in counts), f"compilations {counts}, expected 4 each"
+
+
+#: torch 2.11 without the isinstance patch: the collective sees torch's fake
+#: wrapper, not a ProcessGroup, and raises (traced) ValueError.
+COLLECTIVE_GROUP_TYPE_FAILURE = StockFailure(
+    torch._dynamo.exc.Unsupported,
+    r"^Observed exception\n(.|\n)*raised exception ValueError\(.*'Unsupported group type: '.*FakeScriptObject",
+)
+
+
+def dtensor_outputs_on_runtime_mesh(backend: str = "aot_eager") -> None:
+    """A compiled ``t * 2`` called with DTensors on 16 different ``DeviceMesh``
+    objects over the same 4 ranks (fake process groups; ``DeviceMesh``
+    registered as a reference opaque, as torch 2.12+ does itself): each output
+    on its call's mesh, and one compilation, as on torch 2.13 (the meshes
+    compare equal). Stock torch 2.11 returns 15 of the 16 on the first call's
+    mesh, which its flatten context compiled in."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    import opaque_subclass
+
+    with fake_world(4):
+        opaque_subclass.register_opaque(DeviceMesh)
+        meshes = [DeviceMesh("cpu", torch.arange(4)) for _ in range(16)]
+        counter = CompileCounterWithBackend(backend)
+        f = torch.compile(lambda t: t * 2, backend=counter, fullgraph=True)
+        outs = [f(DTensor.from_local(torch.arange(2.0), m, [Shard(0)])) for m in meshes]
+        for out in outs:
+            assert torch.equal(out.to_local(), torch.arange(2.0) * 2), out.to_local()
+        stale = sum(out.device_mesh is not m for out, m in zip(outs, meshes, strict=True))
+        assert stale == 0, f"{stale} of {len(meshes)} outputs carry another call's mesh"
+        assert counter.frame_count == 1, f"compiled {counter.frame_count} times for {len(meshes)} meshes"
+
+
+def dtensor_handlers_take_registered_mesh() -> None:
+    """``DTensor.from_local`` and ``DTensor.redistribute`` given a registered
+    ``DeviceMesh`` that is a graph input (an argument here; in tensor-parallel
+    code, the mesh a ``parallelize_module`` hook closes over), and the mesh of
+    the DTensor they return read in compiled code, called with two meshes of
+    equal content (fake process groups): results equal eager's, one
+    compilation."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Replicate
+
+    import opaque_subclass
+
+    def f(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+        d = DTensor.from_local(t, mesh, [Replicate()])
+        e = d.redistribute(mesh, [Replicate()])
+        return e.to_local() * 2 * e.device_mesh.ndim  # the mesh of a DTensor computed in the graph
+
+    with fake_world(4):
+        opaque_subclass.register_opaque(DeviceMesh)
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(f, backend=counter, fullgraph=True)
+        for _ in range(2):
+            mesh = DeviceMesh("cpu", torch.arange(4))
+            got, expected = compiled(torch.arange(2.0), mesh), f(torch.arange(2.0), mesh)
+            assert torch.equal(got, expected), f"{got} != eager {expected}"
+        assert counter.frame_count == 1, f"compiled {counter.frame_count} times for 2 meshes"
+
+
+#: torch 2.11 without the patch of Dynamo's ``from_local``/``redistribute``
+#: handler: the handler asks the mesh's opaque variable for a constant.
+DTENSOR_MESH_CONSTANT_FAILURE = StockFailure(
+    torch._dynamo.exc.InternalTorchDynamoError,
+    r"^AsPythonConstantNotImplementedError: TorchScriptObjectVariable\(FakeScriptObject\) is self-referential\n",
+)
+
+
+def dtensor_runtime_meshes_per_program(programs: int = 3, requires_grad: bool = False) -> list[dict[str, int]]:
+    """``programs`` DTensor programs run one after the other in this process,
+    each on its own fake process group of 8 ranks after ``torch._dynamo.reset()``,
+    each compiling ``t * 2`` (aot_eager) and calling it with DTensors
+    (``Replicate``) on 4 new ``DeviceMesh`` objects over the 8 ranks. Per program:
+    how many outputs carry a mesh other than their input's (``stale``), and the
+    number of compilations. With ``requires_grad``, each call's gradient is taken
+    too, and ``stale_grads`` counts the gradients the compiled backward returns
+    (read by a hook on the input, before autograd accumulates them into
+    ``.grad``: accumulating clones a gradient in eager DTensor, whose sharding
+    cache may hand back an equal earlier mesh, as for any eager DTensor op).
+
+    DTensor's sharding propagation caches output specs by mesh equality, so
+    while a later program is traced its output's spec holds an earlier
+    program's (equal) mesh; torch 2.12 - 2.15 compile that mesh in (4 stale
+    outputs per later program) and, with ``requires_grad``, fail to compile.
+    """
+    import torch.distributed as dist
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    import opaque_subclass
+
+    results = []
+    for _ in range(programs):
+        torch._dynamo.reset()
+        with fake_world(8):
+            opaque_subclass.register_opaque(DeviceMesh)
+            counter = CompileCounterWithBackend("aot_eager")
+            f = torch.compile(lambda t: t * 2, backend=counter, fullgraph=True)
+            stale = stale_grads = 0
+            for _ in range(4):
+                mesh = DeviceMesh.from_group(dist.new_group(list(range(8))), "cpu")
+                x = distribute_tensor(torch.ones(4), mesh, [Replicate()])
+                grads: list[torch.Tensor] = []
+                if requires_grad:
+                    x.requires_grad_(True)
+                    x.register_hook(grads.append)
+                out = f(x)
+                stale += out.device_mesh is not mesh
+                if requires_grad:
+                    out.to_local().sum().backward()
+                    stale_grads += grads[0].device_mesh is not mesh
+            result = {"stale": stale, "compilations": counter.frame_count}
+            if requires_grad:
+                result["stale_grads"] = stale_grads
+            results.append(result)
+    torch._dynamo.reset()
+    return results
+
+
+def dtensor_programs_keep_runtime_meshes() -> None:
+    """Two DTensor programs in one process (see
+    :func:`dtensor_runtime_meshes_per_program`): every output of each on the
+    mesh passed in, one compilation each."""
+    for i, result in enumerate(dtensor_runtime_meshes_per_program(2)):
+        assert result["stale"] == 0, f"program {i}: {result['stale']} of 4 outputs carry an earlier program's mesh"
+        assert result["compilations"] == 1, f"program {i}: compiled {result['compilations']} times"
+
+
+#: torch 2.12 - 2.15 without the ``get_proxy_slot`` fix: a program traced while
+#: DTensor's sharding cache holds an equal mesh of an earlier program (the first
+#: program in a fresh process, the second otherwise) compiles that mesh in.
+DTENSOR_CACHED_MESH_FAILURE = StockFailure(
+    AssertionError, r"^program [01]: 4 of 4 outputs carry an earlier program's mesh$"
+)

@@ -16,6 +16,8 @@ from collections.abc import Callable
 import pytest
 import torch
 from scenarios import (
+    COLLECTIVE_GROUP_TYPE_FAILURE,
+    DTENSOR_MESH_CONSTANT_FAILURE,
     LOAD_CONSTANT_FAILURE,
     MALFORMED_NAMES_FAILURE,
     MEMBER_UNGUARDED_FAILURE,
@@ -23,7 +25,10 @@ from scenarios import (
     UNDECLARED_MEMBER_FAILURE,
     StockFailure,
     assert_fails_as,
+    collectives_on_group_attribute_compile_per_group,
     direct_save_of_subclass_parameter_is_refused,
+    dtensor_handlers_take_registered_mesh,
+    dtensor_outputs_on_runtime_mesh,
     export_names_malformed_flatten_names,
     fsdp1_module_state_sync_keeps_opaques,
     member_method_result_is_guarded,
@@ -541,14 +546,15 @@ def _device_mesh_is_a_graph_input():
 def _dtensor_mesh_stays_constant():
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-    def f(x):
+    def f(x, z):
         y = x.redistribute(x.device_mesh, [Replicate()])
-        return DTensor.from_local(y.to_local() * 2, x.device_mesh, [Replicate()])
+        # two inputs' meshes compared, as DTensor code does: Dynamo 2.11 compares constant meshes only
+        factor = 2 if x.device_mesh == z.device_mesh else 3
+        return DTensor.from_local(y.to_local() * factor, x.device_mesh, [Replicate()])
 
     with registered_mesh_world_of_one(timeout_s=30) as mesh:
-        out = torch.compile(f, backend="aot_eager", fullgraph=True)(
-            distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
-        )
+        x, z = (distribute_tensor(torch.arange(4.0), mesh, [Shard(0)]) for _ in range(2))
+        out = torch.compile(f, backend="aot_eager", fullgraph=True)(x, z)
         assert torch.equal(out.to_local(), torch.arange(4.0) * 2), out.to_local()
 
 
@@ -629,6 +635,10 @@ _AOT = r"^backend='aot_eager' raised:\n"
 #: The end of a scenario's own assertion message (pytest may append its explanation).
 _END = r"(\n|$)"
 
+#: A compiled DTensor program returning the compile-time mesh: 15 of 16 calls
+#: (16 after an earlier run of the scenario in the process).
+_DTENSOR_STALE = StockFailure(AssertionError, r"^1[56] of 16 outputs carry another call's mesh$")
+
 #: target -> (the scenario that needs the patch, how it fails on stock torch
 #: 2.11 with just that patch suspended). Measured on torch 2.11.0.
 NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
@@ -639,6 +649,10 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
     "torch._dynamo.variables.script_object.TorchScriptObjectVariable.var_getattr": (
         undeclared_member_is_named,
         UNDECLARED_MEMBER_FAILURE,
+    ),
+    "torch._dynamo.variables.builtin.BuiltinVariable.call_isinstance": (
+        collectives_on_group_attribute_compile_per_group,
+        COLLECTIVE_GROUP_TYPE_FAILURE,
     ),
     "torch._dynamo.variables.distributed.ProcessGroupVariable.is_process_group": (
         program_on_groups_compiles_once,
@@ -661,6 +675,23 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         StockFailure(
             AssertionError, r"^torch\.export\.save pickled the reference opaque of a subclass parameter by value" + _END
         ),
+    ),
+    # DTensor's mesh as an opaque attribute (v2_11/dtensor.py)
+    "torch.distributed.tensor._api.DTensor.__tensor_flatten__": (dtensor_outputs_on_runtime_mesh, _DTENSOR_STALE),
+    "torch.distributed.tensor._api.DTensor.__tensor_unflatten__": (dtensor_outputs_on_runtime_mesh, _DTENSOR_STALE),
+    "torch.fx.experimental.proxy_tensor.get_proxy_slot": (dtensor_outputs_on_runtime_mesh, _DTENSOR_STALE),
+    "torch._dynamo.variables.torch.TorchInGraphFunctionVariable._get_handlers": (
+        dtensor_handlers_take_registered_mesh,
+        DTENSOR_MESH_CONSTANT_FAILURE,
+    ),
+    "torch._dynamo.variables.tensor.TensorVariable.method_redistribute": (
+        dtensor_handlers_take_registered_mesh,
+        DTENSOR_MESH_CONSTANT_FAILURE,
+    ),
+    "torch._dynamo.variables.tensor.TensorVariable.dynamic_getattr": (
+        dtensor_handlers_take_registered_mesh,
+        # Dynamo asserts that every listed attribute of a tensor computed in the graph is a tensor
+        StockFailure(AssertionError, r"^\n\nfrom user code:\n(.|\n)*e\.device_mesh\.ndim"),
     ),
     "torch._dynamo.variables.builder.VariableBuilder._wrap": (
         _dtensor_mesh_stays_constant,

@@ -3,6 +3,7 @@
 
 import pytest
 import torch
+import torch._dynamo.testing
 from subclasses import Config, Mesh, MeshTensor, MultiOpaque, Stream, nested
 from torch.nn.utils import parametrize
 
@@ -122,3 +123,40 @@ def test_registering_never_writes_to_the_users_parametrization_module():
     parametrize.register_parametrization(lin, "weight", split, unsafe=True)
     assert lin.parametrizations.weight[0] is split and vars(split).keys() == before.keys()
     assert lin.weight._mesh is mesh
+
+
+class _Declared(osc.OpaqueSubclass):
+    tensor_attrs = ("_data",)
+    opaque_attrs = {"_mesh": Mesh}
+    meta_attrs = ("_tag",)
+
+
+class _ScaleDeclared(torch.nn.Module):
+    def __init__(self, mesh):
+        super().__init__()
+        self.w = torch.nn.Parameter(_Declared(torch.arange(3.0), mesh, "w"))
+
+    def forward(self, x):
+        return self.w * x + 1
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_forward_rebuilds_an_opaque_subclass_parameter(backend):
+    """The parametrization rebuilds an OpaqueSubclass inside compiled code.
+    Before the fix (torch 2.12 - 2.15), Dynamo inlined the class's __new__ and
+    stopped at torch.Tensor._make_wrapper_subclass ("Attempted to call function
+    marked as skipped")."""
+    m = Mesh("w")
+    model = unwrap_tensor_subclass_parameters(_ScaleDeclared(m))
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+    try:
+        compiled = torch.compile(model, backend=counter, fullgraph=True)
+        outs = [compiled(torch.ones(3)), compiled(torch.full((3,), 2.0))]
+    finally:
+        torch._dynamo.reset()
+    assert [type(o) for o in outs] == [_Declared, _Declared]
+    assert all(o._mesh is m and o._tag == "w" for o in outs)
+    assert torch.equal(outs[0]._data, torch.tensor([1.0, 2.0, 3.0]))
+    assert torch.equal(outs[1]._data, torch.tensor([1.0, 3.0, 5.0]))
+    assert counter.frame_count == 1

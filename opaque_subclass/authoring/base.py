@@ -21,6 +21,7 @@ of opaque classes may be left to the first instance, with
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import io
@@ -36,10 +37,17 @@ import torch
 from opaque_subclass._versions import LIBRARY_VERSION
 from opaque_subclass.authoring.dispatch import dispatch
 from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, import_fix, qualified_name, subject
-from opaque_subclass.core.registry import is_torch_handled_type, opaque_kind, opaque_type_of, register_opaque
+from opaque_subclass.core.registry import (
+    is_torch_handled_type,
+    is_torch_own_opaque_type,
+    opaque_kind,
+    opaque_type_of,
+    register_opaque,
+)
 from opaque_subclass.core.walk import Attr, walk
 
-__all__ = ["OpaqueSubclass"]
+__all__ = ["OpaqueAttr", "OpaqueSubclass"]
+
 
 # Attributes of torch.Tensor a declaration may not shadow (data, grad, shape, ...).
 _TENSOR_NAMES = frozenset(dir(torch.Tensor))
@@ -49,9 +57,45 @@ def _declaration_error(cls: type, message: str) -> TypeError:
     return TypeError(f"{subject(cls)}: {message}")
 
 
+@dataclasses.dataclass(frozen=True)
+class OpaqueAttr:
+    """An ``opaque_attrs`` entry that also says how its class is registered:
+    ``opaque_attrs = {"_gauge": OpaqueAttr(Gauge, members={"scale": Member.USE_REAL})}``.
+
+    The options are :func:`opaque_subclass.register_opaque`'s (``members``,
+    ``guard``, ``hoist``, ``reconstruct``), with the same checks and errors. A
+    class nobody registered yet is registered with them when the class
+    statement runs (with ``register_opaques=True``: when the first instance
+    is built); a class registered already must have been registered with the
+    same options (otherwise the error says how to make them agree).
+    """
+
+    cls: type
+    members: Mapping[str, Any] | None = None
+    guard: Callable[[Any], Any] | None = None
+    hoist: bool = False
+    reconstruct: Callable[..., Any] | None = None
+
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments for ``register_opaque``."""
+        given = {"members": self.members, "guard": self.guard, "reconstruct": self.reconstruct}
+        return {k: v for k, v in given.items() if v is not None} | ({"hoist": True} if self.hoist else {})
+
+
+def _register_declared(cls: type, name: str, opaque_cls: type, options: dict[str, Any]) -> None:
+    """``register_opaque`` for an ``OpaqueAttr`` of ``cls``: its errors keep their
+    type and say which declaration they come from."""
+    try:
+        register_opaque(opaque_cls, **options)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{subject(cls)}: opaque_attrs[{name!r}]: {e}") from e
+
+
 # Classes declared with ``register_opaques=True`` whose opaque classes are still
-# to be registered (on the first instance), kept here rather than on the class.
+# to be registered (on the first instance), kept here rather than on the class,
+# with the options of their ``OpaqueAttr`` declarations.
 _PENDING: dict[type, tuple[type, ...]] = {}
+_PENDING_OPTIONS: dict[type, dict[type, dict[str, Any]]] = {}
 _PENDING_LOCK = threading.Lock()
 
 
@@ -75,9 +119,11 @@ def _register_pending(cls: type) -> None:
                     'it with kind="reference" (before any other registration), or declare the attribute '
                     "in meta_attrs."
                 )
-            if kind is None:
-                register_opaque(opaque_cls, kind="reference")
+            options = _PENDING_OPTIONS.get(cls, {}).get(opaque_cls, {})
+            if kind is None or options:
+                register_opaque(opaque_cls, kind="reference", **options)
         _PENDING.pop(cls, None)
+        _PENDING_OPTIONS.pop(cls, None)
 
 
 def _valid_name(name: object) -> str:
@@ -167,7 +213,10 @@ class OpaqueSubclass(torch.Tensor):
         (``class T(OpaqueSubclass, register_opaques=True)``), a class nobody
         registered yet: it is then registered as a reference opaque when the
         first instance is built, not when the class statement runs (for a
-        library that must not register anything on import).
+        library that must not register anything on import). torch's own
+        ``ProcessGroup`` and ``DeviceMesh``, which torch registers itself at a
+        moment that differs by release, are registered when the class
+        statement names them, on every release, as torch registers them.
     meta_attrs
         Names of plain metadata (hashable, compared with ``==``), kept in the
         flatten context: torch.compile specializes on it.
@@ -185,11 +234,12 @@ class OpaqueSubclass(torch.Tensor):
     """
 
     tensor_attrs: ClassVar[tuple[str, ...]] = ()
-    opaque_attrs: ClassVar[Mapping[str, type]] = {}
+    opaque_attrs: ClassVar[Mapping[str, type | OpaqueAttr]] = {}
     meta_attrs: ClassVar[tuple[str, ...]] = ()
 
     # Derived at class definition.
     _value_names: ClassVar[tuple[str, ...]] = ()
+    _opaque_classes: ClassVar[Mapping[str, type]] = {}
     _op_table: ClassVar[dict[Any, Callable[..., Any]]] = {}
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # plain-tensor autograd semantics
@@ -224,7 +274,13 @@ class OpaqueSubclass(torch.Tensor):
                     )
                 seen[name] = group
         pending: list[type] = []
+        pending_options: dict[type, dict[str, Any]] = {}
+        declared: dict[str, type] = {}
         for name, opaque_cls in cls.opaque_attrs.items():
+            options: dict[str, Any] | None = None
+            if isinstance(opaque_cls, OpaqueAttr):
+                options, opaque_cls = opaque_cls.options(), opaque_cls.cls
+            declared[name] = opaque_cls
             if not isinstance(opaque_cls, type):
                 shown = type(opaque_cls).__name__
                 raise _declaration_error(
@@ -249,6 +305,19 @@ class OpaqueSubclass(torch.Tensor):
                     "opaque_subclass.register_opaque if its identity must travel as a graph input",
                 )
             kind = opaque_kind(opaque_cls)
+            if kind is None and is_torch_own_opaque_type(opaque_cls) and not register_opaques:
+                # torch registers ProcessGroup and DeviceMesh itself, at a moment that
+                # differs by release (torch 2.14+: ProcessGroup with torch; 2.12+: both
+                # when torch.distributed.tensor is imported; 2.11: never): naming one
+                # here registers it as torch's own registration would, on every release
+                # (with register_opaques=True, when the first instance is built).
+                _register_declared(cls, name, opaque_cls, options or {})
+                kind = opaque_kind(opaque_cls)
+            elif options is not None and (kind == "reference" or (kind is None and not register_opaques)):
+                # Registered already: the same options or a named error. Not yet
+                # registered: the declaration asks for it, with these options.
+                _register_declared(cls, name, opaque_cls, options)
+                kind = opaque_kind(opaque_cls)
             if kind == "value":
                 raise _declaration_error(
                     cls,
@@ -258,6 +327,8 @@ class OpaqueSubclass(torch.Tensor):
             if kind is None:
                 if register_opaques:
                     pending.append(opaque_cls)
+                    if options:
+                        pending_options[opaque_cls] = options
                     continue
                 raise _declaration_error(
                     cls,
@@ -270,9 +341,12 @@ class OpaqueSubclass(torch.Tensor):
         with _PENDING_LOCK:
             if pending:
                 _PENDING[cls] = tuple(pending)
+                _PENDING_OPTIONS[cls] = pending_options
             else:
                 _PENDING.pop(cls, None)
+                _PENDING_OPTIONS.pop(cls, None)
         cls.tensor_attrs, cls.meta_attrs = tensors, metas
+        cls.opaque_attrs = cls._opaque_classes = declared  # OpaqueAttr entries read as their classes from here on
         cls._value_names = tensors + opaques + metas
 
     # ------------------------------------------------------------------ construction
@@ -375,7 +449,7 @@ class OpaqueSubclass(torch.Tensor):
                     f"{subject(cls)}.{name} must be a tensor (declared in tensor_attrs), got {describe_type(value)}. "
                     f"Fix: pass a tensor for {name}, e.g. {name}=torch.as_tensor(value) for a list or number"
                 )
-        for name, expected in cls.opaque_attrs.items():
+        for name, expected in cls._opaque_classes.items():
             value = bound[name]
             if not issubclass(opaque_type_of(value), expected):
                 raise TypeError(
@@ -415,10 +489,12 @@ class OpaqueSubclass(torch.Tensor):
     ) -> Any:
         named = {n: inner[n] for n in (*cls.tensor_attrs, *cls.opaque_attrs)}
         named.update(zip(cls.meta_attrs, ctx))
-        if torch.compiler.is_exporting():
-            # The full constructor call, so that torch.export records it (see __init__).
+        if torch.compiler.is_exporting() or torch.compiler.is_dynamo_compiling():
+            # The full constructor call: torch.export records it (see __init__), and
+            # Dynamo, tracing a rebuild in user code (a parametrization's), builds a
+            # wrapper subclass only through the class call, never inside __new__.
             return cls._recorded(named, outer_size=outer_size, outer_stride=outer_stride)
-        # Run time and compile tracing: __new__ alone; __init__ only records for export.
+        # Run time and AOT tracing: __new__ alone; __init__ only records for export.
         return cls.__new__(cls, outer_size=outer_size, outer_stride=outer_stride, _trusted=True, **named)
 
     def wrap_like(self, **tensors: torch.Tensor) -> Any:

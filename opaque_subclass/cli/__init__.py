@@ -56,7 +56,7 @@ def unsupported_text() -> str:
     if activation._REFUSED is not None and row.mode != "unsupported":
         why = f"this build differs from the official {row.label} release ({activation._REFUSED})"
     else:
-        why = "; ".join(row.differences) or "no native support and no backport"
+        why = "; ".join(map(str, row.differences)) or "no native support and no backport"
     supported = ", ".join(f"{r.label} ({r.mode})" for r in RELEASES.values() if r.mode != "unsupported")
     return (
         f"torch {row.label} is not supported: {why}.\n"

@@ -18,13 +18,23 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["MAX_DEPTH", "PLAIN_TYPES", "ContextPart", "children", "is_plain", "unequal_to_copy", "walk_context"]
+__all__ = [
+    "MAX_DEPTH",
+    "PLAIN_TYPES",
+    "ContextPart",
+    "children",
+    "distributed_part",
+    "is_plain",
+    "unequal_to_copy",
+    "walk_context",
+]
 
 #: How deep the walk goes into nested containers and objects.
 MAX_DEPTH = 8
@@ -149,3 +159,33 @@ def unequal_to_copy(ctx: object) -> ContextPart | None:
             break
         part = inner
     return part
+
+
+def _distributed_classes() -> tuple[type, ...]:
+    """torch's ``ProcessGroup`` and ``DeviceMesh``, those of them whose module is
+    imported already (no instance of a class not imported can exist: nothing
+    is imported here)."""
+    found: list[type] = []
+    for module_name, class_name in (
+        ("torch.distributed.distributed_c10d", "ProcessGroup"),
+        ("torch.distributed.device_mesh", "DeviceMesh"),
+    ):
+        cls = getattr(sys.modules.get(module_name), class_name, None)
+        if isinstance(cls, type):
+            found.append(cls)
+    return tuple(found)
+
+
+def distributed_part(ctx: object) -> ContextPart | None:
+    """The first ``ProcessGroup`` or ``DeviceMesh`` in ``ctx`` (depth first), or
+    ``None``. Either stands for a communicator of this job: kept in a flatten
+    context, torch.compile either cannot guard it (a group cannot be copied)
+    or passes the guard for an equal mesh of other groups and runs the later
+    call with the first call's mesh."""
+    classes = _distributed_classes()
+    if not classes:
+        return None
+    for part in walk_context(ctx, descend=lambda obj: not isinstance(obj, classes)):
+        if isinstance(part.obj, classes):
+            return part
+    return None

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import is_fake as _is_fake_tensor
 
-from opaque_subclass.core.context import unequal_to_copy
+from opaque_subclass.core.context import ContextPart, distributed_part, unequal_to_copy
 from opaque_subclass.core.errors import describe_type, import_fix, subject
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.spec import (
@@ -254,6 +254,9 @@ def check_guardable_context(level: Level) -> None:
     owner, ctx = level.owner, level.ctx
     if ctx is None or hasattr(owner, "__metadata_guard__"):
         return
+    distributed = distributed_part(ctx)
+    if distributed is not None:
+        _refuse_distributed_context(level, distributed)
     try:
         part = unequal_to_copy(ctx)
     except Exception:
@@ -263,16 +266,7 @@ def check_guardable_context(level: Level) -> None:
     where, culprit = part.path, part.obj
     cls = type(owner)
     culprit_cls = opaque_type_of(culprit)
-    try:  # the instance attribute holding the object, if any (read from __dict__, nothing called)
-        attr = next((n for n, v in vars(owner).items() if v is culprit), None)
-    except Exception:
-        attr = None
-    names = list(level.names)
-    listed = f"`return {[*names, attr]!r}, <the context without it>`" if attr else "its attribute name"
-    as_input = (
-        f"list it among the attributes: return {listed} from {cls.__qualname__}.__tensor_flatten__ and "
-        "read it from inner_tensors in __tensor_unflatten__ (a graph input, passed by identity)"
-    )
+    as_input = _as_input_fix(level, culprit)
     if opaque_kind(culprit_cls) == "reference":
         fix = as_input
     else:
@@ -292,6 +286,48 @@ def check_guardable_context(level: Level) -> None:
         f"<context>{where} holds {describe_type(culprit)}, which is not equal to a copy of itself ({why}). "
         "torch.compile guards the context by comparing it with a deep copy, so "
         "that guard could never pass (torch: 'Guard failed on the same frame it was created'). "
+        f"Fix: {fix}."
+    )
+
+
+def _as_input_fix(level: Level, culprit: object) -> str:
+    """The fix that moves ``culprit`` from ``level``'s context to its attributes."""
+    owner = level.owner
+    try:  # the instance attribute holding the object, if any (read from __dict__, nothing called)
+        attr = next((n for n, v in vars(owner).items() if v is culprit), None)
+    except Exception:
+        attr = None
+    listed = f"`return {[*level.names, attr]!r}, <the context without it>`" if attr else "its attribute name"
+    return (
+        f"list it among the attributes: return {listed} from {type(owner).__qualname__}.__tensor_flatten__ and "
+        "read it from inner_tensors in __tensor_unflatten__ (a graph input, passed by identity)"
+    )
+
+
+def _refuse_distributed_context(level: Level, part: ContextPart) -> None:
+    """Raise the named error for a ``ProcessGroup`` or ``DeviceMesh`` found in a
+    flatten context (:func:`check_guardable_context`)."""
+    culprit = part.obj
+    culprit_cls = type(culprit)
+    if not any(klass.__name__ == "DeviceMesh" for klass in culprit_cls.__mro__):
+        why = (
+            "torch.compile guards the context by comparing it with a deep copy, and a process group "
+            "cannot be copied (torch: 'cannot pickle ... ProcessGroup' while building guards)"
+        )
+    else:
+        why = (
+            "torch.compile guards the context by ==, and a mesh's == compares its ranks and layout, not "
+            "its process groups: a later call with another, equal mesh would run with the first call's mesh"
+        )
+    # The registration is a no-op where torch (or the user) registered the class already.
+    fix = (
+        "make it an opaque attribute: register its class (as torch 2.12+ registers it), "
+        + import_fix(culprit_cls, "opaque_subclass.register_opaque({cls})")
+        + f", and {_as_input_fix(level, culprit)}"
+    )
+    raise TypeError(
+        f"{subject(type(level.owner))}.__tensor_flatten__() at {level.path!r} returns a flatten context whose "
+        f"<context>{part.path} holds {describe_type(culprit)}, a communicator of this job, not a constant: {why}. "
         f"Fix: {fix}."
     )
 

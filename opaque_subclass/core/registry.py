@@ -60,6 +60,7 @@ __all__ = [
     "OpaqueKind",
     "is_opaque",
     "is_torch_handled_type",
+    "is_torch_own_opaque_type",
     "opaque_kind",
     "opaque_type_of",
     "register_opaque",
@@ -89,7 +90,7 @@ def _api() -> RegistryAPI:
     if api is None:
         raise RuntimeError(
             f"opaque types are not supported on torch {torch.__version__}: "
-            f"{'; '.join(current().differences) or 'no opaque registry'}. "
+            f"{'; '.join(map(str, current().differences)) or 'no opaque registry'}. "
             "Fix: python -m pip install 'torch>=2.11'"
         )
     return api
@@ -264,13 +265,51 @@ def _process_group_options() -> dict[str, Any]:
     return {"members": dict.fromkeys(names, Member.USE_REAL)}
 
 
+# The members torch 2.13 declares for DeviceMesh: evaluated on the real mesh
+# while tracing (and guarded), or traced. All but ``_hash``, which a torch 2.11
+# mesh sets only once hashed (torch refuses a member its object lacks).
+_MESH_USE_REAL = (
+    "_flatten_rank_map", "_layout", "_device_type", "_mesh_dim_names", "_thread_id", "get_rank", "size",
+    "get_coordinate", "get_local_rank", "__eq__", "__ne__", "ndim", "shape", "mesh_dim_names",
+    "_create_flatten_mesh", "_coordinate_on_dim", "_dim_group_names", "_flatten_mapping", "_rank_map",
+    "_root_mesh", "device_type", "mesh", "_unflatten", "_is_current_rank_part_of_mesh", "_sym_get_coordinate",
+    "_get_mesh_dim_by_name",
+)  # fmt: skip
+_MESH_INLINED = (
+    "get_group", "_pg_registry", "_flatten", "_get_root_mesh", "__getitem__", "_get_slice_mesh_layout",
+    "_create_sub_mesh",
+)  # fmt: skip
+
+
+def _device_mesh_identity(mesh: Any) -> list[object]:
+    """What a compiled program may have read from a mesh (its ranks, their
+    layout, device type, dimension names and owning thread): the values torch
+    2.13's ``guard_fn`` for ``DeviceMesh`` compares on every call."""
+    return [mesh._flatten_rank_map, mesh._layout, mesh._device_type, mesh._mesh_dim_names, mesh._thread_id]
+
+
+def _device_mesh_options() -> dict[str, Any]:
+    members = dict.fromkeys(_MESH_USE_REAL, Member.USE_REAL) | dict.fromkeys(_MESH_INLINED, Member.INLINED)
+    return {"members": members, "guard_fn": _device_mesh_identity}
+
+
 #: torch's own registration of its classes, for a release that registers them
-#: not at all (torch 2.11): the members of torch 2.13's entry, keyed by the
-#: class's qualified name, so that compiled code may use the same members on
-#: every release (and the library guards every value read from them).
+#: not at all (torch 2.11): the members (and, for ``DeviceMesh``, the guard)
+#: of torch 2.13's entry, keyed by the class's qualified name, so that compiled
+#: code may use the same members on every release, with the same
+#: recompilations (and the library guards every value read from them).
 _TORCH_OWN_OPTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "torch.distributed.distributed_c10d.ProcessGroup": _process_group_options,
+    "torch.distributed.device_mesh.DeviceMesh": _device_mesh_options,
 }
+
+
+def is_torch_own_opaque_type(cls: type) -> bool:
+    """Whether ``cls`` is one of the classes torch registers as opaques itself
+    (``ProcessGroup``, ``DeviceMesh``; torch >= 2.12, when
+    ``torch.distributed.tensor`` is first imported): :func:`register_opaque`
+    registers them alike on every release."""
+    return qualified_name(cls) in _TORCH_OWN_OPTIONS
 
 
 def _member_options(cls: type, members: object) -> dict[str, Member]:

@@ -3,8 +3,8 @@
 that take the mesh and resolve its process group when they run), and the demo
 of ``python -m opaque_subclass`` (:mod:`opaque_subclass.sharded.demo`).
 
-Importing this package registers nothing and defines no collective op: the
-first ``ShardedTensor`` collective, or the first access to an op here, does.
+Importing this package defines no collective op: the first ``ShardedTensor``
+collective, or the first access to an op here, does.
 """
 
 from __future__ import annotations

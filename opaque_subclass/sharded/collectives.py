@@ -7,10 +7,11 @@ process group: nothing about the group is baked in while tracing. Each op has a
 fake implementation (shapes only) and a backward formula; :func:`record_collectives`
 records the group each call actually used.
 
-Importing this module registers nothing: the ops, whose schemas name
-``DeviceMesh``, are defined on first use (:func:`define_ops`), which registers
-``DeviceMesh`` as a reference opaque on torch 2.11 (torch 2.12+ registers it
-itself).
+Importing this module defines no op: the ops, whose schemas name
+``DeviceMesh``, are defined on first use (:func:`define_ops`), which makes
+sure ``DeviceMesh`` is a registered reference opaque (``import
+opaque_subclass`` registers it on every release; with the library disabled,
+nothing else would on torch 2.11).
 """
 
 from __future__ import annotations
@@ -102,10 +103,9 @@ def _check_divisible(op: str, t: torch.Tensor, dim: int, num_chunks: int) -> Non
 
 
 # The ops' schemas name ``DeviceMesh``, which torch accepts only once the class
-# is a registered opaque: torch registers it itself when
-# ``torch.distributed.tensor`` is imported (2.12+), torch 2.11 never does. So
-# that importing this module registers nothing, the ops are defined when first
-# needed: on the first access to their names (module ``__getattr__`` below),
+# is a registered opaque (``import opaque_subclass`` registers it). So that
+# importing this module defines nothing in torch's op registry, the ops are
+# defined when first needed: on the first access to their names (module ``__getattr__`` below),
 # or on the first collective of a ShardedTensor (``_ops()``).
 
 

@@ -74,9 +74,10 @@ class Patch:
         rebound (one module's import of a function defined elsewhere), so every
         other module keeps torch's function.
     caches
-        Qualified names of torch's ``functools`` caches that keep the target
-        they read on first use (Dynamo's type-dispatch table keeps
-        ``VariableBuilder.wrap_tensor``). Each is cleared whenever the patch
+        Qualified names of torch's caches that keep the target they read on
+        first use: ``functools`` caches (Dynamo's type-dispatch table keeps
+        ``VariableBuilder.wrap_tensor``) or dicts (Dynamo's builtin handlers
+        keep ``BuiltinVariable.call_isinstance`` bound). Each is cleared whenever the patch
         is installed, suspended or removed, so torch rebuilds it from the
         function in place: without that, ``disable()`` would leave the
         replacement running from the cache.
@@ -228,16 +229,21 @@ def _function(raw: Any) -> Any:
 
 
 def _cache(name: str) -> Any:
-    """The ``functools`` cache wrapper named ``name`` (a function or a static/class method)."""
+    """The cache named ``name``: a ``functools`` cache wrapper (a function or a
+    static/class method), or a dict torch fills itself (a class attribute)."""
     cached = _function(_raw(*_resolve(name)[:2]))
-    if not callable(getattr(cached, "cache_clear", None)):
-        raise TypeError(f"{name} is not a functools cache")
+    if not isinstance(cached, dict) and not callable(getattr(cached, "cache_clear", None)):
+        raise TypeError(f"{name} is not a functools cache (nor a dict)")
     return cached
 
 
 def _clear_caches(patch: Patch) -> None:
     for name in patch.caches:
-        _cache(name).cache_clear()
+        cached = _cache(name)
+        if isinstance(cached, dict):
+            cached.clear()
+        else:
+            cached.cache_clear()
 
 
 @dataclass

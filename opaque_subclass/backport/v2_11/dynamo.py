@@ -120,8 +120,11 @@ def _reached_through_tensor_context(source: Any, tx: Any) -> bool:
     """Whether the object at ``source`` is reached from a tensor subclass through
     an attribute its ``__tensor_flatten__`` does not list (DTensor's
     ``x.device_mesh``, ``x._spec.mesh``): part of the subclass's flatten context,
-    which torch.compile specializes on, not an opaque attribute."""
+    which torch.compile specializes on, not an opaque attribute. Any attribute
+    of a DTensor counts: Dynamo 2.11's DTensor handlers need its mesh as a
+    constant also where ``dtensor.py`` lists it for AOTAutograd."""
     from torch._dynamo.source import AttrSource
+    from torch.distributed.tensor import DTensor
 
     try:
         chain = _resolve(source, tx.output.root_tx.f_locals)
@@ -129,7 +132,7 @@ def _reached_through_tensor_context(source: Any, tx: Any) -> bool:
         return False
     for (_, base), (hop, _) in itertools.pairwise(chain):
         if isinstance(hop, AttrSource) and is_wrapper_subclass(base):
-            if hop.member not in read_level(base).names:
+            if isinstance(base, DTensor) or hop.member not in read_level(base).names:
                 return True
     return False
 

@@ -9,7 +9,7 @@ removed by ``opaque_subclass.disable()``.
 """
 
 from opaque_subclass.backport._machinery.patching import PatchSet
-from opaque_subclass.backport.native import autograd_cache, diagnostics, members
+from opaque_subclass.backport.native import autograd_cache, diagnostics, dtensor_mesh, members
 
 from . import export, registry
 
@@ -26,5 +26,6 @@ FIX_SET = PatchSet(
         # members of opaques in compiled code: baked values guarded, undeclared ones named
         members.call_method_patch(members.SCRIPT_OBJECT_VARIABLE, "19c3fe3c7b0e6398"),
         members.getattr_patch(f"{members.SCRIPT_OBJECT_VARIABLE}.var_getattr", "0269dd07ee115f09"),
+        dtensor_mesh.patch("b8b6040d058777ee"),  # DTensor outputs on the mesh passed in, not a cached equal one
     ]
 )

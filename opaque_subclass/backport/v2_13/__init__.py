@@ -7,7 +7,7 @@ nothing, listed in ``opaque_subclass.support().fixes``, removed by
 """
 
 from opaque_subclass.backport._machinery.patching import PatchSet
-from opaque_subclass.backport.native import autograd_cache, diagnostics, members
+from opaque_subclass.backport.native import autograd_cache, diagnostics, dtensor_mesh, members
 
 __all__ = ["FIX_SET"]
 
@@ -20,5 +20,6 @@ FIX_SET = PatchSet(
         # members of opaques in compiled code: baked values guarded, undeclared ones named
         members.call_method_patch(members.SCRIPT_OBJECT_VARIABLE, "9caba592748686d4"),
         members.getattr_patch(f"{members.SCRIPT_OBJECT_VARIABLE}.var_getattr", "10aa958cf597b072"),
+        dtensor_mesh.patch("b8b6040d058777ee"),  # DTensor outputs on the mesh passed in, not a cached equal one
     ]
 )

@@ -10,7 +10,7 @@ leftovers included. Applied all or nothing, listed in
 """
 
 from opaque_subclass.backport._machinery.patching import PatchSet
-from opaque_subclass.backport.native import autograd_cache, diagnostics, members
+from opaque_subclass.backport.native import autograd_cache, diagnostics, dtensor_mesh, members
 
 from . import aot_autograd
 
@@ -27,5 +27,6 @@ FIX_SET = PatchSet(
         # members of opaques in compiled code: baked values guarded, undeclared ones named
         members.call_method_patch(members.CUSTOM_CLASS_VARIABLE, "3c566bf785884072"),
         members.getattr_patch(f"{members.CUSTOM_CLASS_VARIABLE}.tp_getattro_impl", "ca3de2aa2afad6b1"),
+        dtensor_mesh.patch("05a9f0bd25707a04"),  # DTensor outputs on the mesh passed in, not a cached equal one
     ]
 )

@@ -3,7 +3,7 @@ still calls the deprecated ``is_opaque_value``, unchanged), and the AOTAutograd
 cache-key fix written against 2.15's own ``autograd_cache_key``."""
 
 from opaque_subclass.backport._machinery.patching import PatchSet
-from opaque_subclass.backport.native import autograd_cache, diagnostics, members
+from opaque_subclass.backport.native import autograd_cache, diagnostics, dtensor_mesh, members
 from opaque_subclass.backport.v2_14 import aot_autograd
 
 __all__ = ["FIX_SET"]
@@ -18,5 +18,6 @@ FIX_SET = PatchSet(
         # members of opaques in compiled code: baked values guarded, undeclared ones named
         members.call_method_patch(members.CUSTOM_CLASS_VARIABLE, "3c566bf785884072"),
         members.getattr_patch(f"{members.CUSTOM_CLASS_VARIABLE}.tp_getattro_impl", "d5c65463ec052981"),
+        dtensor_mesh.patch("05a9f0bd25707a04"),  # DTensor outputs on the mesh passed in, not a cached equal one
     ]
 )
