@@ -258,6 +258,14 @@ RELEASES: Mapping[tuple[int, int], ReleaseSupport] = {
                     ("members/attribute-use-real", "collectives/functional-all-reduce"),
                 ),
                 Difference(
+                    "a mesh that reaches DTensor.from_local or redistribute in compiled code only as an "
+                    "argument (not read from a DTensor input) is compiled in, guarded by equality: a later "
+                    "call with an equal mesh returns a DTensor on the first call's mesh (2.12 and newer: the "
+                    "mesh passed in). Dynamo 2.11's DTensor handlers take the mesh as a constant and its fake "
+                    "wrapper of an opaque input holds a copy, so the traced mesh cannot be matched to the input",
+                    ("dtensor/from-local-mesh-argument/8-ranks",),
+                ),
+                Difference(
                     "torch 2.11's CUDA build without a GPU crashes (SIGSEGV in FakeTensorMode.__enter__) "
                     "when a thread compiles after another compiling thread has exited, with or without "
                     "the library: compile from one long-lived thread",

@@ -1305,6 +1305,27 @@ def _local_round_trip(t: Any) -> Any:
     return DTensor.from_local(t.to_local() * 3, t.device_mesh, t.placements)
 
 
+@entry("dtensor/from-local-mesh-argument/8-ranks")
+def _from_local_mesh_argument() -> Observation:
+    """``DTensor.from_local(local, mesh, ...)`` with the mesh passed as an
+    argument (not read from a DTensor), called with two equal meshes."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Replicate
+
+    with fake_world(8), fresh():
+        count = counter("aot_eager")
+        compiled = torch.compile(
+            lambda x, mesh: DTensor.from_local(x * 2, mesh, [Replicate()]), backend=count, fullgraph=True
+        )
+        outs = []
+        for _ in range(2):
+            mesh = DeviceMesh.from_group(dist.new_group(list(range(8))), "cpu")
+            out = compiled(torch.ones(2), mesh)
+            outs.append({"mesh is the argument": out.device_mesh is mesh, "local": _values(out.to_local())})
+        return {"outs": outs, "compilations": count.frame_count}
+
+
 entry("dtensor/redistribute/8-ranks")(lambda: _dtensor_program(8, _replicate, "shard"))
 entry("dtensor/to-local-from-local/32-ranks")(lambda: _dtensor_program(32, _local_round_trip, "shard"))
 
