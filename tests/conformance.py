@@ -750,12 +750,8 @@ def _(t: torch.Tensor, group: torch.distributed.ProcessGroup) -> torch.Tensor:
     return torch.empty_like(t)
 
 
-def _group_op(fn: Callable[[Any], Any], sizes: Sequence[int]) -> Observation:
-    return _group_program(fn, sizes)
-
-
 entry("collectives/custom-op-takes-process-group")(
-    lambda: _group_op(lambda t: torch.ops.conformance.group_sum(t._data, t._group), (4, 2, 4))
+    lambda: _group_program(lambda t: torch.ops.conformance.group_sum(t._data, t._group), (4, 2, 4))
 )
 
 
@@ -765,7 +761,7 @@ def _functional_all_reduce(t: Any) -> Any:
     return funcol.all_reduce(t._data * 2, "sum", t._group)
 
 
-entry("collectives/functional-all-reduce")(lambda: _group_op(_functional_all_reduce, (4, 2, 4)))
+entry("collectives/functional-all-reduce")(lambda: _group_program(_functional_all_reduce, (4, 2, 4)))
 
 
 @entry("collectives/process-group-in-context")
