@@ -1,7 +1,7 @@
 """Test matrix for opaque-subclass.
 
 ``python -m nox`` runs the ``tests`` session on five torch legs, one per
-supported release (``opaque_subclass/_versions.py`` is the table of what each
+supported release (``opaque_subclass/releases/`` is the table of what each
 one gets):
 
 * ``tests(torch='2.11.0')`` - backport mode;

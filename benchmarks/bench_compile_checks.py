@@ -106,8 +106,8 @@ from subclasses import Mesh, MeshTensor, nested
 
 import opaque_subclass
 from opaque_subclass import activation
-from opaque_subclass.backport._machinery import hiding
-from opaque_subclass.core.flatten import check_guardable_context
+from opaque_subclass.core import checks
+from opaque_subclass.core.checks import check_guardable_context
 from opaque_subclass.core.walk import Level, walk
 
 WRAP_TENSOR = "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor"
@@ -170,7 +170,7 @@ def _compile_once(make: Callable[[], torch.Tensor], k: int, backend: str) -> tup
     c0, t0 = time.process_time(), time.perf_counter()
     out: Any = fn(*xs)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    assert all(o._mesh is x._mesh for o, x in zip(out, xs))
+    assert all(o._mesh is x._mesh for o, x in zip(out, xs, strict=True))
     return wall, cpu
 
 
@@ -287,7 +287,7 @@ def _in_situ(make: Callable[[], torch.Tensor], k: int, backend: str, n: int = 5)
         check, context = [0.0, 0], [0.0, 0]
         with (
             _timed(replacement.__globals__, "validate_graph_input", check),
-            _timed(vars(hiding), "check_guardable_context", context),
+            _timed(vars(checks), "check_guardable_context", context),
         ):
             _compile_once(make, k, backend)
         runs["wrap_tensor check"].append((check[0], int(check[1])))
@@ -330,7 +330,7 @@ def _paired(on: list[float], off: list[float], resamples: int = 2000) -> tuple[f
     """The median of the per-round ratios ``on[i] / off[i]`` and its 95%
     bootstrap interval (rounds resampled). Pairing cells that ran back to back
     cancels the machine's slow drift, which the ratio of medians keeps."""
-    ratios = [a / b for a, b in zip(on, off)]
+    ratios = [a / b for a, b in zip(on, off, strict=True)]
     rng = random.Random(0)
     boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
     return statistics.median(ratios), (boot[int(0.025 * resamples)], boot[int(0.975 * resamples) - 1])

@@ -170,7 +170,7 @@ def check_outputs(kind: str, args: Sequence[torch.Tensor], out: Any) -> None:
     """The outputs of one call: one per argument, right values; for subclass
     kinds ``MeshTensor``s holding the meshes of *these* arguments (by identity)."""
     assert isinstance(out, tuple) and len(out) == len(args), (type(out), len(out))
-    for a, o in zip(args, out):
+    for a, o in zip(args, out, strict=True):
         if kind == "plain":
             assert type(o) is torch.Tensor, type(o)
         elif kind == "tensor-only":

@@ -279,7 +279,7 @@ def verify(args: Sequence[Any], *calls: Callable[[], Any]) -> None:
     for flat, wrapped in results:
         assert isinstance(flat, list) and isinstance(wrapped, tuple)
         assert len(wrapped) == len(args)
-        for i, (w, a) in enumerate(zip(wrapped, args)):
+        for i, (w, a) in enumerate(zip(wrapped, args, strict=True)):
             assert w is not a, f"args[{i}] was not rebuilt"
             _same_subclass(w, a, f"args[{i}]")
     flat0 = results[0][0]
@@ -287,7 +287,7 @@ def verify(args: Sequence[Any], *calls: Callable[[], Any]) -> None:
     assert len(flat0) == expected_width, f"flat width {len(flat0)}, expected {expected_width}"
     for flat, _ in results[1:]:
         assert len(flat) == len(flat0), "flat widths differ"
-        for j, (x, y) in enumerate(zip(flat, flat0)):
+        for j, (x, y) in enumerate(zip(flat, flat0, strict=True)):
             assert x is y, f"flat[{j}]: different objects ({type(x).__name__} vs {type(y).__name__})"
     for x in flat0:
         assert isinstance(x, (torch.Tensor, Mesh)) and not isinstance(x, MeshTensor)

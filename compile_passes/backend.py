@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from opaque_subclass.core.checks import require_module
 from opaque_subclass.core.errors import qualified_name
 
 from .baked import baked_findings, baked_objects
@@ -41,6 +42,7 @@ def graph_inputs(gm: torch.fx.GraphModule) -> list[tuple[str, Any]]:
     """``(name, real value)`` of each placeholder of a Dynamo graph, named as
     the user wrote it (``x``, ``self.w``); the values are the call's own
     objects, which Dynamo keeps on each placeholder."""
+    require_module(gm, "compile_passes.graph_inputs", graph=True)
     named = []
     for node in gm.graph.nodes:
         if node.op != "placeholder":
@@ -91,6 +93,7 @@ class GraphCheck:
 
 def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
     """Run every lint on a Dynamo graph."""
+    require_module(gm, "compile_passes.check_graph", graph=True)
     named = graph_inputs(gm)
     contexts = tuple(c for name, value in named for c in subclass_contexts(value, name))
     baked = tuple(baked_objects(gm))
@@ -134,6 +137,7 @@ def checking_backend(
     count = [0]
 
     def opaque_check(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], **kwargs: Any) -> Any:
+        require_module(gm, "compile_passes.opaque_check", graph=True)
         check = check_graph(gm, count[0])
         count[0] += 1
         if on_check is not None:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from opaque_subclass.core.checks import require_module
 from opaque_subclass.core.errors import import_fix, qualified_name
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 
@@ -104,6 +105,11 @@ def _captured(target: object) -> list[object]:
 
 def baked_objects(gm: torch.fx.GraphModule) -> Iterator[BakedObject]:
     """Every non-tensor, non-module object ``gm`` uses without taking it as an input."""
+    require_module(gm, "compile_passes.baked_objects", graph=True)
+    return _baked_objects(gm)
+
+
+def _baked_objects(gm: torch.fx.GraphModule) -> Iterator[BakedObject]:
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             obj: object = gm
@@ -125,6 +131,7 @@ def baked_objects(gm: torch.fx.GraphModule) -> Iterator[BakedObject]:
 
 def lint_baked(gm: torch.fx.GraphModule, graph_name: str = "graph") -> list[Finding]:
     """OSC002 findings: the reference-like objects among :func:`baked_objects`."""
+    require_module(gm, "compile_passes.lint_baked", graph=True)
     return baked_findings(baked_objects(gm), graph_name)
 
 

@@ -120,7 +120,7 @@ def explain_flat_inputs(args: Sequence[Any], names: Sequence[str] | None = None)
     pattern = opaque_alias_pattern(flat)
     groups = {s: g for g in pattern.groups for s in g}
     rows: list[FlatInput] = []
-    for meta, name in zip(metas, names):
+    for meta, name in zip(metas, names, strict=True):
         for path, slot in iter_slots(meta, name):
             value = flat[slot.unwrapped_idx]
             kind: InputKind

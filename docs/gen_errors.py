@@ -13,7 +13,7 @@ in a fresh module named ``__main__``, as a user's script would; the page shows
 the message of the exception it raises. A trigger that raises nothing, raises
 another exception type than its entry says, or raises outside the library
 stops the script. Only the members group compiles (its error exists only in
-compiled code, where torch.compile re-raises it wrapped, as the page says):
+compiled code, where Dynamo appends the user's line to it, as the page says):
 for everything else torch.compile and torch.export reach the same checks
 through the same walk and produce the same messages, with another root in
 attribute paths (``L['x']._mesh`` for ``x._mesh``).
@@ -170,7 +170,7 @@ REGISTRATION = Group(
     (
         _e(
             "register-instance",
-            "TypeError",
+            "OpaqueTypeError",
             "an instance instead of a class",
             "`register_opaque` was given an object, not its class.",
             "osc.register_opaque(Mesh())",
@@ -181,7 +181,7 @@ REGISTRATION = Group(
         ),
         _e(
             "register-kind",
-            "ValueError",
+            "OpaqueValueError",
             "an unknown kind",
             """`kind` is none of `"reference"`, `"value"` or torch 2.14's aliases `"symbolic"` and
             `"constant"`.""",
@@ -194,7 +194,7 @@ REGISTRATION = Group(
         ),
         _e(
             "register-builtin",
-            "TypeError",
+            "OpaqueTypeError",
             "a builtin or a tensor class",
             "The class is a builtin (`int`, `str`, ...) or a `torch.Tensor` subclass; torch handles those itself.",
             "osc.register_opaque(int)",
@@ -212,7 +212,7 @@ REGISTRATION = Group(
         ),
         _e(
             "register-torch-type",
-            "TypeError",
+            "OpaqueTypeError",
             "one of torch's own value types",
             """The class is `torch.dtype`, `torch.device`, `torch.layout`, `torch.memory_format`,
             `torch.Size`, `torch.qscheme` or a `torch.nn.Module`: torch.compile specializes on such
@@ -225,7 +225,7 @@ REGISTRATION = Group(
         ),
         _e(
             "register-pytree",
-            "TypeError",
+            "OpaqueTypeError",
             "a pytree node",
             """The class is registered with `torch.utils._pytree` (or is a namedtuple), so torch
             would flatten its instances instead of passing each as one object.""",
@@ -245,7 +245,7 @@ REGISTRATION = Group(
         ),
         _e(
             "register-other-kind",
-            "ValueError",
+            "OpaqueValueError",
             "the other kind than before",
             """The class (or a base class of it) is registered already with the other kind; the
             first registration fixes the kind for the process (torch has no way to unregister).""",
@@ -258,7 +258,7 @@ REGISTRATION = Group(
         ),
         _e(
             "register-value-protocol",
-            "TypeError",
+            "OpaqueTypeError",
             "a value opaque without `__eq__`, `__hash__` or `__fx_repr__`",
             """A value opaque is a constant that compiled graphs guard on with `==`, hash for
             caching and rebuild in generated code; the message lists what the class lacks.""",
@@ -277,7 +277,7 @@ REGISTRATION = Group(
         ),
         _e(
             "register-members",
-            "TypeError",
+            "OpaqueTypeError",
             "a member declared without saying how it is used",
             """`members` maps each member name to `osc.Member.USE_REAL` (evaluated on the real object
             while tracing, compiled in and guarded) or `osc.Member.INLINED` (traced); anything else
@@ -297,7 +297,7 @@ REGISTRATION = Group(
         ),
         _e(
             "register-hoist-reference",
-            "ValueError",
+            "OpaqueValueError",
             "`hoist=True` for a reference opaque",
             """`hoist` lifts a *value* opaque to a graph input instead of compiling it in; a reference
             opaque is a graph input already.""",
@@ -309,7 +309,7 @@ REGISTRATION = Group(
         ),
         _e(
             "register-options-changed",
-            "ValueError",
+            "OpaqueValueError",
             "registering again with other options",
             """The class is registered already with other members, guard, hoist or reconstruct
             options; torch cannot change a registration.""",
@@ -340,7 +340,7 @@ DECLARING = Group(
     (
         _e(
             "declare-string",
-            "TypeError",
+            "OpaqueTypeError",
             "a string instead of a tuple of names",
             "`tensor_attrs`, `opaque_attrs` or `meta_attrs` is a single string (a tuple of one name is missing its comma).",
             """
@@ -355,7 +355,7 @@ DECLARING = Group(
         ),
         _e(
             "declare-not-a-tuple",
-            "TypeError",
+            "OpaqueTypeError",
             "names in something other than a tuple or list",
             "A group of names is a set, a dict or another object; its order would not be fixed.",
             """
@@ -370,7 +370,7 @@ DECLARING = Group(
         ),
         _e(
             "declare-bad-name",
-            "TypeError",
+            "OpaqueTypeError",
             "a name that is not an identifier",
             "An entry is not a string, not a Python identifier, or a keyword.",
             """
@@ -385,7 +385,7 @@ DECLARING = Group(
         ),
         _e(
             "declare-shadow",
-            "TypeError",
+            "OpaqueTypeError",
             "a name that shadows a `torch.Tensor` attribute",
             "An entry has the name of an attribute of `torch.Tensor` (`data`, `grad`, `shape`, ...).",
             """
@@ -400,7 +400,7 @@ DECLARING = Group(
         ),
         _e(
             "declare-no-tensor",
-            "TypeError",
+            "OpaqueTypeError",
             "no inner tensor",
             """`tensor_attrs` is empty: a wrapper subclass needs at least one inner tensor, from
             which torch builds fake and functional copies while tracing.""",
@@ -417,7 +417,7 @@ DECLARING = Group(
         ),
         _e(
             "declare-opaques-not-mapping",
-            "TypeError",
+            "OpaqueTypeError",
             "`opaque_attrs` is not a mapping",
             "`opaque_attrs` lists names without their classes.",
             """
@@ -434,7 +434,7 @@ DECLARING = Group(
         ),
         _e(
             "declare-two-groups",
-            "TypeError",
+            "OpaqueTypeError",
             "one name in two groups",
             "A name appears in more than one of `tensor_attrs`, `opaque_attrs` and `meta_attrs`.",
             """
@@ -451,7 +451,7 @@ DECLARING = Group(
         ),
         _e(
             "declare-opaque-not-a-class",
-            "TypeError",
+            "OpaqueTypeError",
             "an object instead of a class in `opaque_attrs`",
             "A value of `opaque_attrs` is an instance, not the class of the opaque.",
             """
@@ -471,7 +471,7 @@ DECLARING = Group(
         ),
         _e(
             "declare-opaque-tensor",
-            "TypeError",
+            "OpaqueTypeError",
             "a tensor class in `opaque_attrs`",
             "A value of `opaque_attrs` is `torch.Tensor` or a subclass of it.",
             """
@@ -487,7 +487,7 @@ DECLARING = Group(
         ),
         _e(
             "declare-opaque-plain-type",
-            "TypeError",
+            "OpaqueTypeError",
             "a plain value type in `opaque_attrs`",
             """A value of `opaque_attrs` is a builtin (`int`, `str`, ...) or one of torch's value
             types (`torch.dtype`, `torch.device`, ...), which cannot be opaques.""",
@@ -505,7 +505,7 @@ DECLARING = Group(
         ),
         _e(
             "declare-opaque-value",
-            "TypeError",
+            "OpaqueTypeError",
             "a value opaque in `opaque_attrs`",
             """The class is registered as a value opaque: a constant that compiled graphs bake in,
             which belongs in the flatten context, not in a flat slot.""",
@@ -526,7 +526,7 @@ DECLARING = Group(
         ),
         _e(
             "declare-opaque-unregistered",
-            "TypeError",
+            "OpaqueTypeError",
             "an unregistered class in `opaque_attrs`",
             "The class is not registered as an opaque when the class statement runs.",
             """
@@ -551,7 +551,7 @@ DECLARING = Group(
         ),
         _e(
             "declare-pending-became-value",
-            "TypeError",
+            "OpaqueTypeError",
             "a class left to `register_opaques=True` was registered as a value opaque",
             """The subclass was declared with `register_opaques=True`, and before its first instance
             something else registered the opaque class as a value opaque.""",
@@ -607,7 +607,7 @@ CONSTRUCTING = Group(
     (
         _e(
             "construct-base",
-            "TypeError",
+            "OpaqueTypeError",
             "`OpaqueSubclass` itself",
             "`OpaqueSubclass` was instantiated directly; it declares nothing.",
             "OpaqueSubclass(torch.ones(2))",
@@ -619,7 +619,7 @@ CONSTRUCTING = Group(
         ),
         _e(
             "construct-too-many",
-            "TypeError",
+            "OpaqueTypeError",
             "too many values",
             "More positional values than declared attributes.",
             "Sharded(torch.ones(2), Mesh(), 0, 1)",
@@ -630,7 +630,7 @@ CONSTRUCTING = Group(
         ),
         _e(
             "construct-unexpected",
-            "TypeError",
+            "OpaqueTypeError",
             "an unknown keyword",
             "A keyword argument names no declared attribute.",
             "Sharded(torch.ones(2), Mesh(), dim=0)",
@@ -641,7 +641,7 @@ CONSTRUCTING = Group(
         ),
         _e(
             "construct-twice",
-            "TypeError",
+            "OpaqueTypeError",
             "a value given by position and by keyword",
             "The same attribute was given positionally and by keyword.",
             "Sharded(torch.ones(2), Mesh(), 0, _dim=0)",
@@ -652,7 +652,7 @@ CONSTRUCTING = Group(
         ),
         _e(
             "construct-missing",
-            "TypeError",
+            "OpaqueTypeError",
             "a missing value",
             "A declared attribute got no value.",
             "Sharded(torch.ones(2), Mesh())",
@@ -663,7 +663,7 @@ CONSTRUCTING = Group(
         ),
         _e(
             "construct-not-a-tensor",
-            "TypeError",
+            "OpaqueTypeError",
             "a non-tensor for a tensor attribute",
             "A value for an attribute of `tensor_attrs` is not a tensor.",
             "Sharded([1.0, 2.0], Mesh(), 0)",
@@ -674,7 +674,7 @@ CONSTRUCTING = Group(
         ),
         _e(
             "construct-wrong-opaque",
-            "TypeError",
+            "OpaqueTypeError",
             "an object of another class for an opaque attribute",
             "A value for an attribute of `opaque_attrs` is not an instance of the declared class.",
             "Sharded(torch.ones(2), Handle(), 0)",
@@ -685,7 +685,7 @@ CONSTRUCTING = Group(
         ),
         _e(
             "construct-requires-grad",
-            "ValueError",
+            "OpaqueValueError",
             "`requires_grad=True` with an inner tensor that requires grad",
             """`requires_grad=True` asks for a leaf, but an inner tensor requires grad, so the
             result would be computed from it.""",
@@ -713,7 +713,7 @@ CONSTRUCTING = Group(
         ),
         _e(
             "implements-on-base",
-            "TypeError",
+            "OpaqueTypeError",
             "`implements` on `OpaqueSubclass` itself",
             "`OpaqueSubclass.implements(...)` would register a rule for every subclass.",
             "OpaqueSubclass.implements(torch.ops.aten.mul)",
@@ -789,7 +789,7 @@ FLATTEN_NAMES = Group(
     (
         _e(
             "flatten-not-a-pair",
-            "TypeError",
+            "OpaqueTypeError",
             "not a pair",
             "`__tensor_flatten__` returned the names alone, or a tuple of another length.",
             """
@@ -813,7 +813,7 @@ FLATTEN_NAMES = Group(
         ),
         _e(
             "flatten-names-not-a-list",
-            "TypeError",
+            "OpaqueTypeError",
             "names that are not a list or tuple",
             """The names are a set, a frozenset, a dict or a generator: a set has no order, and a
             generator is used up by its first reader.""",
@@ -837,7 +837,7 @@ FLATTEN_NAMES = Group(
         ),
         _e(
             "flatten-names-not-strings",
-            "TypeError",
+            "OpaqueTypeError",
             "names that are not strings",
             """The names are a single string (`return ("_data"), ctx` is a string, not a tuple), or a
             list with an entry that is not a string.""",
@@ -861,7 +861,7 @@ FLATTEN_NAMES = Group(
         ),
         _e(
             "flatten-names-repeated",
-            "TypeError",
+            "OpaqueTypeError",
             "a name listed twice",
             "An attribute name appears more than once; each attribute takes one flat slot.",
             """
@@ -884,30 +884,48 @@ FLATTEN_NAMES = Group(
         ),
         _e(
             "flatten-missing-attribute",
-            "AttributeError",
+            "OpaqueAttributeError",
             "a name the instance does not have",
-            "A listed name is not an attribute of the instance (a typo, or an attribute set only sometimes).",
+            """A listed name is not an attribute of the instance: an attribute set only sometimes
+            (or later), deleted, or a typo.""",
             """
-            class Typo(MeshTensor):
+            class Late(MeshTensor):
                 def __tensor_flatten__(self):
-                    return ["_data", "_msh"], self._tag
+                    return ["_data", "_mesh", "_scale"], self._tag
+
+                @classmethod
+                def __tensor_unflatten__(cls, inner, tag, outer_size, outer_stride):
+                    out = cls(inner["_data"], inner["_mesh"], tag)
+                    out._scale = inner["_scale"]
+                    return out
 
 
-            osc.flatten_subclass(Typo(torch.ones(2), Mesh()))
+            osc.flatten_subclass(Late(torch.ones(2), Mesh()))
             """,
-            "List only attributes that `__new__`/`__init__` set on every instance.",
+            """Set the attribute before the instance is used (the message's statement, with `value`
+            the tensor or registered opaque it should hold), or list only attributes that
+            `__new__`/`__init__` set on every instance (for a typo: the right name).""",
             fixed="""
-                class Typo(MeshTensor):
+                class Late(MeshTensor):
                     def __tensor_flatten__(self):
-                        return ["_data", "_mesh"], self._tag
+                        return ["_data", "_mesh", "_scale"], self._tag
+
+                    @classmethod
+                    def __tensor_unflatten__(cls, inner, tag, outer_size, outer_stride):
+                        out = cls(inner["_data"], inner["_mesh"], tag)
+                        out._scale = inner["_scale"]
+                        return out
 
 
-                osc.flatten_subclass(Typo(torch.ones(2), Mesh()))
+                x = Late(torch.ones(2), Mesh())
+                value = torch.ones(1)
+                {fix}
+                osc.flatten_subclass(x)
             """,
         ),
         _e(
             "flatten-no-tensor",
-            "TypeError",
+            "OpaqueTypeError",
             "no tensor among the names",
             """The names list no tensor attribute (only opaques, or nothing): torch builds a level's
             fake and functional copies from its inner tensors.""",
@@ -943,7 +961,7 @@ FLATTEN_VALUES = Group(
     (
         _e(
             "value-unregistered",
-            "TypeError",
+            "OpaqueTypeError",
             "an object of an unregistered class",
             "The attribute holds an object whose class is not registered as an opaque (here at a nested level).",
             "osc.flatten_subclass(MeshTensor(MeshTensor(torch.ones(2), Handle()), Mesh()))",
@@ -956,7 +974,7 @@ FLATTEN_VALUES = Group(
         ),
         _e(
             "value-builtin",
-            "TypeError",
+            "OpaqueTypeError",
             "a builtin value or `None`",
             "The attribute holds an `int`, `str`, `None`, a list, a function or another builtin object.",
             'osc.flatten_subclass(MeshTensor(torch.ones(2), "dp"))',
@@ -968,7 +986,7 @@ FLATTEN_VALUES = Group(
         ),
         _e(
             "value-torch-type",
-            "TypeError",
+            "OpaqueTypeError",
             "one of torch's own value types",
             "The attribute holds a `torch.dtype`, `torch.device`, `torch.Size`, a module or another value torch.compile handles itself.",
             "osc.flatten_subclass(MeshTensor(torch.ones(2), torch.float16))",
@@ -1014,7 +1032,7 @@ UNFLATTEN = Group(
     (
         _e(
             "unflatten-other-type",
-            "TypeError",
+            "OpaqueTypeError",
             "an object of another type",
             """`__tensor_unflatten__` returned something other than an instance of its class (the
             inner tensor, a parent class, `None`). Checked wherever the library rebuilds a
@@ -1044,14 +1062,15 @@ UNFLATTEN = Group(
         ),
         _e(
             "unflatten-shape-dtype",
-            "TypeError",
+            "OpaqueTypeError",
             "another shape or dtype",
             """The rebuilt instance has another shape or dtype than the instance it was flattened
             from. torch.compile and non-strict torch.export check this when they first meet an
-            input, by rebuilding each level with `opaque_subclass.core.flatten.check_rebuild`, run
-            directly here; `flatten_subclass`/`unflatten_subclass` do not compare them.""",
+            input (torch.compile on the fake instance torch rebuilt, non-strict export by
+            rebuilding each level with `opaque_subclass.core.checks.check_rebuild`, run directly
+            here); `flatten_subclass`/`unflatten_subclass` do not compare them.""",
             """
-            from opaque_subclass.core.flatten import check_rebuild
+            from opaque_subclass.core.checks import check_rebuild
 
 
             class DropsShape(MeshTensor):
@@ -1088,7 +1107,7 @@ FLATTEN_API = Group(
     (
         _e(
             "flatten-not-a-tensor",
-            "TypeError",
+            "OpaqueTypeError",
             "`flatten_subclass` of something that is not a tensor",
             "`flatten_subclass` takes one tensor (a subclass instance, or a plain tensor).",
             "osc.flatten_subclass(Mesh())",
@@ -1099,7 +1118,7 @@ FLATTEN_API = Group(
         ),
         _e(
             "unflatten-not-a-spec",
-            "TypeError",
+            "OpaqueTypeError",
             "`unflatten_subclass` without a spec",
             "The second argument is not a spec returned by `flatten_subclass` (nor a meta from `create_subclass_meta`).",
             'osc.unflatten_subclass(leaves, "MeshTensor")',
@@ -1110,7 +1129,7 @@ FLATTEN_API = Group(
         ),
         _e(
             "unflatten-leaf-count",
-            "ValueError",
+            "OpaqueValueError",
             "the wrong number of leaves",
             "The leaves are more or fewer than the spec describes.",
             "osc.unflatten_subclass(leaves[:1], spec)",
@@ -1121,7 +1140,7 @@ FLATTEN_API = Group(
         ),
         _e(
             "unflatten-tensor-for-opaque",
-            "TypeError",
+            "OpaqueTypeError",
             "a tensor (or another object) in an opaque slot",
             "A leaf in an opaque slot is not a reference opaque of the slot's type.",
             "osc.unflatten_subclass([leaves[0], torch.ones(2)], spec)",
@@ -1132,7 +1151,7 @@ FLATTEN_API = Group(
         ),
         _e(
             "unflatten-opaque-for-tensor",
-            "TypeError",
+            "OpaqueTypeError",
             "an opaque (or another object) in a tensor slot",
             "A leaf in a tensor slot is not a tensor.",
             "osc.unflatten_subclass([Mesh(), Mesh()], spec)",
@@ -1143,7 +1162,7 @@ FLATTEN_API = Group(
         ),
         _e(
             "unflatten-unregistered",
-            "TypeError",
+            "OpaqueTypeError",
             "an opaque whose class is not registered in this process",
             """The leaf in an opaque slot is of the slot's class, but that class is not registered in
             this process: a spec made where it was registered (another process, an unpickled spec,
@@ -1171,7 +1190,7 @@ FLATTEN_API = Group(
         ),
         _e(
             "create-meta-not-a-list",
-            "TypeError",
+            "OpaqueTypeError",
             "`create_subclass_meta` of a single tensor",
             "`create_subclass_meta` takes a list or tuple of arguments.",
             "osc.create_subclass_meta(x)",
@@ -1203,7 +1222,7 @@ METAS = Group(
     (
         _e(
             "meta-subclass-type",
-            "TypeError",
+            "OpaqueTypeError",
             "`subclass_type` is not a tensor subclass",
             "`subclass_type` is not a class derived from `torch.Tensor`.",
             'scm({"_data": osc.PlainTensorMeta(0, "_data")}, subclass_type=Mesh)',
@@ -1215,7 +1234,7 @@ METAS = Group(
         ),
         _e(
             "meta-attrs-value",
-            "TypeError",
+            "OpaqueTypeError",
             "an `attrs` value that is not a meta",
             "A value of `attrs` is not a `PlainTensorMeta`, `OpaqueMeta` or `SubclassCreationMeta`.",
             'scm({"_data": 0})',
@@ -1228,7 +1247,7 @@ METAS = Group(
         ),
         _e(
             "meta-attrs-key",
-            "ValueError",
+            "OpaqueValueError",
             "an `attrs` key that differs from its meta's `attr`",
             "The key of an `attrs` entry and the `attr` field of its meta name different attributes.",
             'scm({"_data": osc.PlainTensorMeta(0, "data")})',
@@ -1241,7 +1260,7 @@ METAS = Group(
         ),
         _e(
             "meta-slots",
-            "ValueError",
+            "OpaqueValueError",
             "slots that are not contiguous",
             "The attributes' flat slots do not follow each other from `flat_tensor_start_idx`, in order.",
             'scm({"_data": osc.PlainTensorMeta(0, "_data"), "_mesh": osc.OpaqueMeta(2, "_mesh", Mesh)})',
@@ -1252,7 +1271,7 @@ METAS = Group(
         ),
         _e(
             "meta-attrs-read-only",
-            "TypeError",
+            "OpaqueTypeError",
             "changing `attrs`",
             "`SubclassCreationMeta.attrs` is a read-only mapping.",
             'spec.attrs["_extra"] = osc.PlainTensorMeta(2, "_extra")',
@@ -1279,7 +1298,7 @@ RUNTIME = Group(
     (
         _e(
             "unwrap-not-a-list",
-            "TypeError",
+            "OpaqueTypeError",
             "arguments that are not a list",
             "`unwrap_tensor_subclasses` got a single argument instead of a list or tuple of them.",
             "osc.unwrap_tensor_subclasses(x, is_joint_structure=False)",
@@ -1290,7 +1309,7 @@ RUNTIME = Group(
         ),
         _e(
             "unwrap-joint-not-a-pair",
-            "TypeError",
+            "OpaqueTypeError",
             "a joint structure that is not a pair",
             """With `is_joint_structure=True` the arguments (and the metas) must be a pair
             `(primals, tangents)` of lists; the same for `wrap_tensor_subclasses_maybe_joint`.""",
@@ -1315,7 +1334,7 @@ RUNTIME = Group(
         ),
         _e(
             "unwrap-type",
-            "TypeError",
+            "OpaqueTypeError",
             "an argument of another type than its meta",
             "An argument is not of the subclass its meta was made from.",
             "osc.unwrap_tensor_subclasses([torch.ones(2)], is_joint_structure=False, subclass_metas=metas)",
@@ -1328,7 +1347,7 @@ RUNTIME = Group(
         ),
         _e(
             "unwrap-tensor-slot",
-            "TypeError",
+            "OpaqueTypeError",
             "a non-tensor where the meta has a tensor",
             """An attribute that was a tensor when the metas were made holds something else now
             (`None`, a number).""",
@@ -1360,7 +1379,7 @@ RUNTIME = Group(
         ),
         _e(
             "wrap-tensor-slot",
-            "TypeError",
+            "OpaqueTypeError",
             "a non-tensor in a tensor slot of the flat list",
             "A value of the flat list in a slot that rebuilds a tensor attribute is not a tensor.",
             "osc.wrap_tensor_subclasses([None, flat[1]], subclass_metas=metas, is_runtime=True)",
@@ -1371,7 +1390,7 @@ RUNTIME = Group(
         ),
         _e(
             "wrap-joint-no-tangent-metas",
-            "ValueError",
+            "OpaqueValueError",
             "a joint wrap without tangent metas",
             "`wrap_tensor_subclasses_maybe_joint(..., is_joint_structure=True)` was not given `tangent_metas`.",
             "osc.wrap_tensor_subclasses_maybe_joint((flat, flat), is_joint_structure=True, inp_metas=metas)",
@@ -1397,7 +1416,7 @@ TANGENTS = Group(
     (
         _e(
             "tangent-for-opaque",
-            "TypeError",
+            "OpaqueTypeError",
             "a tensor for an output that was an opaque",
             "The forward output in this slot was an opaque, which has no gradient.",
             "osc.process_runtime_tangent(torch.ones(1), mesh_meta)",
@@ -1408,7 +1427,7 @@ TANGENTS = Group(
         ),
         _e(
             "tangent-metadata",
-            "TypeError",
+            "OpaqueTypeError",
             "another subclass type or context, and no coercion",
             """The tangent's type or flatten context differs from the forward output's, and its class
             defines no `__coerce_same_metadata_as_tangent__`.""",
@@ -1425,7 +1444,7 @@ TANGENTS = Group(
         ),
         _e(
             "tangent-coercion",
-            "TypeError",
+            "OpaqueTypeError",
             "a coercion that returns the wrong type",
             "`__coerce_same_metadata_as_tangent__` returned something other than the expected type.",
             """
@@ -1448,7 +1467,7 @@ TANGENTS = Group(
         ),
         _e(
             "tangent-opaque-slot",
-            "TypeError",
+            "OpaqueTypeError",
             "a tangent without the output's opaque",
             "An attribute that held a reference opaque in the forward output holds something else in the tangent.",
             """
@@ -1485,7 +1504,7 @@ MODULES = Group(
     (
         _e(
             "storages-not-a-tensor",
-            "TypeError",
+            "OpaqueTypeError",
             "`untyped_storages` of something that is not a tensor",
             "`untyped_storages` takes one tensor.",
             "osc.untyped_storages([x])",
@@ -1496,7 +1515,7 @@ MODULES = Group(
         ),
         _e(
             "parametrization-unregistered",
-            "RuntimeError",
+            "OpaqueSubclassError",
             "`UnwrapSubclass` used before `right_inverse`",
             """An `UnwrapSubclass` was called directly, or registered without `unsafe=True`, so torch
             never ran its `right_inverse`.""",
@@ -1511,7 +1530,7 @@ MODULES = Group(
         ),
         _e(
             "parametrization-not-a-subclass",
-            "TypeError",
+            "OpaqueTypeError",
             "`UnwrapSubclass` on a plain tensor",
             "`UnwrapSubclass` was registered on a parameter that is not a wrapper subclass.",
             "UnwrapSubclass().right_inverse(torch.ones(2))",
@@ -1588,7 +1607,7 @@ EXPORT = Group(
     (
         _e(
             "save-not-a-program",
-            "TypeError",
+            "OpaqueTypeError",
             "`save` of something that is not an exported program",
             "`save` takes a `torch.export.ExportedProgram`.",
             "osc.export.save(Model(mesh), io.BytesIO())",
@@ -1599,7 +1618,7 @@ EXPORT = Group(
         ),
         _e(
             "save-reserved-file",
-            "ValueError",
+            "OpaqueValueError",
             "an extra file with the manifest's name",
             "`extra_files` has an entry named `opaque_subclass.json`, the name of the manifest `save` writes.",
             'osc.export.save(ep, io.BytesIO(), extra_files={"opaque_subclass.json": "{}"})',
@@ -1610,7 +1629,7 @@ EXPORT = Group(
         ),
         _e(
             "save-name-not-a-string",
-            "TypeError",
+            "OpaqueTypeError",
             "an opaque name that is not a string",
             "A key of `opaques=` is not a non-empty string (here the mapping is the wrong way round).",
             'osc.export.save(ep, io.BytesIO(), opaques={mesh: "dp"})',
@@ -1621,7 +1640,7 @@ EXPORT = Group(
         ),
         _e(
             "save-two-names",
-            "ValueError",
+            "OpaqueValueError",
             "one object under two names",
             "`opaques=` names the same object twice.",
             'osc.export.save(ep, io.BytesIO(), opaques={"dp": mesh, "data_parallel": mesh})',
@@ -1632,7 +1651,7 @@ EXPORT = Group(
         ),
         _e(
             "save-name-clash",
-            "ValueError",
+            "OpaqueValueError",
             "one name for two objects",
             """A name given in `opaques=` is also the default name of another object of the program
             (an unnamed object is named after the first place that holds it).""",
@@ -1644,7 +1663,7 @@ EXPORT = Group(
         ),
         _e(
             "save-unused-name",
-            "ValueError",
+            "OpaqueValueError",
             "a name for an object the program does not hold",
             "`opaques=` names an object that is not in the program (the message lists those it holds).",
             'osc.export.save(ep, io.BytesIO(), opaques={"tp": tp})',
@@ -1670,7 +1689,7 @@ EXPORT = Group(
         ),
         _e(
             "load-wrong-type",
-            "TypeError",
+            "OpaqueTypeError",
             "`load` with an object of the wrong type",
             """An object given for a name is not an instance of the type saved for it (or its class is
             registered as a value opaque in this process).""",
@@ -1704,7 +1723,7 @@ EXPORT = Group(
         ),
         _e(
             "load-foreign-manifest",
-            "ValueError",
+            "OpaqueValueError",
             "an archive whose manifest is not the library's",
             "The archive has an extra file named `opaque_subclass.json` that is not a manifest written by `save`.",
             'osc.export.load(io.BytesIO(torch_saved(linear, **{"opaque_subclass.json": "{}"})))',
@@ -1793,9 +1812,8 @@ MEMBERS = Group(
     "Members of opaques in compiled code",
     """Compiled code may use the members an opaque's registration declares
     (`register_opaque(cls, members={name: osc.Member.USE_REAL | osc.Member.INLINED})`). The entry
-    below compiles (`aot_eager`): torch.compile re-raises the library's error as
-    `torch._dynamo.exc.InternalTorchDynamoError` whose message starts with
-    `OpaqueMemberError: `, the message shown.""",
+    below compiles (`aot_eager`): the library's error reaches the caller as itself (Dynamo appends
+    the user's line after the message shown).""",
     """
     class Gauge(OpaqueBase):
         def __init__(self, factor):
@@ -1881,8 +1899,8 @@ NOT_FIXED: dict[str, str] = {
 #: (where, exception type, why).
 LEFT_OUT: tuple[tuple[str, str, str], ...] = (
     (
-        "`core/flatten.py` (`check_guardable_context`)",
-        "TypeError",
+        "`core/checks.py` (`check_guardable_context`)",
+        "OpaqueTypeError",
         "a flatten context not equal to its own deep copy (an object compared by identity in it): "
         "raised only where Dynamo meets a subclass input under `torch.compile`, which this page does "
         "not run. The message names the subclass, the object's path in the context "
@@ -1896,21 +1914,21 @@ LEFT_OUT: tuple[tuple[str, str, str], ...] = (
         "torch, where `import opaque_subclass` already warns.",
     ),
     (
-        "`_versions.py` (`enter_in_tables`, called by `register_opaque`)",
+        "`releases/schema.py` (`enter_in_tables`, called by `register_opaque`)",
         "RuntimeError",
         "registering a class that does not inherit `OpaqueBase` on a torch build whose registry entry "
         "has fields the library does not know: not reachable on the tested releases.",
     ),
     (
         "`authoring/base.py` (`_register_pending`)",
-        "TypeError",
+        "OpaqueTypeError",
         "the first instance of a class declared with `register_opaques=True` built inside "
         "`torch.compile`: needs a compilation, which this page does not run. The message names the "
         "classes and gives the `register_opaque` calls to run before compiling.",
     ),
     (
         "`core/codegen.py` (`_bad_count`)",
-        "TypeError",
+        "OpaqueTypeError",
         "a compiled graph's generated unwrap called with another number of arguments (torch 2.11 "
         "backport): torch's guards never let that happen.",
     ),
@@ -2062,12 +2080,16 @@ def _trigger(entry: Entry, module: types.ModuleType, library: str, problems: lis
     except Exception as e:
         where = _raised_in(e, library)
         name, message = type(e).__name__, str(e)
-        # torch.compile re-raises an error from tracing as InternalTorchDynamoError
-        # f"{type}: {message}", with the original traceback (so ``where`` is ours)
-        # and appends where in the user's code it was ("from user code:", which
-        # differs between releases): the page shows the library's message
+        # Stock torch.compile re-raises an error from tracing as InternalTorchDynamoError
+        # f"{type}: {message}", with the original traceback (so ``where`` is ours);
+        # the library's fix of Dynamo's _compile raises the library's error as
+        # itself. Either way Dynamo appends where in the user's code it was ("from
+        # user code:", which differs between releases): the page shows the
+        # library's message
         if name == "InternalTorchDynamoError" and message.startswith(entry.error + ": "):
-            name, message = entry.error, message[len(entry.error) + 2 :].split("\n\nfrom user code:")[0]
+            name, message = entry.error, message[len(entry.error) + 2 :]
+        if "\n\nfrom user code:" in message:
+            message = message.split("\n\nfrom user code:")[0]
             # torch 2.11's Dynamo traces this script's compiled function from
             # torch.compile's own wrapper frame and names the argument
             # L['args'][0]; from a file (tests/test_members.py) it says L['t'],
@@ -2108,11 +2130,15 @@ exactly as the library produces it, and the fix. The messages are not typed by h
 and writes the page, and a test checks that the page matches on every torch leg. They are the same
 on every supported torch release (2.11 to 2.15).
 
-Wrong kinds of objects raise `TypeError`, bad values `ValueError`, and broken rules of a flat
-argument list, of an op on an `OpaqueSubclass` or of a saved program
-`opaque_subclass.OpaqueSubclassError` (a `RuntimeError`). Two exception classes refine these:
-`opaque_subclass.core.walk.ValueOpaqueListedError` (a `TypeError`) and
-`opaque_subclass.export.OpaqueBindingError` (an `OpaqueSubclassError` and a `LookupError`).
+Every error is an `opaque_subclass.OpaqueSubclassError` (a `RuntimeError`): wrong kinds of objects
+raise its subclass `opaque_subclass.OpaqueTypeError` (also a `TypeError`), bad values
+`opaque_subclass.OpaqueValueError` (also a `ValueError`), missing attributes
+`opaque_subclass.OpaqueAttributeError` (also an `AttributeError`), and broken rules of a flat
+argument list, of an op on an `OpaqueSubclass` or of a saved program `OpaqueSubclassError` itself.
+Three classes refine these: `opaque_subclass.core.walk.ValueOpaqueListedError` (an
+`OpaqueTypeError`), `opaque_subclass.OpaqueMemberError` (an `OpaqueAttributeError`) and
+`opaque_subclass.export.OpaqueBindingError` (also a `LookupError`). Under `torch.compile` each
+reaches the caller as itself, not inside Dynamo's `InternalTorchDynamoError`.
 
 Where a subclass is involved, the message names it (module-qualified), the attribute path and the
 type found; every message has a fix after `Fix:`, and a fix in backticks runs as written: the

@@ -22,11 +22,16 @@
 See ``docs/`` for a guide.
 """
 
-from opaque_subclass._versions import LIBRARY_VERSION
 from opaque_subclass.activation import disable, enable, support
 from opaque_subclass.authoring.base import OpaqueAttr, OpaqueSubclass
 from opaque_subclass.core.aliasing import OpaqueAliasPattern, opaque_alias_pattern
-from opaque_subclass.core.errors import OpaqueMemberError, OpaqueSubclassError
+from opaque_subclass.core.errors import (
+    OpaqueAttributeError,
+    OpaqueMemberError,
+    OpaqueSubclassError,
+    OpaqueTypeError,
+    OpaqueValueError,
+)
 from opaque_subclass.core.flatten import (
     create_subclass_meta,
     flatten_subclass,
@@ -59,6 +64,7 @@ from opaque_subclass.core.spec import (
 from opaque_subclass.mode import SUPPORTED_TORCH, Support
 from opaque_subclass.modules.parametrization import is_exportable_constructor, unwrap_tensor_subclass_parameters
 from opaque_subclass.modules.storage import untyped_storages
+from opaque_subclass.releases import LIBRARY_VERSION
 
 __version__ = LIBRARY_VERSION
 
@@ -80,12 +86,15 @@ __all__ = [
     "Member",
     "OpaqueAliasPattern",
     "OpaqueAttr",
+    "OpaqueAttributeError",
     "OpaqueBase",
     "OpaqueKind",
     "OpaqueMemberError",
     "OpaqueMeta",
     "OpaqueSubclass",
     "OpaqueSubclassError",
+    "OpaqueTypeError",
+    "OpaqueValueError",
     "PlainTensorMeta",
     "SubclassCreationMeta",
     "Support",

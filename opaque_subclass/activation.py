@@ -9,7 +9,6 @@ leaves torch untouched.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import sys
 import threading
 import warnings
@@ -17,10 +16,10 @@ from collections.abc import Iterator
 
 import torch
 
-from opaque_subclass._versions import OLDEST_SUPPORTED, ReleaseSupport, current
-from opaque_subclass.backport._machinery.patching import PatchRefused, PatchSet
 from opaque_subclass.core.registry import opaque_kind, register_opaque
 from opaque_subclass.mode import Mode, Support
+from opaque_subclass.patching import PatchRefused, PatchSet
+from opaque_subclass.releases import OLDEST_SUPPORTED, ReleaseSupport, current
 
 __all__ = ["disable", "enable", "support"]
 
@@ -46,12 +45,6 @@ def _unsupported_warning(detail: str, fix: str = "python -m pip install 'torch>=
     )
 
 
-def _load(module_name: str | None, attribute: str) -> PatchSet | None:
-    if module_name is None:
-        return None
-    return getattr(importlib.import_module(module_name), attribute)  # type: ignore[no-any-return]  # a PatchSet by convention
-
-
 @contextlib.contextmanager
 def _no_compile_in_flight() -> Iterator[None]:
     """Hold Dynamo's compile lock (when Dynamo is loaded): torch.compile compiles
@@ -72,12 +65,12 @@ def enable() -> Support:
     global _MODE, _PATCH_SET, _FIX_SET, _REFUSED
     with _no_compile_in_flight():
         if _MODE == "backport" and _PATCH_SET is None:
-            _PATCH_SET = _load(_ROW.patches, "PATCH_SET")
+            _PATCH_SET = PatchSet(_ROW.patches) if _ROW.patches else None
             if _PATCH_SET is None:
                 _MODE, _REFUSED = "unsupported", "no patch set for this torch"
                 _unsupported_warning(_REFUSED)
         if _MODE == "native" and _FIX_SET is None and _REFUSED is None:
-            _FIX_SET = _load(_ROW.fixes, "FIX_SET")
+            _FIX_SET = PatchSet(_ROW.fixes) if _ROW.fixes else None
         if _PATCH_SET is not None and not _PATCH_SET.enabled:
             try:
                 _PATCH_SET.enable()
@@ -145,7 +138,12 @@ def support() -> Support:
     """The library's :class:`~opaque_subclass.Support` on the running torch."""
     patched = _PATCH_SET.targets if _PATCH_SET is not None else ()
     fixes = _FIX_SET.targets if _FIX_SET is not None else ()
-    return Support(_MODE, torch.__version__, patched, fixes)
+    mode, problem = _MODE, _REFUSED
+    if _PATCH_SET is not None and _PATCH_SET.removed is not None:
+        mode, problem = "unsupported", f"the backport was removed: {_PATCH_SET.removed}"
+    elif _FIX_SET is not None and _FIX_SET.removed is not None:
+        problem = f"the fixes were removed: {_FIX_SET.removed}"
+    return Support(mode, torch.__version__, patched, fixes, problem)
 
 
 if _MODE == "unsupported":

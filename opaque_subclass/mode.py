@@ -12,19 +12,19 @@
     any other torch: importing works, a warning names the supported versions,
     and torch is left untouched.
 
-The per-release facts live in one table, :mod:`opaque_subclass._versions`.
+The per-release facts live in one table, :mod:`opaque_subclass.releases`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opaque_subclass._versions import RELEASES, Mode
+from opaque_subclass.releases import RELEASES, Mode
 
 __all__ = ["SUPPORTED_TORCH", "Mode", "Support"]
 
 #: torch releases ``(major, minor)`` and the mode used for each (from the one
-#: table, :data:`opaque_subclass._versions.RELEASES`); newer releases are native
+#: table, :data:`opaque_subclass.releases.RELEASES`); newer releases are native
 #: when torch has the feature.
 SUPPORTED_TORCH: dict[tuple[int, int], Mode] = {
     release: row.mode for release, row in RELEASES.items() if row.mode != "unsupported"
@@ -48,9 +48,18 @@ class Support:
         Qualified names of the torch functions replaced by fixes for upstream
         bugs of a native release (docs/compatibility.md says why for each);
         empty where none apply.
+    problem
+        Why the library is not fully on, when it is not: the release's patch or
+        fix set was refused (this torch build's sources differ from the
+        official release's) or removed after a patch failed to apply when torch
+        imported its module. A removed backport makes the mode
+        ``"unsupported"``; removed fixes leave ``"native"`` (the feature is
+        torch's) without them. ``None`` when everything is on, or was turned
+        off by :func:`~opaque_subclass.disable`.
     """
 
     mode: Mode
     torch_version: str
     patched: tuple[str, ...] = ()
     fixes: tuple[str, ...] = ()
+    problem: str | None = None

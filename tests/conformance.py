@@ -9,7 +9,7 @@ values, export round trips, DTensor and ``ShardedTensor`` programs on fake
 process groups). ``tests/test_conformance.py`` runs every entry on the running
 leg and compares it with ``tests/conformance_reference.json`` (recorded on the
 newest release); a difference fails unless the release table lists it
-(``opaque_subclass._versions.RELEASES[...].differences``, each difference naming
+(``opaque_subclass.releases.RELEASES[...].differences``, each difference naming
 the entries that show it), and a listed difference that no longer shows fails
 too.
 

@@ -20,23 +20,43 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from subclasses import Gauge, GaugeTensor, GroupTensor, HoldsMesh, Mesh, MeshTensor, SetNames, fake_world
+from subclasses import (
+    Anything,
+    Gauge,
+    GaugeTensor,
+    GroupTensor,
+    HoldsMesh,
+    Listing,
+    Mesh,
+    MeshTensor,
+    ReturnsPlain,
+    SetNames,
+    fake_world,
+)
 
 __all__ = [
+    "ANSWERING_OPAQUE_FAILURE",
     "DTENSOR_MESH_CONSTANT_FAILURE",
+    "LIBRARY_ERROR_WRAPPED_FAILURE",
     "LOAD_CONSTANT_FAILURE",
     "MALFORMED_NAMES_FAILURE",
     "MEMBER_UNGUARDED_FAILURE",
     "SAVE_CONSTANT_FAILURE",
+    "TANGENT_LIST_FAILURE",
     "UNDECLARED_MEMBER_FAILURE",
+    "WRONG_UNFLATTEN_EXPORTED",
     "Scale",
     "StockFailure",
     "assert_fails_as",
+    "backward_refuses_a_tangent_listing_other_attributes",
+    "compile_raises_the_librarys_error",
+    "compile_takes_an_opaque_answering_every_name",
     "compiled_member_uses",
     "compiled_undeclared_member",
     "direct_save_of_subclass_parameter_is_refused",
     "dtensor_handlers_take_registered_mesh",
     "dtensor_outputs_on_runtime_mesh",
+    "export_names_a_wrong_unflatten",
     "export_names_malformed_flatten_names",
     "fsdp1_module_state_sync_keeps_opaques",
     "member_method_result_is_guarded",
@@ -203,6 +223,31 @@ def export_names_malformed_flatten_names() -> None:
     msg = str(info.value)
     assert msg.startswith("subclasses.SetNames.__tensor_flatten__() at 'input' returned attribute names as set"), msg
     assert "Fix:" in msg and isinstance(info.value.__cause__, TypeError), msg
+
+
+def export_names_a_wrong_unflatten() -> None:
+    """Non-strict torch.export of a subclass input whose ``__tensor_unflatten__``
+    returns the inner tensor: the library's TypeError naming the method, the
+    input's path and what it returned, from the fake torch built (no rebuild
+    of the real input)."""
+
+    class Double(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    try:
+        torch.export.export(Double(), (ReturnsPlain(torch.ones(2), Mesh("m")),), strict=False)
+    except TypeError as error:
+        msg = str(error)
+    else:
+        raise AssertionError("exported without an error, tracing a plain tensor where the input is a ReturnsPlain")
+    assert "ReturnsPlain.__tensor_unflatten__ (rebuilding \"L['x']\") returned torch.Tensor" in msg, msg
+    assert "Fix:" in msg, msg
+
+
+#: How export_names_a_wrong_unflatten fails without the fakify check (every
+#: release 2.11 - 2.15): torch exports the program, silently.
+WRONG_UNFLATTEN_EXPORTED = StockFailure(AssertionError, r"^exported without an error, tracing a plain tensor")
 
 
 #: How export_names_malformed_flatten_names fails when torch's own walk of the
@@ -507,4 +552,76 @@ def dtensor_programs_keep_runtime_meshes() -> None:
 #: program in a fresh process, the second otherwise) compiles that mesh in.
 DTENSOR_CACHED_MESH_FAILURE = StockFailure(
     AssertionError, r"^program [01]: 4 of 4 outputs carry an earlier program's mesh$"
+)
+
+
+def compile_raises_the_librarys_error() -> None:
+    """``torch.compile`` of a subclass argument that lists an ``int``: the
+    library's ``OpaqueTypeError`` reaches the caller as itself, naming the
+    argument's path (issue #24)."""
+    import opaque_subclass
+
+    x = MeshTensor(torch.ones(2), Mesh("bad"))
+    x._mesh = 3  # type: ignore[assignment]  # an int where an opaque is listed
+    f = torch.compile(lambda t: t + 1, backend="aot_eager", fullgraph=True)
+    try:
+        f(x)
+    except opaque_subclass.OpaqueTypeError as e:
+        assert "(path \"L['t']._mesh\"), which holds int" in str(e), str(e)
+        return
+    raise AssertionError("compiling a subclass argument that lists an int raised nothing")
+
+
+#: torch without the fix of ``torch._dynamo.convert_frame._compile`` (2.11 -
+#: 2.15 alike): Dynamo re-raises the library's error as its internal error.
+LIBRARY_ERROR_WRAPPED_FAILURE = StockFailure(
+    torch._dynamo.exc.InternalTorchDynamoError,
+    r"^OpaqueTypeError: subclasses\.MeshTensor\.__tensor_flatten__\(\) lists attribute '_mesh' "
+    r"\(path \"L\['t'\]\._mesh\"\), which holds int\.",
+)
+
+
+def backward_refuses_a_tangent_listing_other_attributes() -> None:
+    """A compiled backward given a tangent whose ``__tensor_flatten__`` lists
+    other attributes than its forward output (same flatten context): the
+    library's ``OpaqueTypeError`` naming what it lists, never the gradient read
+    at the output's names (issue #24)."""
+    import opaque_subclass
+
+    f = torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)
+    x = Listing(torch.ones(2), ["_data", "_a"], _a=Mesh("a")).requires_grad_()
+    tangent = Listing(torch.ones(2), ["_data", "_b"], _a=Mesh("stale"), _b=Mesh("b"))
+    try:
+        f(x).backward(tangent)
+    except opaque_subclass.OpaqueTypeError as e:
+        assert "lists ['_data', '_b'], but the forward output" in str(e), str(e)
+        return
+    grad = x.grad
+    raise AssertionError(
+        f"backward read a tangent listing ['_data', '_b'] at the output's names: the gradient lists "
+        f"{grad._names} holding {[getattr(grad, n) for n in grad._names[1:]]}"
+    )
+
+
+#: Stock torch: the gradient carries the tangent's stale ``_a`` (eager gives its ``_b``).
+TANGENT_LIST_FAILURE = StockFailure(
+    AssertionError,
+    r"^backward read a tangent listing \['_data', '_b'\] at the output's names: the gradient lists "
+    r"\['_data', '_a'\] holding \[Mesh\('a'\)\]",
+)
+
+
+def compile_takes_an_opaque_answering_every_name() -> None:
+    """``torch.compile`` of a subclass holding an opaque whose ``__getattr__``
+    answers every name: a graph input like any opaque, the output holds the
+    call's own object (issue #24)."""
+    f = torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)
+    for name in ("one", "two"):
+        obj = Anything(name)
+        assert f(MeshTensor(torch.ones(2), obj))._mesh is obj
+
+
+#: Stock torch takes it for a TorchScript object tracing with real values.
+ANSWERING_OPAQUE_FAILURE = StockFailure(
+    AssertionError, r"^tracing_mode can be either real or fake but got Anything\('one'\)"
 )

@@ -84,7 +84,7 @@ class _Wrapper(torch.Tensor):
         r = torch.Tensor._make_wrapper_subclass(
             cls, like.shape, strides=like.stride(), dtype=like.dtype, device=like.device
         )
-        for name, v in zip(cls.INNER + cls.OPAQUES, values):
+        for name, v in zip(cls.INNER + cls.OPAQUES, values, strict=True):
             setattr(r, name, v)
         r._ctx = ctx
         return r
@@ -332,3 +332,53 @@ def registered_mesh_world_of_one(timeout_s: float = 60) -> Iterator[Any]:
         yield init_device_mesh("cpu", (1,))
     finally:
         dist.destroy_process_group()
+
+
+class Listing(torch.Tensor):
+    """``_data`` plus the attributes ``names`` lists (opaques or tensors): every
+    attribute it was given is kept, listed or not, and the flatten context is
+    one constant, so only the attribute list tells two instances apart."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, names: list[str], **attrs: Any) -> Any:
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device)
+
+    def __init__(self, data: torch.Tensor, names: list[str], **attrs: Any) -> None:
+        self._data = data
+        self._names = names
+        for k, v in attrs.items():
+            setattr(self, k, v)
+
+    def __repr__(self) -> str:
+        return f"Listing({self._names})"
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return list(self._names), "ctx"
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
+        return Listing(inner["_data"], list(inner), **{k: v for k, v in inner.items() if k != "_data"})
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        ref = next(a for a in args if isinstance(a, Listing))
+        out = func(*tree_map_only(Listing, lambda t: t._data, args), **(kwargs or {}))
+        listed = {k: getattr(ref, k) for k in ref._names if k != "_data"}
+        return tree_map_only(torch.Tensor, lambda t: Listing(t, list(ref._names), **listed), out)
+
+
+class Anything(OpaqueBase):
+    """A proxy-like reference opaque: every attribute it lacks is a function
+    returning the object (``hasattr(obj, name)`` is true for any name)."""
+
+    def __init__(self, name: str = "a") -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Anything({self.name!r})"
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self
+
+
+opaque_subclass.register_opaque(Anything)

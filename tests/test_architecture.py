@@ -17,12 +17,14 @@ PACKAGES = ("opaque_subclass", "compile_passes")
 #: lower layer's, never a higher one's. Keys are module-name prefixes; the
 #: longest matching prefix decides.
 LAYERS: dict[str, int] = {
-    "opaque_subclass._versions": 0,
+    "opaque_subclass.patching": 0,
+    "opaque_subclass.releases": 0,
     "opaque_subclass.mode": 0,
     "opaque_subclass.core": 1,
     "opaque_subclass.authoring": 2,
     "opaque_subclass.modules": 2,
     "opaque_subclass.backport": 2,
+    "opaque_subclass.fixes": 2,
     "opaque_subclass.export": 2,
     "opaque_subclass.testing": 3,
     "opaque_subclass.sharded": 3,
@@ -33,15 +35,57 @@ LAYERS: dict[str, int] = {
     "compile_passes": 6,
 }
 
+_LIBRARY = (
+    "opaque_subclass.core",
+    "opaque_subclass.authoring",
+    "opaque_subclass.modules",
+    "opaque_subclass.backport",
+    "opaque_subclass.fixes",
+    "opaque_subclass.export",
+    "opaque_subclass.activation",
+    "opaque_subclass.mode",
+)
+
 #: Who may import whom across concerns of one layer (beyond the layer rule).
-#: backport patches must not import each other's siblings' concerns, and the
-#: core stays free of torch-version code.
+#: The release table is data (it names replacements, never imports them) and
+#: the patch machinery knows nothing of the library; the core stays free of
+#: torch-version code; the patches (backport, fixes) and the features of
+#: layer 2 are independent of each other.
 FORBIDDEN = {
-    "opaque_subclass.core": ("opaque_subclass.backport", "opaque_subclass.activation", "opaque_subclass.export"),
-    "opaque_subclass.authoring": ("opaque_subclass.backport", "opaque_subclass.modules", "opaque_subclass.export"),
-    "opaque_subclass.modules": ("opaque_subclass.backport", "opaque_subclass.authoring", "opaque_subclass.export"),
-    "opaque_subclass.export": ("opaque_subclass.backport", "opaque_subclass.authoring", "opaque_subclass.modules"),
+    "opaque_subclass.patching": (*_LIBRARY, "opaque_subclass.releases"),
+    "opaque_subclass.releases": _LIBRARY,
+    "opaque_subclass.core": (
+        "opaque_subclass.backport",
+        "opaque_subclass.fixes",
+        "opaque_subclass.activation",
+        "opaque_subclass.export",
+        "opaque_subclass.patching",
+    ),
+    "opaque_subclass.authoring": (
+        "opaque_subclass.backport",
+        "opaque_subclass.fixes",
+        "opaque_subclass.modules",
+        "opaque_subclass.export",
+    ),
+    "opaque_subclass.modules": (
+        "opaque_subclass.backport",
+        "opaque_subclass.fixes",
+        "opaque_subclass.authoring",
+        "opaque_subclass.export",
+    ),
+    "opaque_subclass.export": (
+        "opaque_subclass.backport",
+        "opaque_subclass.fixes",
+        "opaque_subclass.authoring",
+        "opaque_subclass.modules",
+    ),
     "opaque_subclass.backport": ("opaque_subclass.authoring", "opaque_subclass.modules", "opaque_subclass.export"),
+    "opaque_subclass.fixes": (
+        "opaque_subclass.authoring",
+        "opaque_subclass.modules",
+        "opaque_subclass.export",
+        "opaque_subclass.backport",
+    ),
 }
 
 #: Packages whose code runs per compiled call or per dispatched op: no
@@ -52,11 +96,11 @@ HOT = ("opaque_subclass.core", "opaque_subclass.authoring", "opaque_subclass.mod
 LAZY_OK = {
     # torch.export is heavy and not imported by `import opaque_subclass`; the
     # 2.11 archive patch needs export's name class only when a program is saved.
-    ("opaque_subclass.backport.v2_11.archive", "opaque_subclass.export.archive"),
+    ("opaque_subclass.backport.archive", "opaque_subclass.export.archive"),
     # the CLI imports its sections when they run (the demo needs torch.distributed)
     ("opaque_subclass.cli", "opaque_subclass.cli.selfcheck"),
     ("opaque_subclass.cli", "opaque_subclass"),
-    ("opaque_subclass.cli", "opaque_subclass._versions"),
+    ("opaque_subclass.cli", "opaque_subclass.releases"),
     ("opaque_subclass.cli", "opaque_subclass.sharded.demo"),
     ("opaque_subclass.cli", "opaque_subclass.activation"),
     # the self-check's lint check runs compile_passes, which stands on top of the library
@@ -194,9 +238,12 @@ def test_no_function_level_imports_on_hot_paths():
 def test_the_checks_can_fail():
     # an upward import, a forbidden one and a cycle, in synthetic graphs
     assert _violations({"opaque_subclass.core.walk": [("opaque_subclass.authoring.base", False)]})
-    assert _violations({"opaque_subclass.core.walk": [("opaque_subclass.backport.v2_11.fake", False)]})
-    assert _violations({"opaque_subclass.backport.v2_11.fake": [("opaque_subclass.export.archive", False)]})
-    assert not _violations({"opaque_subclass.backport.v2_11.fake": [("opaque_subclass.core.walk", False)]})
+    assert _violations({"opaque_subclass.core.walk": [("opaque_subclass.backport.fake", False)]})
+    assert _violations({"opaque_subclass.backport.fake": [("opaque_subclass.export.archive", False)]})
+    assert not _violations({"opaque_subclass.backport.fake": [("opaque_subclass.core.walk", False)]})
+    assert _violations({"opaque_subclass.releases.v2_13": [("opaque_subclass.fixes.members", False)]})
+    assert _violations({"opaque_subclass.patching": [("opaque_subclass.core.walk", False)]})
+    assert _violations({"opaque_subclass.fixes.members": [("opaque_subclass.backport.dynamo", False)]})
     assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"]}) == [["a", "b", "c", "a"]]
     assert _cycles({"a": ["b"], "b": ["c"], "c": []}) == []
     # relative imports resolve like Python resolves them

@@ -65,7 +65,7 @@ def _same(compiled: Pick, eager: Pick) -> None:
     assert compiled._names == eager._names
     got, want = _listed(compiled), _listed(eager)
     assert [n for n, _ in got] == [n for n, _ in want]
-    assert all(a is b for (_, a), (_, b) in zip(got, want)), (got, want)
+    assert all(a is b for (_, a), (_, b) in zip(got, want, strict=True)), (got, want)
     assert torch.equal(compiled._data, eager._data)
 
 

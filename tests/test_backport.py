@@ -16,19 +16,27 @@ from collections.abc import Callable
 import pytest
 import torch
 from scenarios import (
+    ANSWERING_OPAQUE_FAILURE,
     COLLECTIVE_GROUP_TYPE_FAILURE,
     DTENSOR_MESH_CONSTANT_FAILURE,
+    LIBRARY_ERROR_WRAPPED_FAILURE,
     LOAD_CONSTANT_FAILURE,
     MALFORMED_NAMES_FAILURE,
     MEMBER_UNGUARDED_FAILURE,
     SAVE_CONSTANT_FAILURE,
+    TANGENT_LIST_FAILURE,
     UNDECLARED_MEMBER_FAILURE,
+    WRONG_UNFLATTEN_EXPORTED,
     StockFailure,
     assert_fails_as,
+    backward_refuses_a_tangent_listing_other_attributes,
     collectives_on_group_attribute_compile_per_group,
+    compile_raises_the_librarys_error,
+    compile_takes_an_opaque_answering_every_name,
     direct_save_of_subclass_parameter_is_refused,
     dtensor_handlers_take_registered_mesh,
     dtensor_outputs_on_runtime_mesh,
+    export_names_a_wrong_unflatten,
     export_names_malformed_flatten_names,
     fsdp1_module_state_sync_keeps_opaques,
     member_method_result_is_guarded,
@@ -41,8 +49,7 @@ from scenarios import (
 from subclasses import Mesh, MeshTensor, registered_mesh_world_of_one
 
 import opaque_subclass
-from opaque_subclass.backport import PatchRefused, PatchSet, fingerprint
-from opaque_subclass.backport._machinery.patching import Patch
+from opaque_subclass.patching import Patch, PatchRefused, PatchSet, fingerprint
 
 BACKPORT = opaque_subclass.support().mode == "backport"
 needs_backport = pytest.mark.skipif(not BACKPORT, reason="backport mode only (torch 2.11)")
@@ -259,7 +266,7 @@ def test_native_mode_patches_nothing():
 # --------------------------------------------------------------------------- backport mode
 
 if BACKPORT:
-    from opaque_subclass.backport.v2_11 import PATCH_SET
+    from opaque_subclass.activation import _PATCH_SET as PATCH_SET
 
 
 @needs_backport
@@ -298,7 +305,7 @@ def test_docs_list_every_patch():
 
 @needs_backport
 def test_no_torch_module_keeps_an_unpatched_alias():
-    from opaque_subclass.backport._machinery.patching import _resolve
+    from opaque_subclass.patching import _resolve
 
     for record in PATCH_SET._applied:
         owner, attr, _ = _resolve(record.patch.target)
@@ -313,7 +320,7 @@ def test_no_torch_module_keeps_an_unpatched_alias():
 
 @needs_backport
 def test_disable_restores_stock_torch_and_enable_reapplies():
-    from opaque_subclass.backport._machinery.patching import _raw, _resolve
+    from opaque_subclass.patching import _raw, _resolve
 
     originals = {a.patch.target: a.original for a in PATCH_SET._applied}
     try:
@@ -419,11 +426,11 @@ def _no_grad_mutation():
 
 
 def _error_names_argument_path():
-    """The library's TypeError (Dynamo wraps it), naming the argument path."""
+    """The library's TypeError (raised as itself, not wrapped by Dynamo), naming the argument path."""
     x = MeshTensor(torch.ones(2), Mesh("m"))
     x._mesh = 3
     f = torch.compile(lambda x: x + 1, backend="aot_eager", fullgraph=True)
-    with pytest.raises(torch._dynamo.exc.InternalTorchDynamoError, match=r"^TypeError: ") as info:
+    with pytest.raises(opaque_subclass.OpaqueTypeError) as info:
         f(x)
     msg = str(info.value)
     assert "L['x']._mesh" in msg and "holds int" in msg, msg
@@ -543,7 +550,13 @@ def _device_mesh_is_a_graph_input():
         assert torch.equal(out, torch.full((2,), 2.0)), out
 
 
-def _dtensor_mesh_stays_constant():
+def test_a_dtensors_own_mesh_stays_a_compile_time_constant():
+    """With ``DeviceMesh`` registered, a mesh reached through a DTensor's flatten
+    context (``x.device_mesh``) stays Dynamo's ``DeviceMeshVariable``, which
+    DTensor's handlers need on every release; a mesh input is an opaque
+    (``is_device_mesh`` tells them apart by its caller's source). Stock torch
+    2.11 with the registration fails: "TorchScriptObjectVariable(FakeScriptObject)
+    is self-referential"."""
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
     def f(x, z):
@@ -642,6 +655,15 @@ _DTENSOR_STALE = StockFailure(AssertionError, r"^1[56] of 16 outputs carry anoth
 #: target -> (the scenario that needs the patch, how it fails on stock torch
 #: 2.11 with just that patch suspended). Measured on torch 2.11.0.
 NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
+    "torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchAutograd.process_runtime_tangent": (
+        # a wrong result: the gradient carries the tangent's attribute at the output's name
+        backward_refuses_a_tangent_listing_other_attributes,
+        TANGENT_LIST_FAILURE,
+    ),
+    "torch._library.fake_class_registry.tracing_with_real": (
+        compile_takes_an_opaque_answering_every_name,
+        ANSWERING_OPAQUE_FAILURE,
+    ),
     "torch._dynamo.variables.script_object.TorchScriptObjectVariable.call_method": (
         member_method_result_is_guarded,
         MEMBER_UNGUARDED_FAILURE,
@@ -662,6 +684,11 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         export_names_malformed_flatten_names,
         MALFORMED_NAMES_FAILURE,
     ),
+    "torch._export.non_strict_utils.fakify": (
+        # a silent wrong result: the input is traced as the plain tensor its __tensor_unflatten__ returns
+        export_names_a_wrong_unflatten,
+        WRONG_UNFLATTEN_EXPORTED,
+    ),
     "torch.export.pt2_archive._package._package_constants": (
         save_and_load_opaque_constant,
         SAVE_CONSTANT_FAILURE,
@@ -676,7 +703,7 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
             AssertionError, r"^torch\.export\.save pickled the reference opaque of a subclass parameter by value" + _END
         ),
     ),
-    # DTensor's mesh as an opaque attribute (v2_11/dtensor.py)
+    # DTensor's mesh as an opaque attribute (backport/dtensor.py)
     "torch.distributed.tensor._api.DTensor.__tensor_flatten__": (dtensor_outputs_on_runtime_mesh, _DTENSOR_STALE),
     "torch.distributed.tensor._api.DTensor.__tensor_unflatten__": (dtensor_outputs_on_runtime_mesh, _DTENSOR_STALE),
     "torch.fx.experimental.proxy_tensor.get_proxy_slot": (dtensor_outputs_on_runtime_mesh, _DTENSOR_STALE),
@@ -692,13 +719,6 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         dtensor_handlers_take_registered_mesh,
         # Dynamo asserts that every listed attribute of a tensor computed in the graph is a tensor
         StockFailure(AssertionError, r"^\n\nfrom user code:\n(.|\n)*e\.device_mesh\.ndim"),
-    ),
-    "torch._dynamo.variables.builder.VariableBuilder._wrap": (
-        _dtensor_mesh_stays_constant,
-        StockFailure(
-            _DYNAMO.InternalTorchDynamoError,
-            r"^AsPythonConstantNotImplementedError: TorchScriptObjectVariable\(FakeScriptObject\) is self-referential\n",
-        ),
     ),
     "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key": (
         _backport_cache_entries_keyed_apart,
@@ -787,7 +807,7 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         # The library's error, raised later, without the argument's path.
         StockFailure(
             AssertionError,
-            r"^TypeError: subclasses\.MeshTensor\.__tensor_flatten__\(\) lists attribute '_mesh' \(path 'x\._mesh'\), "
+            r"^subclasses\.MeshTensor\.__tensor_flatten__\(\) lists attribute '_mesh' \(path 'x\._mesh'\), "
             r"which holds int\.",
         ),
     ),
@@ -852,6 +872,11 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
             _DYNAMO.BackendCompilerFailed,
             _AOT + r"AssertionError: expected FunctionalTensor, got <class 'subclasses\.Mesh'>\n",
         ),
+    ),
+    "torch._dynamo.convert_frame._compile": (
+        # the library's error re-raised as InternalTorchDynamoError("OpaqueTypeError: ...")
+        compile_raises_the_librarys_error,
+        LIBRARY_ERROR_WRAPPED_FAILURE,
     ),
 }
 

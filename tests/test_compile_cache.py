@@ -4,7 +4,7 @@ sharing of opaques to a call with another.
 On native torch (2.12 - 2.15) AOTAutograd's cache key hashes an opaque by its
 type, so it used to serve the graph compiled for ``x._mesh is y._mesh`` to a
 call with distinct meshes (both outputs carried the first mesh). The native
-fix (``opaque_subclass.backport.native.autograd_cache``) keys the sharing
+fix (``opaque_subclass.fixes.autograd_cache``) keys the sharing
 pattern. Each test uses its own fresh cache directory; no cache is turned off.
 On torch 2.11 the backport's graphs are not affected: the same checks run there.
 
@@ -32,13 +32,14 @@ import torch
 
 import opaque_subclass as osc
 from opaque_subclass import OpaqueBase, OpaqueSubclass
-from opaque_subclass._versions import current
+from opaque_subclass.releases import current
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_FIX = "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key"
 
 # One process: a call with shared meshes, then one with distinct meshes; prints
-# the outputs' meshes and the AOTAutograd cache counters.
+# the outputs' meshes and the AOTAutograd cache counters (a line
+# "cache hit=H miss=M bypass=B": each compilation counts once).
 _SCRIPT = textwrap.dedent(
     """
     import sys
@@ -57,9 +58,11 @@ _SCRIPT = textwrap.dedent(
         else:
             x, y = MeshTensor(torch.ones(2), Mesh("a")), MeshTensor(torch.ones(2), Mesh("b"))
         o1, o2 = f(x, y)
-        ok = o1._mesh is x._mesh and o2._mesh is y._mesh and torch.equal(o1._data, torch.full((2,), 2.0))
+        two = torch.full((2,), 2.0)
+        ok = o1._mesh is x._mesh and o2._mesh is y._mesh and torch.equal(o1._data, two) and torch.equal(o2._data, two)
         print(call, "OK" if ok else f"WRONG {o1._mesh} {o2._mesh}")
-    print("hits", counters["aot_autograd"]["autograd_cache_hit"])
+    aot = counters["aot_autograd"]
+    print("cache", *(f"{k}={aot['autograd_cache_' + k]}" for k in ("hit", "miss", "bypass")))
     """
 )
 
@@ -86,19 +89,23 @@ def test_cache_key_is_replaced_on_every_supported_release():
 
 
 def test_one_process_shared_then_distinct(tmp_path):
+    # Dynamo recompiles for the other sharing, and AOTAutograd's cache is asked
+    # and misses (a bypass would pass the mesh check without testing the key).
     lines = _run("shared,distinct", tmp_path)
-    assert lines[:2] == ["shared OK", "distinct OK"], lines
+    assert lines[:3] == ["shared OK", "distinct OK", "cache hit=0 miss=2 bypass=0"], lines
 
 
 def test_across_processes_sharing_a_cache_dir(tmp_path):
     # The writer compiles only the shared case; the reader's *first* call has
     # distinct meshes and must not get the writer's graph.
-    assert _run("shared", tmp_path)[0] == "shared OK"
+    lines = _run("shared", tmp_path)
+    assert lines[:2] == ["shared OK", "cache hit=0 miss=1 bypass=0"], lines
+    # The reader asked the cache and missed (neither a hit nor a bypass).
     lines = _run("distinct", tmp_path)
-    assert lines[0] == "distinct OK", lines
+    assert lines[:2] == ["distinct OK", "cache hit=0 miss=1 bypass=0"], lines
     # The cache still works: the same sharing in a third process is a hit.
     lines = _run("shared", tmp_path)
-    assert lines[0] == "shared OK" and lines[1] == "hits 1", lines
+    assert lines[:2] == ["shared OK", "cache hit=1 miss=0 bypass=0"], lines
 
 
 @pytest.mark.skipif(osc.support().mode != "native", reason="the bug is native torch's")
@@ -106,13 +113,15 @@ def test_stock_torch_serves_the_wrong_mesh(tmp_path):
     """Negative control: with the library's patches and fixes removed, the bug is
     there on this release (when upstream fixes it, this fails: drop the fix)."""
     lines = _run("shared,distinct", tmp_path, "stock")
+    # the wrong mesh comes from the cache: the second compilation was a hit
     assert lines[0] == "shared OK" and lines[1].startswith("distinct WRONG"), lines
+    assert lines[2] == "cache hit=1 miss=1 bypass=0", lines
 
 
 def test_no_opaque_keeps_torchs_key():
     from subclasses import Mesh, MeshTensor
 
-    from opaque_subclass.backport.native.autograd_cache import sharing_key
+    from opaque_subclass.fixes.autograd_cache import sharing_key
 
     assert sharing_key([torch.ones(2), 3]) is None
     m = Mesh("k")
@@ -183,11 +192,13 @@ def _hashes() -> dict[str, str]:
 
 def _child() -> None:
     """A child process: ``hash`` prints :func:`_hashes`; ``compile NAME SIZE
-    [no-method]`` calls a static and a dynamic-shape compiled program on
-    ``CacheTensor``s holding ``CacheMesh(NAME)`` and prints, per program, the
-    change of AOTAutograd's cache counters and whether the output carries this
-    process's mesh; plus how often torch asked for the hash and every warning
-    or log record that names the method."""
+    [no-method] [unpicklable]`` calls a static and a dynamic-shape compiled
+    program on ``CacheTensor``s holding ``CacheMesh(NAME)`` (and, with
+    ``unpicklable``, a lambda as their ``_tag``) and prints, per program, the
+    change of AOTAutograd's cache counters, whether the output carries this
+    process's mesh, the exceptions the hash method raised, and the exception
+    of each "Failed to pickle cache key" torch logged; plus how often torch asked
+    for the hash and every warning or log record that names the method."""
     import logging
     import warnings
 
@@ -199,14 +210,24 @@ def _child() -> None:
         return
     name, size, *flags = sys.argv[2:]
     seen: list[str] = []
+    pickle_failures: list[str] = []  # the exception of each failure to pickle a cache key
 
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             seen.append(record.getMessage())
 
+    class KeepPickleFailures(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() == "Failed to pickle cache key":
+                error = record.exc_info[1] if record.exc_info else None  # logged while handling it
+                pickle_failures.append(type(error).__qualname__ if error is not None else "no exception")
+
     for logger in (logging.getLogger(), logging.getLogger("torch")):
         logger.addHandler(Keep(logging.WARNING))
+    # torch's cache-key pickler logs there; "torch._inductor" does not propagate to "torch"
+    logging.getLogger("torch._inductor.codecache").addHandler(KeepPickleFailures(logging.WARNING))
     calls = [0]
+    raised: list[str] = []  # what the method raised, each time
     if "no-method" in flags:  # stock torch's default hash
         del OpaqueSubclass._stable_hash_for_caching
     else:
@@ -214,7 +235,11 @@ def _child() -> None:
 
         def counted(self: OpaqueSubclass) -> str:
             calls[0] += 1
-            return method(self)
+            try:
+                return method(self)
+            except Exception as e:
+                raised.append(type(e).__qualname__)
+                raise
 
         OpaqueSubclass._stable_hash_for_caching = counted  # type: ignore[method-assign]
     report: dict[str, Any] = {"mode": osc.support().mode, "torch": torch.__version__}
@@ -222,9 +247,11 @@ def _child() -> None:
         warnings.simplefilter("always")
         for label, fn, n, dynamic in (("static", _static, 2, None), ("dynamic", _dynamic, int(size), True)):
             mesh = CacheMesh(name)
+            tag: Any = (lambda: None) if "unpicklable" in flags else "t"
             before = dict(counters["aot_autograd"])
+            n_raised, n_failures = len(raised), len(pickle_failures)
             out = torch.compile(fn, backend="inductor", fullgraph=True, dynamic=dynamic)(
-                CacheTensor(torch.ones(n), mesh, "t")
+                CacheTensor(torch.ones(n), mesh, tag)
             )
             after = counters["aot_autograd"]
             report[label] = {
@@ -234,6 +261,8 @@ def _child() -> None:
                 },
                 "own_mesh": type(out) is CacheTensor and out._mesh is mesh,
                 "values_ok": torch.equal(out._data, fn(torch.ones(n))),
+                "raised": raised[n_raised:],
+                "pickle_failures": pickle_failures[n_failures:],
             }
     report["asked"] = calls[0]
     report["warnings"] = [m for m in [str(w.message) for w in caught] + seen if "_stable_hash_for_caching" in m]
@@ -368,6 +397,72 @@ def test_the_hash_changes_with_a_nested_subclass_and_the_library_version(monkeyp
     assert _mesh_tensor()._stable_hash_for_caching() != base
 
 
-def test_an_unpicklable_context_raises_so_torch_bypasses():
-    with pytest.raises((pickle.PicklingError, TypeError, AttributeError)):
+def _check_unpicklable_context_bypassed(report: dict[str, Any]) -> None:
+    """A child's report (``compile NAME SIZE unpicklable``) shows that torch
+    bypassed AOTAutograd's cache for both programs, because of the context,
+    and still ran them right. Measured: on 2.12 - 2.15 torch asks for the hash
+    once per program, the method raises ``PicklingError`` each time, and torch's
+    cache-key pickler logs "Failed to pickle cache key" caused by it, then
+    counts a bypass. On 2.11 torch never asks: its own key pickles the context
+    with the C pickler, which refuses the (local) lambda with ``AttributeError``
+    ("Can't pickle local object"), for the static program; the dynamic one
+    bypasses before that (its key cannot pickle symbolic sizes, a RuntimeError,
+    see test_a_fresh_process_reuses_the_program_with_its_own_mesh)."""
+    for label in ("static", "dynamic"):
+        program = report[label]
+        assert program["cache"] == BYPASSED, (label, report)
+        assert program["own_mesh"] and program["values_ok"], (label, report)
+    if report["mode"] == "native":
+        for label in ("static", "dynamic"):
+            assert report[label]["raised"] == ["PicklingError"], (label, report)
+            assert report[label]["pickle_failures"] == ["PicklingError"], (label, report)
+        assert report["asked"] == 2, report
+    else:
+        assert report["asked"] == 0, report
+        assert report["static"]["raised"] == report["dynamic"]["raised"] == [], report
+        assert report["static"]["pickle_failures"] == ["AttributeError"], report
+        assert report["dynamic"]["pickle_failures"] == [], report
+
+
+def test_an_unpicklable_context_raises_so_torch_bypasses(tmp_path):
+    """A context that cannot be pickled: the hash raises ``PicklingError`` (the
+    one exception, on every release: Python's pickle refuses a lambda), and
+    torch bypasses AOTAutograd's cache for the program instead of failing."""
+    with pytest.raises(pickle.PicklingError, match=r"Can't pickle <function .*<lambda>") as info:
         _mesh_tensor(_tag=lambda: None)._stable_hash_for_caching()
+    assert type(info.value) is pickle.PicklingError
+    report = _spawn("compile", "a", "4", "unpicklable", cache_dir=tmp_path, seed="1")
+    assert report["mode"] == osc.support().mode and report["warnings"] == [], report
+    _check_unpicklable_context_bypassed(report)
+
+
+def test_the_bypass_check_refuses_a_cache_that_was_not_bypassed():
+    """:func:`_check_unpicklable_context_bypassed` accepts the report of this
+    release and refuses: a program that was compiled and saved (not bypassed),
+    one that hit, a bypass without the method's exception (native: for another
+    reason than the context), and a wrong output."""
+    native = osc.support().mode == "native"
+
+    def program(cache: dict[str, int], raised: list[str], failures: list[str]) -> dict[str, Any]:
+        return {"cache": cache, "own_mesh": True, "values_ok": True, "raised": raised, "pickle_failures": failures}
+
+    def report(**changes: Any) -> dict[str, Any]:
+        if native:
+            static = dynamic = program(BYPASSED, ["PicklingError"], ["PicklingError"])
+        else:
+            static, dynamic = program(BYPASSED, [], ["AttributeError"]), program(BYPASSED, [], [])
+        right = {"mode": osc.support().mode, "static": static, "dynamic": dynamic, "asked": 2 if native else 0}
+        for label, fields in changes.items():
+            right[label] = {**right[label], **fields}
+        return right
+
+    _check_unpicklable_context_bypassed(report())
+    for wrong in (
+        report(static={"cache": SAVED}),
+        report(dynamic={"cache": HIT}),
+        report(static={"raised": [], "pickle_failures": []}),
+        report(static={"pickle_failures": ["RuntimeError"]}),
+        report(dynamic={"own_mesh": False}),
+    ):
+        with pytest.raises(AssertionError):
+            _check_unpicklable_context_bypassed(wrong)

@@ -4,8 +4,8 @@ observations (``tests/conformance_reference.json``, recorded on the newest
 release).
 
 An entry whose observation differs from the reference fails unless the running
-release's row of ``opaque_subclass._versions.RELEASES`` lists a
-:class:`~opaque_subclass._versions.Difference` naming it; a listed entry that
+release's row of ``opaque_subclass.releases.RELEASES`` lists a
+:class:`~opaque_subclass.releases.Difference` naming it; a listed entry that
 observes the reference fails too (the listing is stale). Set
 ``OPAQUE_SUBCLASS_CONFORMANCE_DIR`` to keep each leg's observations
 (``observations-<torch version>.json``) for comparison.
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conformance import ENTRIES, REFERENCE, compare, run_entry
 
-from opaque_subclass._versions import NEWEST, RELEASES, current
+from opaque_subclass.releases import NEWEST, RELEASES, current
 
 _REFERENCE = json.loads(REFERENCE.read_text())
 _OBSERVED: dict[str, object] = {}

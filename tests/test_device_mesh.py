@@ -13,7 +13,7 @@ from torch._library import opaque_object
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import opaque_subclass as osc
-from opaque_subclass._versions import current
+from opaque_subclass.releases import current
 
 
 def _free_port() -> int:

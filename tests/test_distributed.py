@@ -73,5 +73,5 @@ def test_fsdp2_compiled_training_matches_eager():
         eager, compiled = r["losses"]["eager"], r["losses"]["compiled"]
         assert len(eager) == 3
         assert r["losses"]["eager_mesh_kept"] == [1.0] and r["losses"]["compiled_mesh_kept"] == [1.0], r
-        for a, b in zip(eager, compiled):
+        for a, b in zip(eager, compiled, strict=True):
             assert abs(a - b) <= 1e-5 * max(1.0, abs(a)), r

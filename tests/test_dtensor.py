@@ -3,7 +3,7 @@ reference opaque (gloo, world size 1, 127.0.0.1; fake process groups; 4 gloo
 processes for FSDP2 + tensor parallelism), on every leg.
 
 A DTensor lists its mesh among its flatten attributes (torch 2.12+ natively;
-torch 2.11 through ``backport/v2_11/dtensor.py``), so compiled code returns
+torch 2.11 through ``backport/dtensor.py``), so compiled code returns
 DTensors on the mesh passed in at run time. DTensor's own code in Dynamo 2.11
 needs its mesh as a compile-time constant: before the fix,
 ``x.redistribute(x.device_mesh, ...)`` and ``DTensor.from_local(...,
@@ -56,7 +56,7 @@ def test_stock_torch_2_11_returns_the_first_calls_mesh():
     """Without the patched ``DTensor.__tensor_flatten__`` (stock torch 2.11),
     the mesh is compiled in: 15 of the 16 outputs carry the first call's mesh
     (16 after an earlier run of the scenario in this process)."""
-    from opaque_subclass.backport.v2_11 import PATCH_SET
+    from opaque_subclass.activation import _PATCH_SET as PATCH_SET
 
     torch._dynamo.reset()
     try:

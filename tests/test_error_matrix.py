@@ -28,7 +28,7 @@ Cells where the library does not give a named error today are
 ``xfail(strict=True)`` with what happens instead (reason ``#13: ...``), so each
 gap is documented and a fix turns them into failures to remove the mark.
 
-Which cells run depends on the torch release (``opaque_subclass._versions``):
+Which cells run depends on the torch release (``opaque_subclass.releases``):
 the full matrix on the oldest supported release (2.11, backport mode) and on the
 newest in the table (2.15) or anything newer; a representative subset of cases
 (:data:`SUBSET`: every route, every error class and kind of bad input) on the
@@ -67,7 +67,7 @@ from subclasses import (
 )
 
 import opaque_subclass as osc
-from opaque_subclass import _versions
+from opaque_subclass import releases as _versions
 from opaque_subclass.core.walk import ValueOpaqueListedError
 
 # ------------------------------------------------------------------ bad objects

@@ -6,21 +6,28 @@ release without fixes every test here is skipped."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 
 import pytest
 import torch
 from scenarios import (
+    ANSWERING_OPAQUE_FAILURE,
     DTENSOR_CACHED_MESH_FAILURE,
+    LIBRARY_ERROR_WRAPPED_FAILURE,
     LOAD_CONSTANT_FAILURE,
     MALFORMED_NAMES_FAILURE,
     MEMBER_UNGUARDED_FAILURE,
     SAVE_CONSTANT_FAILURE,
+    TANGENT_LIST_FAILURE,
     UNDECLARED_MEMBER_FAILURE,
+    WRONG_UNFLATTEN_EXPORTED,
     StockFailure,
     assert_fails_as,
+    backward_refuses_a_tangent_listing_other_attributes,
+    compile_raises_the_librarys_error,
+    compile_takes_an_opaque_answering_every_name,
     dtensor_programs_keep_runtime_meshes,
+    export_names_a_wrong_unflatten,
     export_names_malformed_flatten_names,
     member_method_result_is_guarded,
     save_and_load_opaque_constant,
@@ -29,10 +36,11 @@ from scenarios import (
 from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor
 
 import opaque_subclass as osc
-from opaque_subclass._versions import current
+from opaque_subclass import activation
+from opaque_subclass.releases import current
 
 ROW = current()
-FIX_SET = importlib.import_module(ROW.fixes).FIX_SET if ROW.fixes else None
+FIX_SET = activation._FIX_SET  # the live set that import opaque_subclass enabled from ROW.fixes
 needs_fixes = pytest.mark.skipif(FIX_SET is None, reason=f"no native fixes for torch {ROW.label}")
 
 
@@ -129,17 +137,20 @@ def _bad_attribute():
 
 def _compile_names_a_bad_attribute():
     """torch.compile of a subclass argument listing an int: the library's
-    TypeError (Dynamo wraps it)."""
+    TypeError, raised as itself (not wrapped by Dynamo)."""
     f = torch.compile(lambda x: x + 1, backend="aot_eager", fullgraph=True)
-    with pytest.raises(torch._dynamo.exc.InternalTorchDynamoError, match=r"^TypeError: ") as info:
+    with pytest.raises(osc.OpaqueTypeError) as info:
         f(_bad_attribute())
     msg = str(info.value)
     assert "MeshTensor.__tensor_flatten__()" in msg and "L['x']._mesh" in msg, msg
     assert "holds int" in msg and "Fix:" in msg, msg
 
 
-def _export_names_a_bad_attribute():
-    """Non-strict export of a subclass input listing an int: the library's TypeError."""
+@needs_fixes
+def test_export_names_a_bad_attribute_from_torchs_failure():
+    """Non-strict export of a subclass input listing an int: the library's
+    TypeError, raised by the ``fakify`` fix from torch's own failure (the
+    bare "expected Tensor or OpaqueBase"), which it chains."""
 
     class Double(torch.nn.Module):
         def forward(self, x):
@@ -150,6 +161,12 @@ def _export_names_a_bad_attribute():
     msg = str(info.value)
     assert "MeshTensor.__tensor_flatten__()" in msg and "L['x']._mesh" in msg, msg
     assert "holds int" in msg and "Fix:" in msg, msg
+    assert isinstance(info.value.__cause__, AssertionError), info.value.__cause__
+    with (
+        FIX_SET.suspended("torch._export.non_strict_utils.fakify"),
+        pytest.raises(AssertionError, match="expected Tensor or"),
+    ):
+        torch.export.export(Double(), (_bad_attribute(),), strict=False)
 
 
 #: The end of a scenario's own assertion message (pytest may append its explanation).
@@ -176,6 +193,15 @@ def _expected_tensor_or_base(found: str) -> dict[tuple[int, int], StockFailure]:
 #: just that fix suspended: one StockFailure, or one per release where the
 #: message differs). Measured on torch 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
 NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[int, int], StockFailure]]] = {
+    "torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchAutograd.process_runtime_tangent": (  # 2.12 - 2.15
+        # a wrong result: the gradient carries the tangent's attribute at the output's name
+        backward_refuses_a_tangent_listing_other_attributes,
+        TANGENT_LIST_FAILURE,
+    ),
+    "torch._library.fake_class_registry.tracing_with_real": (  # 2.12 - 2.15
+        compile_takes_an_opaque_answering_every_name,
+        ANSWERING_OPAQUE_FAILURE,
+    ),
     "torch._subclasses.fake_tensor.get_plain_tensors": (
         export_names_malformed_flatten_names,
         MALFORMED_NAMES_FAILURE,
@@ -233,14 +259,20 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[in
         _compile_names_a_bad_attribute,
         _expected_tensor_or_base("int"),
     ),
-    "torch._export.non_strict_utils._create_symbolic_context_for_tensor": (  # 2.12 - 2.15
-        _export_names_a_bad_attribute,
-        _expected_tensor_or_base("int"),
+    "torch._export.non_strict_utils.fakify": (  # 2.12 - 2.15
+        # a silent wrong result: the input is traced as the plain tensor its __tensor_unflatten__ returns
+        export_names_a_wrong_unflatten,
+        WRONG_UNFLATTEN_EXPORTED,
     ),
     "torch.fx.experimental.proxy_tensor.get_proxy_slot": (  # 2.12 - 2.15
         # A wrong result: the output's mesh is an equal one of an earlier program, compiled in.
         dtensor_programs_keep_runtime_meshes,
         DTENSOR_CACHED_MESH_FAILURE,
+    ),
+    "torch._dynamo.convert_frame._compile": (  # 2.12 - 2.15
+        # the library's error re-raised as InternalTorchDynamoError("OpaqueTypeError: ...")
+        compile_raises_the_librarys_error,
+        LIBRARY_ERROR_WRAPPED_FAILURE,
     ),
 }
 

@@ -63,7 +63,7 @@ def test_nested_three_levels_paths_and_identity():
     leaves, spec = osc.flatten_subclass(x, name="w")
     meshes = [x._data._data._mesh, x._data._mesh, x._mesh]
     assert leaves[0] is x._data._data._data
-    assert leaves[1:] == meshes and all(a is b for a, b in zip(leaves[1:], meshes))
+    assert leaves[1:] == meshes and all(a is b for a, b in zip(leaves[1:], meshes, strict=True))
     paths = [p for p, _ in osc.iter_slots(spec, "w")]
     assert paths == ["w._data._data._data", "w._data._data._mesh", "w._data._mesh", "w._mesh"]
     assert spec.arg_count == 4 and spec.num_opaques == 3

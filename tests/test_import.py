@@ -91,7 +91,7 @@ def test_waiting_patches_apply_on_import_and_disable_removes_them(tmp_path):
         import importlib, json, sys
         import opaque_subclass
         from opaque_subclass import activation
-        from opaque_subclass.backport._machinery.patching import _locate, _raw, _resolve, _function, fingerprint
+        from opaque_subclass.patching import _locate, _raw, _resolve, _function, fingerprint
         ps = activation._PATCH_SET or activation._FIX_SET
         waiting = list(ps.waiting)
         target = waiting[0]
@@ -120,12 +120,57 @@ def test_waiting_patches_apply_on_import_and_disable_removes_them(tmp_path):
     assert got["reapplied"] is True
 
 
+def test_a_set_removed_on_a_failed_import_makes_support_tell_and_the_cli_exit_1(tmp_path):
+    """A patch waiting for its module that fails to apply when torch imports
+    the module removes the whole set; ``support()`` then says so
+    (``problem``; a removed backport is ``mode="unsupported"``) and
+    ``python -m opaque_subclass`` exits 1 instead of reporting the set as on."""
+    got = _run(
+        """
+        import contextlib, dataclasses, importlib, io, json, warnings
+        import opaque_subclass
+        from opaque_subclass import activation, cli
+        from opaque_subclass.patching import _locate
+        ps = activation._PATCH_SET or activation._FIX_SET
+        before = opaque_subclass.support()
+        target = ps.waiting[0]  # its module imports on its own (the first test above imports it too)
+        module = _locate(target)[0]
+
+        def broken(original):
+            raise RuntimeError("a replacement that cannot be built")
+
+        # the test's own stand-in for one waiting row, in the set's private list
+        patches = ps._deferred[module]
+        index = next(i for i, p in enumerate(patches) if p.target == target)
+        patches[index] = dataclasses.replace(patches[index], make=broken)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            importlib.import_module(module)
+        after = opaque_subclass.support()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = cli.main(["--no-demo"])
+        print(json.dumps({"before": [before.mode, before.problem], "mode": after.mode, "problem": after.problem,
+                          "patched": len(after.patched), "fixes": len(after.fixes), "enabled": ps.enabled,
+                          "warned": any("every patch of the set is removed" in str(w.message) for w in caught),
+                          "code": code, "printed": out.getvalue()}))
+        """,
+        tmp_path,
+    )
+    assert got["before"][1] is None
+    assert got["enabled"] is False and got["warned"] is True
+    assert got["patched"] == 0 and got["fixes"] == 0
+    assert "a replacement that cannot be built" in got["problem"]
+    assert got["mode"] == ("unsupported" if got["before"][0] == "backport" else "native")
+    assert got["code"] == 1 and "problem" in got["printed"]
+
+
 def test_a_changed_source_refuses_the_set_before_its_module_is_imported(tmp_path):
     got = _run(
         """
         import json, sys
         import torch
-        from opaque_subclass.backport._machinery.patching import Patch, PatchRefused, PatchSet, source_fingerprint
+        from opaque_subclass.patching import Patch, PatchRefused, PatchSet, source_fingerprint
         target = "torch._functorch.partitioners.default_partition"
         real = source_fingerprint("torch._functorch.partitioners", ("default_partition",))
         good = PatchSet([Patch(target, real, lambda f: f)])
@@ -163,7 +208,7 @@ def test_source_fingerprints_match_the_imported_definitions():
     """For every target (and dependency) of this release's set, the fingerprint
     read from the source file equals the one of the imported object."""
     from opaque_subclass import activation
-    from opaque_subclass.backport._machinery.patching import _locate, source_fingerprint
+    from opaque_subclass.patching import _locate, source_fingerprint
 
     ps = activation._PATCH_SET or activation._FIX_SET
     assert ps is not None

@@ -15,7 +15,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import guard_failures
 
 import opaque_subclass as osc
-from opaque_subclass._versions import current
+from opaque_subclass.releases import current
 
 
 def _reasons() -> list[str]:
@@ -87,7 +87,7 @@ def test_inlined_method_is_traced_and_reads_guarded_members():
 
 
 def test_member_guard_text():
-    from opaque_subclass.backport.native.members import member_guard_text
+    from opaque_subclass.fixes.members import member_guard_text
 
     assert member_guard_text("L['t']._g", "size", (), {}, 4) == "L['t']._g.size() == 4"
     assert member_guard_text("L['t']._m", "size", (0,), {"dim": 1}, 2) == "L['t']._m.size(0, dim=1) == 2"
@@ -147,7 +147,7 @@ def test_undeclared_member_fix_runs_as_written():
 def test_missing_attribute_is_left_to_torch():
     """An attribute the object does not have is no undeclared member: the
     library adds no error of its own (torch's AttributeError semantics)."""
-    from opaque_subclass.backport.native.members import check_declared
+    from opaque_subclass.fixes.members import check_declared
 
     class Variable:
         value = Gauge(1)

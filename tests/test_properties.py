@@ -39,7 +39,7 @@ def trees(draw, depth: int = 3):
 
 
 def _same(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _expected_leaves(t) -> list:
@@ -93,6 +93,6 @@ def test_alias_pattern_matches_identity(args):
     pattern = osc.opaque_alias_pattern(flat)
     opaque_slots = [i for i, v in enumerate(flat) if not isinstance(v, torch.Tensor)]
     assert list(pattern.slots) == opaque_slots
-    for s, owner in zip(pattern.slots, pattern.owners):
+    for s, owner in zip(pattern.slots, pattern.owners, strict=True):
         assert flat[s] is flat[owner]
         assert all(flat[j] is not flat[s] for j in opaque_slots if j < owner)

@@ -12,7 +12,7 @@ from torch._library import opaque_object
 
 import opaque_subclass as osc
 from opaque_subclass import OpaqueBase
-from opaque_subclass._versions import CUSTOM_CLASS_API, OPAQUE_OBJECT_API, current, parse_release
+from opaque_subclass.releases import CUSTOM_CLASS_API, OPAQUE_OBJECT_API, current, parse_release
 
 API = current().registry
 RELEASE = parse_release(torch.__version__)

@@ -251,7 +251,7 @@ def _linear_net(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.T
 def _params(mesh: DeviceMesh, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     full = [torch.randn(6, 4, generator=g), torch.randn(6, generator=g), torch.randn(3, 6, generator=g)]
-    return [ShardedTensor.from_full(f, mesh, d, requires_grad=True) for f, d in zip(full, (0, 0, 1))]
+    return [ShardedTensor.from_full(f, mesh, d, requires_grad=True) for f, d in zip(full, (0, 0, 1), strict=True)]
 
 
 def test_compile_forward_backward_matches_eager(mesh):
@@ -266,7 +266,7 @@ def test_compile_forward_backward_matches_eager(mesh):
     loss.backward()
     assert type(loss) is ShardedTensor and loss.shard_dim is None and loss.mesh is mesh
     torch.testing.assert_close(loss.full_tensor(), want.detach())
-    for p, r in zip(params, ref):
+    for p, r in zip(params, ref, strict=True):
         assert type(p.grad) is ShardedTensor and p.grad.mesh is mesh and p.grad.shard_dim == p.shard_dim
         torch.testing.assert_close(p.grad.full_tensor(), r.grad)
     assert counter.frame_count == 1
@@ -327,13 +327,13 @@ def two_ranks(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, 
             f.clone().requires_grad_(True)
             if p == "plain"
             else sh.ShardedTensor.from_full(f, mesh, p, requires_grad=True)
-            for f, (_, p) in zip(fulls, specs)
+            for f, (_, p) in zip(fulls, specs, strict=True)
         ]
         out = fn(*ins)
         (out * weight).sum().backward()
         full_out = out.full_tensor() if isinstance(out, sh.ShardedTensor) else out.detach()
         err = float((full_out - ref_out.detach()).abs().max())
-        for i, r in zip(ins, ref_in):
+        for i, r in zip(ins, ref_in, strict=True):
             grad = i.grad.full_tensor() if isinstance(i.grad, sh.ShardedTensor) else i.grad
             err = max(err, float((grad - r.grad).abs().max()))
         errors[name] = err
@@ -398,7 +398,7 @@ def two_ranks(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, 
             loss = f(x, *params)
             loss.backward()
         err = float((loss.full_tensor() - want.detach()).abs().max())
-        for p, r in zip(params, ref):
+        for p, r in zip(params, ref, strict=True):
             err = max(err, float((p.grad.full_tensor() - r.grad).abs().max()))
         errors[f"compiled on mesh {len(groups)}"] = err
         groups.append(sorted({r.group_name for r in records}))

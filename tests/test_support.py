@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import opaque_subclass as osc
-from opaque_subclass import _versions
-from opaque_subclass._versions import CUSTOM_CLASS_API, OPAQUE_OBJECT_API, parse_release, release_support
+from opaque_subclass import releases as _versions
+from opaque_subclass.releases import CUSTOM_CLASS_API, OPAQUE_OBJECT_API, parse_release, release_support
 
 
 def test_mode_matches_running_torch():
@@ -27,29 +27,34 @@ def test_mode_matches_running_torch():
 @pytest.mark.parametrize(
     "version, mode, api, patches, fixes",
     [
-        ("2.10.1", "unsupported", None, None, None),
-        ("2.11.0+cu130", "backport", OPAQUE_OBJECT_API, "opaque_subclass.backport.v2_11", None),
-        ("2.12.0", "native", OPAQUE_OBJECT_API, None, "opaque_subclass.backport.v2_12"),
-        ("2.13.0+cpu", "native", OPAQUE_OBJECT_API, None, "opaque_subclass.backport.v2_13"),
-        ("2.14.1+cu130", "native", CUSTOM_CLASS_API, None, "opaque_subclass.backport.v2_14"),
-        ("2.15.0", "native", CUSTOM_CLASS_API, None, "opaque_subclass.backport.v2_15"),
-        ("1.13.0", "unsupported", None, None, None),
-        ("garbage", "unsupported", None, None, None),
+        ("2.10.1", "unsupported", None, 0, 0),
+        ("2.11.0+cu130", "backport", OPAQUE_OBJECT_API, 44, 0),
+        ("2.12.0", "native", OPAQUE_OBJECT_API, 0, 14),
+        ("2.13.0+cpu", "native", OPAQUE_OBJECT_API, 0, 10),
+        ("2.14.1+cu130", "native", CUSTOM_CLASS_API, 0, 11),
+        ("2.15.0", "native", CUSTOM_CLASS_API, 0, 11),
+        ("1.13.0", "unsupported", None, 0, 0),
+        ("garbage", "unsupported", None, 0, 0),
     ],
 )
 def test_version_table(monkeypatch, version, mode, api, patches, fixes):
     monkeypatch.setattr(_versions, "_has_native_opaque_attrs", lambda: True)
     row = release_support(version)
-    assert (row.mode, row.registry, row.patches, row.fixes) == (mode, api, patches, fixes)
+    assert (row.mode, row.registry, len(row.patches), len(row.fixes)) == (mode, api, patches, fixes)
 
 
-def test_every_patch_or_fix_module_of_the_table_exists():
-    import importlib.util
-
+def test_every_row_of_the_table_names_a_replacement_that_loads():
+    """Each patch or fix row names its factory as ``module:function`` (the
+    table is data): every one imports, is a ``make_`` factory with a docstring
+    that names the torch function it replaces, and no release lists a target twice."""
     for row in _versions.RELEASES.values():
-        for name in (row.patches, row.fixes):
-            if name is not None:
-                assert importlib.util.find_spec(name) is not None, name
+        targets = [p.target for p in (*row.patches, *row.fixes)]
+        assert len(targets) == len(set(targets)), row.label
+        for p in (*row.patches, *row.fixes):
+            assert isinstance(p.make, str) and p.make.startswith("opaque_subclass."), p
+            factory = p.factory()
+            assert factory.__name__.startswith("make_"), p.make
+            assert p.target.rsplit(".", 1)[-1] in p.doc, (p.make, p.target)
 
 
 def test_supported_torch_is_derived_from_the_table():
@@ -72,19 +77,20 @@ def test_newer_release_is_native_when_torch_has_the_feature(monkeypatch):
     assert release_support("2.16.0").mode == "unsupported"
     monkeypatch.setattr(_versions, "_has_native_opaque_attrs", lambda: True)
     row = release_support("2.16.0")
-    assert row.mode == "native" and not row.tested and row.fixes is None
+    assert row.mode == "native" and not row.tested and row.fixes == ()
     # the registry API of a newer release is the one its torch has
     assert row.registry is (CUSTOM_CLASS_API if CUSTOM_CLASS_API.is_available() else OPAQUE_OBJECT_API)
 
 
 def test_fixes_are_listed_and_removed_by_disable():
     row = _versions.current()
-    if row.fixes is None:
+    if not row.fixes:
         assert osc.support().fixes == ()
         return
-    import importlib
+    from opaque_subclass import activation
 
-    fix_set = importlib.import_module(row.fixes).FIX_SET
+    fix_set = activation._FIX_SET
+    assert fix_set is not None and fix_set.patches == row.fixes
     assert osc.support().fixes == tuple(p.target for p in fix_set.patches)
     try:
         assert osc.disable().fixes == () and not fix_set.enabled

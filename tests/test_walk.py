@@ -12,10 +12,10 @@ import torch._dynamo
 from subclasses import Mesh, MeshTensor, nested
 
 import opaque_subclass as osc
-from opaque_subclass.backport._machinery import hiding
-from opaque_subclass.backport._machinery.hiding import split_attrs, tensor_leaves, validate_input
+from opaque_subclass.backport.hiding import split_attrs, tensor_leaves
+from opaque_subclass.core import checks
+from opaque_subclass.core.checks import check_rebuild, validate_input
 from opaque_subclass.core.context import MAX_DEPTH, unequal_to_copy, walk_context
-from opaque_subclass.core.flatten import check_rebuild
 from opaque_subclass.core.walk import Attr, Level, read_level, walk
 
 
@@ -156,13 +156,13 @@ def checked_paths(monkeypatch):
     """The paths ``validate_input`` walks from Dynamo's ``wrap_tensor`` check
     (``validate_graph_input`` looks it up in its module on every call)."""
     paths: list[str] = []
-    original = hiding.validate_input
+    original = checks.validate_input
 
     def recording(t, path, **kwargs):
         paths.append(path)
         return original(t, path, **kwargs)
 
-    monkeypatch.setattr(hiding, "validate_input", recording)
+    monkeypatch.setattr(checks, "validate_input", recording)
     return paths
 
 
@@ -250,3 +250,45 @@ def test_unequal_to_copy_finds_the_innermost_part():
     part = unequal_to_copy((1, {"spec": Spec(handle)}))
     assert part is not None and part.path == "[1]['spec'].handle" and part.obj is handle
     assert isinstance(part.holder, Spec)
+
+
+def test_compiling_runs_no_unflatten_on_real_tensors():
+    """The rebuild check at Dynamo's entry compares the fake instance torch
+    builds with the user's ``__tensor_unflatten__`` (on fake inner tensors)
+    with the real input: the library calls no ``__tensor_unflatten__`` on real
+    tensors that torch would not call (one per level per compilation before)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    calls: list[bool] = []
+
+    class Counting(MeshTensor):
+        @classmethod
+        def __tensor_unflatten__(cls, inner, ctx, size, stride):
+            calls.append(is_fake(inner["_data"]))
+            return super().__tensor_unflatten__(inner, ctx, size, stride)
+
+    torch._dynamo.reset()
+    x = Counting(torch.ones(3), Mesh())
+    out = torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)(x)
+    assert torch.equal(out._data, torch.full((3,), 2.0)) and out._mesh is x._mesh
+    # torch's rebuilds while compiling are all on fake tensors; the one real call
+    # is the compiled call's output, rebuilt at run time (torch's, as without the library)
+    assert calls[-1] is False and all(calls[:-1]) and len(calls) > 1, calls
+
+
+def test_the_fake_rebuild_check_names_a_wrong_level():
+    """``check_fake_rebuild`` raises the rebuild check's error when torch's
+    fake instance is not what the real level is (type, inner type or dtype)."""
+    from opaque_subclass.core.checks import check_fake_rebuild
+
+    x = nested(2)
+    levels = [slot for _, slot in walk(x, "x") if isinstance(slot, Level)]
+    check_fake_rebuild(levels, nested(2))  # an equal rebuild passes
+    with pytest.raises(TypeError, match=r"MeshTensor.__tensor_unflatten__ \(rebuilding 'x'\) returned torch\.Tensor"):
+        check_fake_rebuild(levels, torch.ones(2, 3))
+    inner_plain = MeshTensor(torch.ones(2, 3), Mesh("a0"), ctx=("lvl", 1))
+    with pytest.raises(TypeError, match=r"rebuilding 'x._data'\) returned torch\.Tensor"):
+        check_fake_rebuild(levels, inner_plain)
+    doubles = nested(2, data=torch.ones(2, 3, dtype=torch.float64))
+    with pytest.raises(TypeError, match="with dtype torch.float64"):
+        check_fake_rebuild(levels, doubles)

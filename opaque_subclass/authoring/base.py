@@ -34,9 +34,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from opaque_subclass._versions import LIBRARY_VERSION
 from opaque_subclass.authoring.dispatch import dispatch
-from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, import_fix, qualified_name, subject
+from opaque_subclass.core.errors import (
+    OpaqueSubclassError,
+    OpaqueTypeError,
+    OpaqueValueError,
+    describe_type,
+    import_fix,
+    qualified_name,
+    subject,
+)
 from opaque_subclass.core.registry import (
     is_torch_handled_type,
     is_torch_own_opaque_type,
@@ -45,6 +52,7 @@ from opaque_subclass.core.registry import (
     register_opaque,
 )
 from opaque_subclass.core.walk import Attr, walk
+from opaque_subclass.releases import LIBRARY_VERSION
 
 __all__ = ["OpaqueAttr", "OpaqueSubclass"]
 
@@ -54,7 +62,7 @@ _TENSOR_NAMES = frozenset(dir(torch.Tensor))
 
 
 def _declaration_error(cls: type, message: str) -> TypeError:
-    return TypeError(f"{subject(cls)}: {message}")
+    return OpaqueTypeError(f"{subject(cls)}: {message}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +109,7 @@ _PENDING_LOCK = threading.Lock()
 
 def _register_pending(cls: type) -> None:
     if torch.compiler.is_compiling():
-        raise TypeError(
+        raise OpaqueTypeError(
             f"{subject(cls)}: its first instance is built inside torch.compile, where its opaque "
             f"classes ({', '.join(qualified_name(c) for c in _PENDING.get(cls, ()))}) cannot be registered. "
             f"Fix: build one {cls.__qualname__} before compiling, or register them first: "
@@ -113,7 +121,7 @@ def _register_pending(cls: type) -> None:
         for opaque_cls in _PENDING.get(cls, ()):
             kind = opaque_kind(opaque_cls)
             if kind == "value":
-                raise TypeError(
+                raise OpaqueTypeError(
                     f"{subject(cls)}: {qualified_name(opaque_cls)} was registered as a value-type opaque "
                     "after the class was declared; its opaque_attrs need a reference opaque. Fix: register "
                     'it with kind="reference" (before any other registration), or declare the attribute '
@@ -362,7 +370,7 @@ class OpaqueSubclass(torch.Tensor):
         **named: Any,
     ) -> Any:
         if cls is OpaqueSubclass:
-            raise TypeError(
+            raise OpaqueTypeError(
                 "OpaqueSubclass is a base class and declares no attributes, so it cannot be built. Fix: "
                 'declare a subclass, `class Scaled(OpaqueSubclass): tensor_attrs = ("_data",)`, and build '
                 "that: Scaled(data) (add opaque_attrs and meta_attrs as needed)."
@@ -374,7 +382,7 @@ class OpaqueSubclass(torch.Tensor):
             differentiable = [n for n in cls.tensor_attrs if bound[n].requires_grad]
             if differentiable:
                 if requires_grad:
-                    raise ValueError(
+                    raise OpaqueValueError(
                         f"{subject(cls)}: requires_grad=True asks for a leaf, but the inner tensor "
                         f"{differentiable[0]!r} requires grad, so the result would be computed from it. "
                         f"Fix: pass {differentiable[0]}=t.detach() for a leaf, or drop requires_grad=True "
@@ -414,30 +422,30 @@ class OpaqueSubclass(torch.Tensor):
         if "_none" in named:  # metadata that is None, named apart in a recorded export call (see _recorded)
             named = {n: v for n, v in named.items() if n != "_none"} | dict.fromkeys(named["_none"])
         if len(values) > len(names):
-            raise TypeError(
+            raise OpaqueTypeError(
                 f"{subject(cls)}() takes {len(names)} values ({', '.join(names)}), got {len(values)}. Fix: "
                 f"drop the last {len(values) - len(names)} value(s): pass one value per declared attribute, in "
                 f"the order {', '.join(names)}"
             )
-        bound = dict(zip(names, values))
+        bound = dict(zip(names, values, strict=False))
         for name, value in named.items():
             if name not in names:
                 close = difflib.get_close_matches(name, names, n=1) or difflib.get_close_matches(f"_{name}", names, n=1)
                 fix = f"write {close[0]}= instead of {name}=" if close else "use one of the declared names"
-                raise TypeError(
+                raise OpaqueTypeError(
                     f"{subject(cls)}() got an unexpected argument {name!r}; declared attributes are "
                     f"{', '.join(names)}. Fix: {fix}"
                 )
             if name in bound:
                 position = names.index(name) + 1
-                raise TypeError(
+                raise OpaqueTypeError(
                     f"{subject(cls)}() got {name!r} both by position and by keyword. Fix: give it once: drop "
                     f"{name}= or pass only {position - 1} positional value(s)"
                 )
             bound[name] = value
         missing = [n for n in names if n not in bound]
         if missing:
-            raise TypeError(
+            raise OpaqueTypeError(
                 f"{subject(cls)}() is missing {', '.join(map(repr, missing))}. Fix: pass "
                 + ", ".join(f"{n}=..." for n in missing)
                 + f" too (declared attributes, in order: {', '.join(names)})"
@@ -445,14 +453,14 @@ class OpaqueSubclass(torch.Tensor):
         for name in cls.tensor_attrs:
             value = bound[name]
             if not isinstance(value, torch.Tensor):
-                raise TypeError(
+                raise OpaqueTypeError(
                     f"{subject(cls)}.{name} must be a tensor (declared in tensor_attrs), got {describe_type(value)}. "
                     f"Fix: pass a tensor for {name}, e.g. {name}=torch.as_tensor(value) for a list or number"
                 )
         for name, expected in cls._opaque_classes.items():
             value = bound[name]
             if not issubclass(opaque_type_of(value), expected):
-                raise TypeError(
+                raise OpaqueTypeError(
                     f"{subject(cls)}.{name} must be a {qualified_name(expected)} (declared in "
                     f"opaque_attrs), got {describe_type(value)}. Fix: pass the {expected.__qualname__} "
                     "object itself."
@@ -488,7 +496,7 @@ class OpaqueSubclass(torch.Tensor):
         cls, inner: dict[str, Any], ctx: tuple[Any, ...], outer_size: Any, outer_stride: Any
     ) -> Any:
         named = {n: inner[n] for n in (*cls.tensor_attrs, *cls.opaque_attrs)}
-        named.update(zip(cls.meta_attrs, ctx))
+        named.update(zip(cls.meta_attrs, ctx, strict=True))
         if torch.compiler.is_exporting() or torch.compiler.is_dynamo_compiling():
             # The full constructor call: torch.export records it (see __init__), and
             # Dynamo, tracing a rebuild in user code (a parametrization's), builds a
@@ -580,7 +588,7 @@ class OpaqueSubclass(torch.Tensor):
         program). Never an opaque's identity or value: an opaque is a graph
         input and one program serves every object of its class; which inputs
         share one opaque is keyed separately
-        (:mod:`opaque_subclass.backport.native.autograd_cache`). Nothing hashed
+        (:mod:`opaque_subclass.fixes.autograd_cache`). Nothing hashed
         depends on ``id()`` or ``hash()``, so every process computes the same
         key: a set or frozenset anywhere in a context is written with its
         elements sorted (its own order follows ``hash()``, which for strings
@@ -610,7 +618,7 @@ class OpaqueSubclass(torch.Tensor):
         override entries.
         """
         if cls is OpaqueSubclass:
-            raise TypeError(_implements_on_base(ops))
+            raise OpaqueTypeError(_implements_on_base(ops))
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             for op in ops:
@@ -718,7 +726,7 @@ class _FromInner(torch.autograd.Function):
     def forward(
         ctx: Any, cls: Any, others: dict[str, Any], outer_size: Any, outer_stride: Any, *tensors: torch.Tensor
     ) -> Any:
-        named = dict(zip(cls.tensor_attrs, (t.detach() for t in tensors)))
+        named = dict(zip(cls.tensor_attrs, (t.detach() for t in tensors), strict=True))
         named.update(others)
         ctx.tensor_attrs = cls.tensor_attrs
         return cls(outer_size=outer_size, outer_stride=outer_stride, **named)

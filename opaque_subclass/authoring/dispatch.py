@@ -105,9 +105,9 @@ def _default_rule(cls: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
     first_leaves, out_spec = tree_flatten(results[0])
     per_attr = [first_leaves] + [tree_flatten(r)[0] for r in results[1:]]
     wrapped = []
-    for leaves in zip(*per_attr):
+    for leaves in zip(*per_attr, strict=True):
         if isinstance(leaves[0], torch.Tensor):
-            wrapped.append(template.wrap_like(**dict(zip(cls.tensor_attrs, leaves))))
+            wrapped.append(template.wrap_like(**dict(zip(cls.tensor_attrs, leaves, strict=True))))
         else:
             wrapped.append(leaves[0])
     out = tree_unflatten(wrapped, out_spec)

@@ -1,18 +1,13 @@
-"""Patches of torch: the backport of opaque attributes for releases without
-native support, and fixes for upstream bugs of native releases.
+"""The backport: what torch 2.11 lacks of opaque attributes, one module per
+torch area (``fake``, ``dynamo``, ``aot_autograd``, ``runtime``, ``export``,
+``archive``, ``parametrize``, ``distributed``, ``collectives``, ``dtensor``),
+and :mod:`.hiding`, the views that route opaques past torch 2.11 helpers that
+walk inner tensors.
 
-One subpackage per torch release (``v2_11`` a backport, ``v2_12`` fixes), one
-module per torch area inside it. Each module lists
-:class:`~opaque_subclass.backport._machinery.patching.Patch` objects: the exact torch
-function replaced, the fingerprint of the original's source, and a factory
-whose docstring says what changes with and without the patch. Which subpackage
-serves which release is said by the version table
-(:mod:`opaque_subclass._versions`); :mod:`opaque_subclass.activation` enables
-it on import. The core modules of ``opaque_subclass`` never import this package.
+Each module holds replacement factories (``make_<name>(original)``), whose
+docstrings say what fails without them and what changes with them. Which torch
+function each replaces, with the fingerprint of the original, is a row of
+``opaque_subclass/releases/v2_11.py``; some rows of the native releases reuse a
+factory from here (torch 2.12 shares functions with 2.11). The core modules of
+``opaque_subclass`` never import this package.
 """
-
-from __future__ import annotations
-
-from opaque_subclass.backport._machinery.patching import Patch, PatchRefused, PatchSet, fingerprint
-
-__all__ = ["Patch", "PatchRefused", "PatchSet", "fingerprint"]

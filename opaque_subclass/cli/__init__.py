@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fixes           {len(info.fixes)} torch function(s)")
     for name in info.fixes:
         print(f"  - {name}")
+    if info.problem is not None:
+        print(f"problem         {info.problem}")
     if info.mode == "unsupported":
         print(unsupported_text())
         return 1
@@ -44,17 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in results if not r.ok]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     demo_ok = True if args.no_demo else run_demo_section()
-    return 1 if failed or not demo_ok else 0
+    return 1 if failed or not demo_ok or info.problem is not None else 0
 
 
 def unsupported_text() -> str:
     """What to print on an unsupported torch: why, what is supported, the fix."""
     from opaque_subclass import activation
-    from opaque_subclass._versions import RELEASES, current
+    from opaque_subclass.releases import RELEASES, current
 
     row = current()
-    if activation._REFUSED is not None and row.mode != "unsupported":
-        why = f"this build differs from the official {row.label} release ({activation._REFUSED})"
+    problem = activation.support().problem
+    if problem is not None and row.mode != "unsupported":
+        why = f"this build differs from the official {row.label} release ({problem})"
     else:
         why = "; ".join(map(str, row.differences)) or "no native support and no backport"
     supported = ", ".join(f"{r.label} ({r.mode})" for r in RELEASES.values() if r.mode != "unsupported")

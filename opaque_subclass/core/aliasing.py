@@ -44,7 +44,7 @@ class OpaqueAliasPattern:
 
     def __post_init__(self) -> None:
         by_owner: dict[int, list[int]] = {}
-        for s, o in zip(self.slots, self.owners):
+        for s, o in zip(self.slots, self.owners, strict=True):
             by_owner.setdefault(o, []).append(s)
         object.__setattr__(self, "groups", tuple(tuple(g) for g in by_owner.values()))
 

@@ -30,20 +30,40 @@ from typing import Any
 
 from torch import Tensor
 
-from opaque_subclass.core.errors import describe_type, qualified_name
+from opaque_subclass.core.errors import (
+    OpaqueAttributeError,
+    OpaqueTypeError,
+    describe_type,
+    import_fix,
+    qualified_name,
+    subject,
+)
 from opaque_subclass.core.flatten import append_leaves, flat_width
+from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.spec import (
+    OpaqueMeta,
     PlainTensorMeta,
     SubclassCreationMeta,
     SymIntMeta,
+    _check_leaf,
     bad_unflatten_type,
     iter_slots,
+    iter_subclasses,
     rebuild,
 )
+from opaque_subclass.core.walk import read_level
 
-__all__ = ["ArgumentsPlan", "compiled_unwrap", "compiled_wrap"]
+__all__ = ["ArgumentsPlan", "check_structure", "compiled_unwrap", "compiled_wrap"]
 
 log = logging.getLogger(__name__)
+
+#: Checks the generated functions make (read when a function is generated):
+#: ``names``: the API's unwrap calls each level's ``__tensor_flatten__`` and
+#: compares the names it lists with the metadata's (a list that changed would
+#: otherwise be read at the old names: a stale attribute); ``opaque_slots``:
+#: what an opaque slot holds is a registered reference opaque (unwrap and wrap).
+#: Tensor slots are always checked. See docs/core.md, "Run-time checks".
+CHECKS: dict[str, bool] = {"names": True, "opaque_slots": True}
 
 
 def _identifier(name: str) -> bool:
@@ -59,7 +79,7 @@ def _exec(source: str, namespace: dict[str, Any], fn_name: str) -> Callable[...,
 
 def _bad_input(meta: SubclassCreationMeta) -> Callable[[object, str], None]:
     def bad_input(x: object, name: str) -> None:
-        raise TypeError(
+        raise OpaqueTypeError(
             f"run-time unwrap expected a {qualified_name(meta.subclass_type)} at {name} (the type the "
             f"metadata was made from), got {describe_type(x)}. Fix: re-create the metadata "
             "for the new argument types (torch.compile recompiles on a type change)."
@@ -70,7 +90,7 @@ def _bad_input(meta: SubclassCreationMeta) -> Callable[[object, str], None]:
 
 def _bad_leaf(meta: SubclassCreationMeta) -> Callable[[str, object], None]:
     def bad_leaf(path: str, value: object) -> None:
-        raise TypeError(
+        raise OpaqueTypeError(
             f"run-time unwrap of {qualified_name(meta.subclass_type)}: {path} is a tensor slot "
             f"(the metadata was made from a tensor there), got {describe_type(value)}. Fix: "
             f"give {path} a tensor, or re-create the metadata (create_subclass_meta) from "
@@ -78,6 +98,40 @@ def _bad_leaf(meta: SubclassCreationMeta) -> Callable[[str, object], None]:
         )
 
     return bad_leaf
+
+
+def _is_reference(value: object) -> bool:
+    """Whether ``value`` may fill an opaque slot: a registered reference opaque."""
+    return not isinstance(value, Tensor) and opaque_kind(value) == "reference"
+
+
+def _opaque_slot_error(what: str, path: str, expected: type, value: object, fix: str) -> OpaqueTypeError:
+    """The error for ``value`` found in the opaque slot at ``path``."""
+    found = opaque_type_of(value)
+    if not isinstance(value, Tensor) and opaque_kind(found) is None and found.__module__ != "builtins":
+        fix = (
+            "register its class as a reference opaque before the call, "
+            + import_fix(found, 'opaque_subclass.register_opaque({cls}, kind="reference")')
+            + f"; or {fix[0].lower()}{fix[1:]}"
+        )
+    return OpaqueTypeError(
+        f"{what}: {path} is an opaque slot (the metadata was made from a {qualified_name(expected)} there), "
+        f"got {describe_type(value)}, which is not a registered reference opaque. Fix: {fix}"
+    )
+
+
+def _bad_opaque(meta: SubclassCreationMeta) -> Callable[[str, object, type], None]:
+    def bad_opaque(path: str, value: object, expected: type) -> None:
+        raise _opaque_slot_error(
+            f"run-time unwrap of {qualified_name(meta.subclass_type)}",
+            path,
+            expected,
+            value,
+            f"give it back its opaque before the call, `{path} = obj` (obj: a {qualified_name(expected)}), "
+            "or re-create the metadata (create_subclass_meta) from arguments of the new structure.",
+        )
+
+    return bad_opaque
 
 
 def _slot_reads(
@@ -88,15 +142,20 @@ def _slot_reads(
     lines: list[str],
     shown: str | None = None,
     bad_leaf: str = "bad_leaf",
+    namespace: dict[str, Any] | None = None,
+    bad_opaque: str = "bad_opaque",
 ) -> list[str] | None:
     """The expressions reading ``meta``'s flat slots from ``root``, after adding to
     ``lines`` a type check of every tensor slot (one ``is`` test in the common
     case, so that an int or None in a tensor attribute raises instead of
     reaching the graph) that calls the generated code's ``bad_leaf`` function;
-    error messages show ``root`` as ``shown``, or as the generated function's
-    ``name`` argument when ``shown`` is ``None``. ``None`` when an attribute
-    name is not an identifier."""
+    with a ``namespace`` and ``CHECKS["opaque_slots"]``, also of every opaque
+    slot whose type the meta knows (one ``is`` test against that type, else
+    the registry), calling ``bad_opaque``. Error messages show ``root`` as
+    ``shown``, or as the generated function's ``name`` argument when ``shown``
+    is ``None``. ``None`` when an attribute name is not an identifier."""
     exprs: list[str] = []
+    check_opaques = namespace is not None and CHECKS["opaque_slots"]
     for n, (path, slot) in enumerate(iter_slots(meta, root)):
         parts = path.split(".")
         if not all(_identifier(p) or p.endswith("]") for p in parts):
@@ -105,30 +164,65 @@ def _slot_reads(
             if append_symints:
                 exprs.append(path)
             continue
+        suffix = path[len(root) :]
+        where = repr(shown + suffix) if shown is not None else f"name + {suffix!r}"
         if isinstance(slot, PlainTensorMeta):
             local = f"{tag}_{n}"
             lines.append(f"    {local} = {path}")
             lines.append(f"    if {local}.__class__ is not Tensor and not isinstance({local}, Tensor):")
-            suffix = path[len(root) :]
-            where = repr(shown + suffix) if shown is not None else f"name + {suffix!r}"
             lines.append(f"        {bad_leaf}({where}, {local})")
+            exprs.append(local)
+        elif check_opaques and isinstance(slot, OpaqueMeta) and slot.opaque_type is not object:
+            assert namespace is not None  # check_opaques says so
+            local, kind = f"{tag}_{n}", f"{tag}_O{n}"
+            namespace[kind] = slot.opaque_type
+            namespace.setdefault("is_reference", _is_reference)
+            lines.append(f"    {local} = {path}")
+            lines.append(f"    if {local}.__class__ is not {kind} and not is_reference({local}):")
+            lines.append(f"        {bad_opaque}({where}, {local}, {kind})")
             exprs.append(local)
         else:
             exprs.append(path)
     return exprs
 
 
-def _unwrap_source(meta: SubclassCreationMeta, append_symints: bool) -> str | None:
-    lines = [
-        "def unwrap(x, name='x'):",
-        "    if x.__class__ is not T0 and not isinstance(x, T0):",
-        "        bad_input(x, name)",
-    ]
-    exprs = _slot_reads(meta, "x", append_symints, "v", lines)
+def _unwrap_source(meta: SubclassCreationMeta, append_symints: bool, namespace: dict[str, Any]) -> str | None:
+    """The API's unwrap: the argument's type, then (``CHECKS["names"]``) each
+    level's type and the names its ``__tensor_flatten__`` lists, then the
+    slots; an ``AttributeError`` (a listed attribute deleted) is diagnosed by
+    :func:`check_structure`."""
+    lines = ["    if x.__class__ is not T0 and not isinstance(x, T0):", "        bad_input(x, name)"]
+    body: list[str] = []
+    if CHECKS["names"]:
+        for k, (suffix, level) in enumerate(iter_subclasses(meta, "")):
+            if not all(_identifier(p) for p in suffix.split(".") if suffix):
+                return None
+            expr = "x"
+            if k:
+                expr = f"s{k}"
+                namespace[f"T{k}"] = level.subclass_type
+                body.append(f"    {expr} = x.{suffix}")
+                body.append(f"    if {expr}.__class__ is not T{k} and not isinstance({expr}, T{k}):")
+                body.append("        structure_error(x, name)")
+            names = list(level.attrs)
+            namespace[f"N{k}"], namespace[f"M{k}"] = names, tuple(names)
+            body.append(f"    n{k} = {expr}.__tensor_flatten__()[0]")
+            body.append(f"    if n{k} != N{k} and n{k} != M{k}:")
+            body.append("        structure_error(x, name)")
+    exprs = _slot_reads(meta, "x", append_symints, "v", body, namespace=namespace)
     if exprs is None:
         return None
-    body = ", ".join(exprs) + ("," if len(exprs) == 1 else "")
-    return "\n".join(lines) + f"\n    return ({body})\n"
+    result = ", ".join(exprs) + ("," if len(exprs) == 1 else "")
+    if CHECKS["names"]:
+        # zero cost unless raised: a deleted attribute becomes the named error
+        body = [
+            "    try:",
+            *("    " + line for line in body),
+            "    except AttributeError:",
+            "        structure_error(x, name)",
+            "        raise",
+        ]
+    return "\n".join(["def unwrap(x, name='x'):", *lines, *body]) + f"\n    return ({result})\n"
 
 
 def compiled_unwrap(meta: SubclassCreationMeta, append_symints: bool) -> Callable[..., tuple[Any, ...]]:
@@ -137,35 +231,41 @@ def compiled_unwrap(meta: SubclassCreationMeta, append_symints: bool) -> Callabl
 
     With ``append_symints`` (and a meta that includes symbolic sizes), the
     symbolic size/stride entries are included after each subclass's leaves.
-    The attributes are read as the meta lists them; ``__tensor_flatten__`` is
-    not called.
+    The attributes are read as the meta lists them, after checking (see
+    :data:`CHECKS`) that each level's ``__tensor_flatten__`` still lists
+    them: an argument whose list changed is an error, never read at the old
+    names.
     """
     key = "unwrap+symints" if append_symints else "unwrap"
     fn = meta._compiled.get(key)
     if fn is not None:
         return fn  # type: ignore[no-any-return]  # cache holds what we stored
-    source = _unwrap_source(meta, append_symints)
+    namespace: dict[str, Any] = {
+        "T0": meta.subclass_type,
+        "Tensor": Tensor,
+        "bad_input": _bad_input(meta),
+        "bad_leaf": _bad_leaf(meta),
+        "bad_opaque": _bad_opaque(meta),
+        "structure_error": _structure_error(meta),
+    }
+    source = _unwrap_source(meta, append_symints, namespace)
     if source is None:
 
         def fn(x: Any, name: str = "x") -> tuple[Any, ...]:
+            check_structure(meta, x, name)
             out: list[Any] = []
-            append_leaves(x, out, name)
+            append_leaves(x, out, name, symints=append_symints)
             return tuple(out)
 
     else:
-        namespace = {
-            "T0": meta.subclass_type,
-            "Tensor": Tensor,
-            "bad_input": _bad_input(meta),
-            "bad_leaf": _bad_leaf(meta),
-        }
         fn = _exec(source, namespace, "unwrap")
     meta._compiled[key] = fn
     return fn
 
 
 class _WrapEmitter:
-    def __init__(self) -> None:
+    def __init__(self, checked: bool = True) -> None:
+        self.checked = checked and CHECKS["opaque_slots"]
         self.lines: list[str] = []
         self.namespace: dict[str, Any] = {}
         self.metas: list[tuple[SubclassCreationMeta, str]] = []
@@ -205,6 +305,17 @@ class _WrapEmitter:
                 self.lines.append(f"    if {expr}.__class__ is not Tensor and not isinstance({expr}, Tensor):")
                 owner = qualified_name(meta.subclass_type)
                 self.lines.append(f"        bad_slot({sub.unwrapped_idx}, {owner!r}, {path + '.' + name!r}, {expr})")
+            elif self.checked and isinstance(sub, OpaqueMeta) and sub.opaque_type is not object:
+                expr = f"o{sub.unwrapped_idx}"
+                kind = self.const("O", sub.opaque_type)
+                self.namespace.setdefault("is_reference", _is_reference)
+                self.namespace.setdefault("bad_opaque_slot", _bad_opaque_slot)
+                self.lines.append(f"    {expr} = flat[{sub.unwrapped_idx}]")
+                self.lines.append(f"    if {expr}.__class__ is not {kind} and not is_reference({expr}):")
+                owner = qualified_name(meta.subclass_type)
+                self.lines.append(
+                    f"        bad_opaque_slot({sub.unwrapped_idx}, {owner!r}, {path + '.' + name!r}, {expr}, {kind})"
+                )
             else:
                 expr = f"flat[{sub.unwrapped_idx}]"
             inner.append(f"{name!r}: {expr}")
@@ -225,20 +336,31 @@ class _WrapEmitter:
         return f"r{n}"
 
 
-def compiled_wrap(meta: SubclassCreationMeta) -> Callable[[Sequence[Any]], Any]:
+def compiled_wrap(meta: SubclassCreationMeta, *, checked: bool = True) -> Callable[[Sequence[Any]], Any]:
     """``wrap(flat) -> subclass`` rebuilding ``meta``'s subclass at run time.
 
     Reads the absolute slots of ``meta`` from ``flat``; symbolic sizes are read
-    from their slots when the meta includes them.
+    from their slots when the meta includes them. Every slot's value is
+    checked (a tensor, or a registered reference opaque; see :data:`CHECKS`);
+    with ``checked=False`` the opaque slots are not: for a caller whose leaves
+    were checked when stored and that runs inside compiled code, where an
+    opaque's members (``__class__`` included) are off limits (the
+    parametrization's rebuild).
     """
-    fn = meta._compiled.get("wrap")
+    key = "wrap" if checked else "wrap-unchecked"
+    fn = meta._compiled.get(key)
     if fn is not None:
         return fn  # type: ignore[no-any-return]  # cache holds what we stored
-    emitter = _WrapEmitter()
+    emitter = _WrapEmitter(checked)
     root = emitter.emit(meta, "x")
     if root is None:
+        owner = subject(meta.subclass_type)
 
         def fn(flat: Sequence[Any]) -> Any:
+            if checked:
+                for path, slot in iter_slots(meta, "x"):
+                    if not isinstance(slot, SymIntMeta):
+                        _check_leaf(path, slot, flat[slot.unwrapped_idx], owner)
             return rebuild(meta, flat, is_runtime=True)
 
     else:
@@ -251,7 +373,7 @@ def compiled_wrap(meta: SubclassCreationMeta) -> Callable[[Sequence[Any]], Any]:
         emitter.namespace["bad_result"] = bad_result
         source = "def wrap(flat):\n" + "\n".join(emitter.lines) + f"\n    return {root}\n"
         fn = _exec(source, emitter.namespace, "wrap")
-    meta._compiled["wrap"] = fn
+    meta._compiled[key] = fn
     return fn
 
 
@@ -299,17 +421,27 @@ class ArgumentsPlan:
             if not isinstance(meta, SubclassCreationMeta):
                 exprs.append(f"a{i}")
                 continue
-            source = _unwrap_source(meta, append_symints)
-            if source is None:
+            if _unwrap_source(meta, append_symints, {}) is None:
                 namespace[f"U{i}"] = compiled_unwrap(meta, append_symints)
                 exprs.append(f"*U{i}(a{i}, 'args[{i}]')")
                 continue
             namespace[f"T{i}"] = meta.subclass_type
             namespace[f"B{i}"] = _bad_input(meta)
             namespace[f"L{i}"] = _bad_leaf(meta)
+            namespace[f"P{i}"] = _bad_opaque(meta)
             lines.append(f"    if a{i}.__class__ is not T{i} and not isinstance(a{i}, T{i}):")
             lines.append(f"        B{i}(a{i}, 'args[{i}]')")
-            reads = _slot_reads(meta, f"a{i}", append_symints, f"v{i}", lines, shown=f"args[{i}]", bad_leaf=f"L{i}")
+            reads = _slot_reads(
+                meta,
+                f"a{i}",
+                append_symints,
+                f"v{i}",
+                lines,
+                shown=f"args[{i}]",
+                bad_leaf=f"L{i}",
+                namespace=namespace,
+                bad_opaque=f"P{i}",
+            )
             if reads is None:  # _unwrap_source above accepted these names
                 raise AssertionError(f"unreadable attribute names in {meta!r}")
             exprs.extend(reads)
@@ -347,7 +479,7 @@ class ArgumentsPlan:
 
 
 def _bad_slot(idx: int, owner: str, path: str, value: object) -> None:
-    raise TypeError(
+    raise OpaqueTypeError(
         f"run-time wrap of {owner}: flat slot {idx} rebuilds the tensor attribute {path}, got "
         f"{describe_type(value)}. Fix: pass the flat values in the order the metadata "
         "describes (the order unwrap_tensor_subclasses returns), or re-create the metadata "
@@ -357,9 +489,108 @@ def _bad_slot(idx: int, owner: str, path: str, value: object) -> None:
 
 def _bad_count(expected: int) -> Callable[[Sequence[Any]], None]:
     def bad_count(args: Sequence[Any]) -> None:
-        raise TypeError(
+        raise OpaqueTypeError(
             f"run-time unwrap expected {expected} arguments (the metadata describes {expected}), "
             f"got {len(args)}. Fix: re-create the metadata for these arguments."
         )
 
     return bad_count
+
+
+def _bad_opaque_slot(idx: int, owner: str, path: str, value: object, expected: type) -> None:
+    raise _opaque_slot_error(
+        f"run-time wrap of {owner}",
+        f"flat slot {idx} (rebuilding {path})",
+        expected,
+        value,
+        "pass the flat values in the order the metadata describes (the order unwrap_tensor_subclasses "
+        "returns), or re-create the metadata (create_subclass_meta) for the new structure.",
+    )
+
+
+def _structure_error(meta: SubclassCreationMeta) -> Callable[[object, str], None]:
+    """The generated unwrap's diagnosis of an argument that does not have the
+    structure of ``meta``: :func:`check_structure` raises the named error (a
+    return means the argument matches after all, for example a tuple of
+    names where the metadata holds a list)."""
+
+    def structure_error(x: object, name: str) -> None:
+        check_structure(meta, x, name)
+
+    return structure_error
+
+
+def check_structure(meta: SubclassCreationMeta, x: object, path: str = "x") -> None:
+    """Check that the live subclass ``x`` (at ``path``) has the structure
+    ``meta`` was made from, level by level: the type, the attribute names its
+    ``__tensor_flatten__`` lists now, and what each attribute holds (a tensor,
+    a nested subclass of the meta's type, or a registered reference opaque).
+    Raises the library's error naming the subclass, the path, what was found
+    and the fix: :class:`~opaque_subclass.core.errors.OpaqueAttributeError` for
+    a listed attribute the instance no longer has (``del x._mesh``),
+    :class:`~opaque_subclass.core.errors.OpaqueTypeError` otherwise. The slow
+    path behind the generated unwrap."""
+    cls = meta.subclass_type
+    if x.__class__ is not cls and not isinstance(x, cls):
+        _bad_input(meta)(x, path)
+    try:
+        level = read_level(x, path, strict=False)  # type: ignore[arg-type]  # a subclass of cls: a tensor
+    except OpaqueAttributeError:
+        listed = list(x.__tensor_flatten__()[0])  # type: ignore[attr-defined]  # a wrapper subclass
+        gone = [n for n in listed if n in meta.attrs and not hasattr(x, n)]
+        if listed != list(meta.attrs) or not gone:
+            raise
+        raise _missing_attribute(meta, x, path, gone[0]) from None
+    names = list(level.names)
+    if names != list(meta.attrs):
+        stale = [f"{path}.{n}" for n in meta.attrs if n not in names]
+        new = [a for a in level.attrs if a.name not in meta.attrs]
+        raise OpaqueTypeError(
+            f"run-time unwrap of {subject(cls)} at {path}: its __tensor_flatten__() lists {names!r} now, but "
+            f"the metadata was made when it listed {list(meta.attrs)!r} (the flatten context is not compared); "
+            "reading it by the metadata would "
+            + (
+                f"take {', '.join(map(repr, stale))}, which it no longer lists (a stale value)"
+                if stale
+                else "misplace its leaves"
+            )
+            + ("" if not new else ", and leave out " + ", ".join(f"{a.path!r} ({describe_type(a.value)})" for a in new))
+            + ". Fix: re-create the metadata from the arguments as they are now, `import opaque_subclass; "
+            "metas = opaque_subclass.create_subclass_meta(args)` (args: the list passed), and pass "
+            "subclass_metas=metas."
+        )
+    for a, sub in zip(level.attrs, meta.attrs.values(), strict=True):
+        if isinstance(sub, SubclassCreationMeta):
+            check_structure(sub, a.value, a.path)
+        elif isinstance(sub, OpaqueMeta):
+            if a.kind != "opaque":
+                _bad_opaque(meta)(a.path, a.value, sub.opaque_type)
+        elif a.kind not in ("tensor",):
+            if a.kind == "subclass":
+                raise OpaqueTypeError(
+                    f"run-time unwrap of {subject(cls)}: {a.path} holds a {describe_type(a.value)}, a subclass "
+                    "with leaves of its own, but the metadata was made from a plain tensor there. Fix: "
+                    "re-create the metadata from the arguments as they are now, `import opaque_subclass; "
+                    "metas = opaque_subclass.create_subclass_meta(args)` (args: the list passed)."
+                )
+            _bad_leaf(meta)(a.path, a.value)
+
+
+def _missing_attribute(meta: SubclassCreationMeta, x: object, path: str, name: str) -> OpaqueAttributeError:
+    """The error for attribute ``name`` that ``x``'s ``__tensor_flatten__``
+    lists, as the metadata does, but that the instance does not have."""
+    sub = meta.attrs[name]
+    if isinstance(sub, OpaqueMeta):
+        held = f"a {qualified_name(sub.opaque_type)} (a reference opaque)"
+    elif isinstance(sub, SubclassCreationMeta):
+        held = f"a {qualified_name(sub.subclass_type)}"
+    else:
+        held = "a tensor"
+    return OpaqueAttributeError(
+        f"run-time unwrap of {subject(meta.subclass_type)}: {path}.{name} is missing: "
+        f"{type(x).__qualname__}.__tensor_flatten__() lists {name!r}, but the instance has no such attribute "
+        f"(found: nothing; it was deleted, or never set), and the metadata was made from {held} there. "
+        f"Fix: set it again before the call, `{path}.{name} = value` (value: {held}; {path}: the instance "
+        f"at that position of the arguments), or stop listing {name!r} in "
+        f"{type(x).__qualname__}.__tensor_flatten__ for instances without it and re-create the metadata."
+    )

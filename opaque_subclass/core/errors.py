@@ -9,8 +9,11 @@ them verbatim.
 from __future__ import annotations
 
 __all__ = [
+    "OpaqueAttributeError",
     "OpaqueMemberError",
     "OpaqueSubclassError",
+    "OpaqueTypeError",
+    "OpaqueValueError",
     "describe_type",
     "import_fix",
     "qualified_name",
@@ -21,14 +24,40 @@ __all__ = [
 class OpaqueSubclassError(RuntimeError):
     """A rule of opaque-attribute subclasses was broken while tracing or running.
 
-    Raised for problems discovered in a traced or compiled program (for example a
-    flat argument list whose length does not match the subclass metadata it is
-    being wrapped with). Wrong kinds of objects raise :class:`TypeError` and bad
-    values raise :class:`ValueError` instead.
+    The base of every error the library raises about its users' input, so
+    ``except opaque_subclass.OpaqueSubclassError`` catches them all, and under
+    ``torch.compile`` one of them reaches the caller as itself rather than
+    inside Dynamo's ``InternalTorchDynamoError``. Raised as such for problems
+    discovered in a traced or compiled program (for example a flat argument
+    list whose length does not match the subclass metadata it is being wrapped
+    with). Wrong kinds of objects raise :class:`OpaqueTypeError` (a
+    :class:`TypeError`), bad values :class:`OpaqueValueError` (a
+    :class:`ValueError`) and missing attributes :class:`OpaqueAttributeError`
+    (an :class:`AttributeError`) instead.
     """
 
 
-class OpaqueMemberError(OpaqueSubclassError, AttributeError):
+class OpaqueTypeError(OpaqueSubclassError, TypeError):
+    """An object of the wrong kind was given to the library or listed by a
+    subclass (for example an ``int`` among the attributes a
+    ``__tensor_flatten__`` returns, or an unregistered class where an opaque is
+    expected). A :class:`TypeError`, so ``except TypeError`` keeps catching it."""
+
+
+class OpaqueValueError(OpaqueSubclassError, ValueError):
+    """An object of the right kind with a value the library cannot use (for
+    example a dim out of range, or an archive whose contents do not match its
+    manifest). A :class:`ValueError`, so ``except ValueError`` keeps catching
+    it."""
+
+
+class OpaqueAttributeError(OpaqueSubclassError, AttributeError):
+    """An attribute the library was told to read is missing (for example a name
+    that ``__tensor_flatten__`` lists but the instance does not have). An
+    :class:`AttributeError`, so ``except AttributeError`` keeps catching it."""
+
+
+class OpaqueMemberError(OpaqueAttributeError):
     """Compiled code used a member (attribute, property or method) of an opaque
     that the opaque's registration does not declare (``register_opaque(cls,
     members=...)``): torch.compile cannot tell whether to evaluate it on the

@@ -50,8 +50,8 @@ import torch
 # (:class:`opaque_subclass.OpaqueMemberError`).
 from torch._library.opaque_object import MemberType as Member
 
-from opaque_subclass._versions import OpaqueKind, RegistryAPI, current
-from opaque_subclass.core.errors import describe_type, import_fix, qualified_name
+from opaque_subclass.core.errors import OpaqueTypeError, OpaqueValueError, describe_type, import_fix, qualified_name
+from opaque_subclass.releases import OpaqueKind, RegistryAPI, current
 
 __all__ = [
     "KIND_ALIASES",
@@ -222,7 +222,7 @@ def _check_value_type_protocol(cls: type) -> None:
     if not hasattr(cls, "__fx_repr__"):
         missing.append("__fx_repr__ returning (source, {name: type}) that rebuilds the value in generated code")
     if missing:
-        raise TypeError(
+        raise OpaqueTypeError(
             f"cannot register {qualified_name(cls)} as a value-type opaque: it lacks "
             + "; ".join(missing)
             + ". A value opaque is a constant that torch.compile compares and bakes in. "
@@ -317,7 +317,7 @@ def _member_options(cls: type, members: object) -> dict[str, Member]:
     and ``"inlined"``, the enum's values, are accepted)."""
     name = cls.__qualname__
     if not isinstance(members, Mapping):
-        raise TypeError(
+        raise OpaqueTypeError(
             f"register_opaque({name}, members=...): members must map member names to "
             f"opaque_subclass.Member values, got {describe_type(members)}. Fix: "
             f'register_opaque({name}, members={{"size": opaque_subclass.Member.USE_REAL}}).'
@@ -325,7 +325,7 @@ def _member_options(cls: type, members: object) -> dict[str, Member]:
     checked: dict[str, Member] = {}
     for member, how in members.items():
         if not isinstance(member, str) or not member.isidentifier():
-            raise TypeError(
+            raise OpaqueTypeError(
                 f"register_opaque({name}, members=...): member names must be attribute names, got "
                 f"{member!r} ({describe_type(member)}). Fix: "
                 f'register_opaque({name}, members={{"size": opaque_subclass.Member.USE_REAL}}).'
@@ -336,7 +336,7 @@ def _member_options(cls: type, members: object) -> dict[str, Member]:
         try:
             checked[member] = Member(how)
         except ValueError:
-            raise TypeError(
+            raise OpaqueTypeError(
                 f"register_opaque({name}, members=...): members[{member!r}] is {how!r} "
                 f"({describe_type(how)}); it must say how compiled code uses the member: "
                 "opaque_subclass.Member.USE_REAL (read on the real object while tracing, compiled "
@@ -362,13 +362,13 @@ def _torch_options(
         options["members"] = _member_options(cls, members)
     if guard is not None:
         if not callable(guard):
-            raise TypeError(
+            raise OpaqueTypeError(
                 f"register_opaque({name}, guard=...): guard must be a function of the object that "
                 f"returns the values to compare on every call, got {describe_type(guard)}. Fix: "
                 f"register_opaque({name}, guard=lambda obj: [obj.size()])."
             )
         if kind == "value":
-            raise ValueError(
+            raise OpaqueValueError(
                 f'register_opaque({name}, kind="value", guard=...): a value opaque is guarded by its '
                 f"__eq__ already; guard is for reference opaques. Fix: "
                 f'register_opaque({name}, kind="value") (drop guard=).'
@@ -376,12 +376,12 @@ def _torch_options(
         options["guard_fn"] = guard
     if hoist:
         if hoist is not True:
-            raise TypeError(
+            raise OpaqueTypeError(
                 f"register_opaque({name}, hoist=...): hoist is a bool, got {describe_type(hoist)}. "
                 f'Fix: register_opaque({name}, kind="value", hoist=True).'
             )
         if kind == "reference":
-            raise ValueError(
+            raise OpaqueValueError(
                 f"register_opaque({name}, hoist=True): hoist lifts a *value* opaque to a graph input "
                 "instead of compiling it in; a reference opaque is always a graph input. Fix: "
                 f'register_opaque({name}, kind="reference") (drop hoist=).'
@@ -389,13 +389,13 @@ def _torch_options(
         options["hoist"] = True
     if reconstruct is not None:
         if not callable(reconstruct):
-            raise TypeError(
+            raise OpaqueTypeError(
                 f"register_opaque({name}, reconstruct=...): reconstruct must be a function "
                 f"(obj, get_proxy, tracer) -> proxy or None, got {describe_type(reconstruct)}. Fix: "
                 f"register_opaque({name}, reconstruct=lambda obj, get_proxy, tracer: None)."
             )
         if "reconstruct_fn" not in _api().table_fields():
-            raise ValueError(
+            raise OpaqueValueError(
                 f"register_opaque({name}, reconstruct=...): torch {torch.__version__} has no "
                 "reconstruct hook for opaques (torch 2.12 added it to make_fx); the library does "
                 "not emulate it, so a backward closure holding such an object is kept as a "
@@ -474,12 +474,12 @@ def register_opaque(
     kind raises :class:`ValueError`.
     """
     if not isinstance(cls, type):
-        raise TypeError(
+        raise OpaqueTypeError(
             f"register_opaque expects a class, got an instance of {describe_type(cls)}. "
             f"Fix: pass the class itself, e.g. register_opaque(type(obj))."
         )
     if kind not in KIND_ALIASES:
-        raise ValueError(
+        raise OpaqueValueError(
             f"register_opaque({cls.__qualname__}, kind={kind!r}): kind must be "
             '"reference" or "value" (torch 2.14\'s names "symbolic" and "constant" are '
             f'accepted too). Fix: register_opaque({cls.__qualname__}, kind="reference").'
@@ -487,13 +487,13 @@ def register_opaque(
     kind = KIND_ALIASES[kind]
     api = _api()
     if cls.__module__ == "builtins" or issubclass(cls, torch.Tensor):
-        raise TypeError(
+        raise OpaqueTypeError(
             f"cannot register {qualified_name(cls)} as an opaque type: builtins and tensors "
             "are handled by torch directly. Fix: wrap the value in a class of your own "
             "and register that class."
         )
     if is_torch_handled_type(cls):
-        raise TypeError(
+        raise OpaqueTypeError(
             f"cannot register {qualified_name(cls)} as an opaque type: torch.compile handles "
             f"{cls.__qualname__} values itself (as constants it specializes on), and an "
             "opaque registration would change that for every compiled program in the process, "
@@ -504,7 +504,7 @@ def register_opaque(
     from torch.utils import _pytree as pytree
 
     if cls in pytree.SUPPORTED_NODES or (issubclass(cls, tuple) and hasattr(cls, "_fields")):
-        raise TypeError(
+        raise OpaqueTypeError(
             f"cannot register {qualified_name(cls)} as an opaque type: it is a pytree node, "
             "so torch would flatten it instead of passing it as one object. Fix: "
             "unregister it from pytree or wrap it in a class that is not a pytree node."
@@ -518,7 +518,7 @@ def register_opaque(
         # has the kind of its registered base: torch answers lookups through the MRO.
         existing = _torch_kind(cls) or _KIND_BY_TYPE.get(cls)
         if existing is not None and existing != kind:
-            raise ValueError(
+            raise OpaqueValueError(
                 f"{qualified_name(cls)} is already registered as a {existing} opaque"
                 + ("" if cls in api.torch_module()._OPAQUE_TYPES else " (through a base class)")
                 + f"; it cannot also be a {kind} opaque. Fix: keep one registration, "
@@ -527,7 +527,7 @@ def register_opaque(
         info = api.torch_module()._OPAQUE_TYPES.get(cls)
         if existing is not None and info is not None:
             if options and not _same_options(info, options):
-                raise ValueError(
+                raise OpaqueValueError(
                     f"{qualified_name(cls)} is registered already ({_describe_entry(info)}), and torch "
                     "cannot change a registration. Fix: keep the registration it has, "
                     + import_fix(cls, "opaque_subclass.register_opaque({cls})")
@@ -540,7 +540,7 @@ def register_opaque(
             _check_value_type_protocol(cls)
         name = f"{cls.__module__}.{cls.__qualname__}"
         if name in api.torch_module()._OPAQUE_TYPES_BY_NAME:
-            raise ValueError(
+            raise OpaqueValueError(
                 f"cannot register {name}: another class of that name is registered already (torch "
                 "keys opaque types by module and qualified name, for every process that loads a "
                 f"compiled program). Fix: give the class a name of its own, `class "

@@ -19,8 +19,16 @@ from typing import Any
 
 import torch
 
+from opaque_subclass.core.checks import check_tangent_structure
 from opaque_subclass.core.codegen import compiled_unwrap, compiled_wrap
-from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, qualified_name, subject
+from opaque_subclass.core.errors import (
+    OpaqueSubclassError,
+    OpaqueTypeError,
+    OpaqueValueError,
+    describe_type,
+    qualified_name,
+    subject,
+)
 from opaque_subclass.core.flatten import append_leaves, flat_width, is_wrapper_subclass
 from opaque_subclass.core.registry import opaque_kind
 from opaque_subclass.core.spec import OpaqueMeta, SlotMeta, SubclassCreationMeta, rebuild
@@ -56,7 +64,7 @@ def _unwrap_flat(args: Sequence[Any], metas: Sequence[SlotMeta] | None, append_s
     extend = out.extend
     append = out.append
     try:
-        for x, m in zip(args, metas):
+        for x, m in zip(args, metas, strict=True):
             if m.__class__ is _SCM:
                 fn = m._compiled.get(key)
                 if fn is None:
@@ -74,7 +82,7 @@ def _unwrap_flat(args: Sequence[Any], metas: Sequence[SlotMeta] | None, append_s
 
 
 def _unwrap_named(args: Sequence[Any], metas: Sequence[SlotMeta], append_symints: bool, what: str) -> None:
-    for i, (x, m) in enumerate(zip(args, metas)):
+    for i, (x, m) in enumerate(zip(args, metas, strict=True)):
         if m.__class__ is _SCM:
             compiled_unwrap(m, append_symints)(x, f"{what}[{i}]")
 
@@ -98,9 +106,13 @@ def unwrap_tensor_subclasses(
     subclass_metas
         Optional metas from :func:`create_subclass_meta` (a pair of lists for a
         joint structure). With metas, a generated straight-line unwrap per
-        subclass is used and ``__tensor_flatten__`` is not called: the fast
-        path for code that runs on every call. Without, each subclass is
-        inspected and validated.
+        subclass is used: the fast path for code that runs on every call. It
+        calls each level's ``__tensor_flatten__`` only to check that the
+        names it lists are still the metadata's, reads the attributes by the
+        metadata, and checks what each slot holds (a tensor, a registered
+        reference opaque); an argument of another structure is an error
+        naming the path, never read at the old names. Without, each subclass
+        is inspected and validated.
     append_symints
         Append each subclass's symbolic sizes/strides after its leaves (primals
         only; tangents share the primals' symbols).
@@ -111,7 +123,7 @@ def unwrap_tensor_subclasses(
     """
     if not is_joint_structure:
         if not isinstance(wrapped_args, (list, tuple)):
-            raise TypeError(
+            raise OpaqueTypeError(
                 f"unwrap_tensor_subclasses expects a list or tuple of arguments, got "
                 f"{describe_type(wrapped_args)}. Fix: pass [x] for a single argument, or "
                 "is_joint_structure=True with a (primals, tangents) pair."
@@ -132,7 +144,7 @@ def _split_joint(pair: Any, what: str) -> tuple[Sequence[Any], Sequence[Any]]:
         and isinstance(pair[0], (list, tuple))
         and isinstance(pair[1], (list, tuple))
     ):
-        raise TypeError(
+        raise OpaqueTypeError(
             f"{what}: a joint structure is a pair (primals, tangents) of lists or tuples, "
             f"got {describe_type(pair)}"
             + (f" of length {len(pair)}" if isinstance(pair, (tuple, list)) else "")
@@ -226,7 +238,7 @@ def wrap_tensor_subclasses_maybe_joint(
     if not is_joint_structure:
         return wrap_tensor_subclasses(unwrapped_args, subclass_metas=inp_metas, is_runtime=is_runtime)
     if tangent_metas is None:
-        raise ValueError(
+        raise OpaqueValueError(
             "wrap_tensor_subclasses_maybe_joint: a joint structure needs tangent_metas. Fix: "
             "pass tangent_metas=create_subclass_meta(tangents)."
         )
@@ -271,7 +283,7 @@ def process_runtime_tangent(x: Any, meta: SlotMeta, *, name: str = "tangent") ->
     if not isinstance(x, torch.Tensor):
         return x, [x]
     if isinstance(meta, OpaqueMeta):
-        raise TypeError(
+        raise OpaqueTypeError(
             f"tangent {name!r}: the forward output in this slot was a "
             f"{qualified_name(meta.opaque_type)} opaque, which has no tangent, but a tensor "
             "was given. Fix: pass None for outputs that are opaques."
@@ -288,7 +300,7 @@ def process_runtime_tangent(x: Any, meta: SlotMeta, *, name: str = "tangent") ->
     if runtime_type is not expected_type or runtime_ctx != expected_ctx:
         coerce = getattr(x, "__coerce_same_metadata_as_tangent__", None)
         if coerce is None:
-            raise TypeError(
+            raise OpaqueTypeError(
                 f"tangent {name!r} is a {qualified_name(runtime_type)} with flatten context "
                 f"{runtime_ctx!r}, but the forward output was a {qualified_name(expected_type)} "
                 f"with context {expected_ctx!r}. Fix: define "
@@ -301,7 +313,7 @@ def process_runtime_tangent(x: Any, meta: SlotMeta, *, name: str = "tangent") ->
             type(coerced) is not expected_type
             and not (expected_type is torch.Tensor and not is_wrapper_subclass(coerced))
         ):
-            raise TypeError(
+            raise OpaqueTypeError(
                 f"tangent {name!r}: {subject(runtime_type)}.__coerce_same_metadata_as_tangent__ "
                 f"returned {describe_type(coerced)}, expected a {qualified_name(expected_type)}. "
                 "Fix: make it return a tensor of the expected type and flatten context."
@@ -310,12 +322,22 @@ def process_runtime_tangent(x: Any, meta: SlotMeta, *, name: str = "tangent") ->
     x = _coerce_layout(x, fmt)
     if not isinstance(meta, _SCM):
         return x, [x]
+    level = read_level(x, name, strict=False)
+    if level.names != tuple(meta.attrs):
+        # read at the output's names, a tangent listing others would give stale leaves
+        check_tangent_structure(level, [(n, isinstance(s, OpaqueMeta)) for n, s in meta.attrs.items()])
     leaves: list[Any] = []
     for attr, sub in meta.attrs.items():
         value = getattr(x, attr)
+        if not isinstance(sub, OpaqueMeta) and not isinstance(value, torch.Tensor):
+            raise OpaqueTypeError(
+                f"tangent '{name}.{attr}': expected a tensor in this slot (the forward output held one), got "
+                f"{describe_type(value)}. Fix: the tangent subclass must hold the same attributes as the "
+                "forward output, `out.backward(torch.ones_like(out))` (out: the output) makes one."
+            )
         if isinstance(sub, OpaqueMeta):
             if isinstance(value, torch.Tensor) or opaque_kind(value) != "reference":
-                raise TypeError(
+                raise OpaqueTypeError(
                     f"tangent '{name}.{attr}': expected a reference opaque in this slot, got "
                     f"{describe_type(value)}. Fix: the tangent subclass must hold the same "
                     "attributes as the forward output."

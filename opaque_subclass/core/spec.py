@@ -31,7 +31,14 @@ from typing import Any, Literal, NoReturn, Union
 
 import torch
 
-from opaque_subclass.core.errors import describe_type, import_fix, qualified_name, subject
+from opaque_subclass.core.errors import (
+    OpaqueTypeError,
+    OpaqueValueError,
+    describe_type,
+    import_fix,
+    qualified_name,
+    subject,
+)
 from opaque_subclass.core.registry import opaque_kind
 
 __all__ = [
@@ -116,7 +123,7 @@ class _FrozenAttrs(dict):  # type: ignore[type-arg]  # str -> SlotMeta, checked 
     __slots__ = ()
 
     def _readonly(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise TypeError(
+        raise OpaqueTypeError(
             "SubclassCreationMeta.attrs is read-only (metas are shared by compiled code). Fix: build a "
             "new meta with the attributes you want, `import dataclasses; "
             "meta = dataclasses.replace(meta, attrs={**meta.attrs, name: slot_meta})` (name, slot_meta: "
@@ -209,7 +216,7 @@ class SubclassCreationMeta:
         if not isinstance(self.subclass_type, type) or not issubclass(self.subclass_type, torch.Tensor):
             given = self.subclass_type
             shown = qualified_name(given) if isinstance(given, type) else describe_type(given)
-            raise TypeError(
+            raise OpaqueTypeError(
                 f"SubclassCreationMeta.subclass_type must be a torch.Tensor subclass, got {shown}"
                 f"{' (a class that is not a tensor)' if isinstance(given, type) else ''}. Fix: pass the "
                 "wrapper subclass the meta describes (subclass_type=MeshTensor for a MeshTensor), not the class "
@@ -230,7 +237,7 @@ class SubclassCreationMeta:
                 else:
                     tensors += 1
             else:
-                raise TypeError(
+                raise OpaqueTypeError(
                     f"{subject(self.subclass_type)} meta: attrs[{name!r}] must be a "
                     f"PlainTensorMeta, OpaqueMeta or SubclassCreationMeta, got {describe_type(sub)}. Fix: "
                     f"describe a tensor attribute with `PlainTensorMeta({expected}, {name!r})`, an opaque with "
@@ -238,7 +245,7 @@ class SubclassCreationMeta:
                     "SubclassCreationMeta"
                 )
             if sub.attr != name:
-                raise ValueError(
+                raise OpaqueValueError(
                     f"{subject(self.subclass_type)} meta: attrs[{name!r}] describes "
                     f"attribute {sub.attr!r}; the key and the meta's attr must agree. Fix: build "
                     f"attrs[{name!r}] with attr={name!r}, `import dataclasses; "
@@ -246,7 +253,7 @@ class SubclassCreationMeta:
                 )
             if start != expected:
                 field_name = "flat_tensor_start_idx" if isinstance(sub, SubclassCreationMeta) else "unwrapped_idx"
-                raise ValueError(
+                raise OpaqueValueError(
                     f"{subject(self.subclass_type)} meta: attribute {name!r} starts at flat "
                     f"slot {start}, expected {expected} (slots must be contiguous, in order). Fix: give "
                     f"attrs[{name!r}] {field_name}={expected}, and number the attributes after it on from there"
@@ -306,7 +313,7 @@ class SubclassCreationMeta:
             self.original_subclass is None
             and size == self.outer_size
             and stride == self.outer_stride
-            and all(a is b for a, b in zip(attrs.values(), self.attrs.values()))
+            and all(a is b for a, b in zip(attrs.values(), self.attrs.values(), strict=True))
         ):
             return self
         return dataclasses.replace(self, attrs=attrs, outer_size=size, outer_stride=stride, original_subclass=None)
@@ -361,12 +368,13 @@ def iter_subclasses(meta: SlotMeta, prefix: str = "") -> Iterator[tuple[str, Sub
 # ---------------------------------------------------------------- rebuilding
 
 
-def bad_unflatten_type(cls: type, result: object, path: str) -> TypeError:
+def bad_unflatten_type(cls: type, result: object, path: str, *, found: str | None = None) -> TypeError:
     """The error for a ``__tensor_unflatten__`` of ``cls`` that returned ``result``,
-    which is not an instance of ``cls``."""
-    return TypeError(
+    which is not an instance of ``cls`` (``found``: how to name what it returned,
+    when not by ``result``'s type)."""
+    return OpaqueTypeError(
         f"{subject(cls)}.__tensor_unflatten__ (rebuilding {path!r}) returned "
-        f"{describe_type(result)}, expected an instance of {cls.__qualname__}. Fix: "
+        f"{found or describe_type(result)}, expected an instance of {cls.__qualname__}. Fix: "
         f"make {cls.__qualname__}.__tensor_unflatten__ return "
         f"{cls.__qualname__}(...) built from inner_tensors, the context and outer_size/"
         "outer_stride."
@@ -413,14 +421,14 @@ def _check_leaf(path: str, slot: FlatMeta, leaf: object, owner: str) -> None:
     if isinstance(slot, OpaqueMeta):
         if isinstance(leaf, torch.Tensor) or opaque_kind(leaf) != "reference":
             if not isinstance(leaf, torch.Tensor) and opaque_kind(leaf) is None and isinstance(leaf, slot.opaque_type):
-                raise TypeError(
+                raise OpaqueTypeError(
                     f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) holds a "
                     f"{qualified_name(type(leaf))}, which is not registered as a reference opaque in this "
                     "process. Fix: "
                     + import_fix(type(leaf), 'opaque_subclass.register_opaque({cls}, kind="reference")')
                     + " before rebuilding."
                 )
-            raise TypeError(
+            raise OpaqueTypeError(
                 f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) expects a "
                 f"reference opaque of type {qualified_name(slot.opaque_type)}, got "
                 f"{describe_type(leaf)}. Fix: pass leaves in the order flatten_subclass "
@@ -428,7 +436,7 @@ def _check_leaf(path: str, slot: FlatMeta, leaf: object, owner: str) -> None:
             )
     elif isinstance(slot, PlainTensorMeta) and slot.attr is not None:
         if not isinstance(leaf, torch.Tensor):
-            raise TypeError(
+            raise OpaqueTypeError(
                 f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) expects a "
                 f"tensor, got {describe_type(leaf)}. Fix: pass leaves in the order "
                 "flatten_subclass returned them."
@@ -445,7 +453,7 @@ def unflatten_checked(leaves: Sequence[Any], spec: SlotMeta, *, name: str = "x")
     elif isinstance(spec, (PlainTensorMeta, OpaqueMeta)):
         start, width, owner = spec.unwrapped_idx, 1, "a plain value"
     else:
-        raise TypeError(
+        raise OpaqueTypeError(
             f"unflatten_subclass expects a spec from flatten_subclass, got {describe_type(spec)}. "
             "Fix: pass the second value returned by flatten_subclass (or a meta from "
             "create_subclass_meta)."
@@ -454,7 +462,7 @@ def unflatten_checked(leaves: Sequence[Any], spec: SlotMeta, *, name: str = "x")
         detail = ""
         if isinstance(spec, SubclassCreationMeta):
             detail = f" ({spec.num_tensors} tensors, {spec.num_opaques} opaques)"
-        raise ValueError(
+        raise OpaqueValueError(
             f"unflatten of {owner}: the spec describes {width} leaves{detail} starting at "
             f"slot {start}, but {len(leaves)} leaves were given. Fix: pass exactly the "
             "leaves flatten_subclass returned for this spec (same subclass structure)."

@@ -18,13 +18,14 @@ The walk over a *spec* is :func:`~opaque_subclass.core.spec.iter_slots`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-from opaque_subclass.core.errors import describe_type, import_fix, subject
+from opaque_subclass.core.errors import OpaqueAttributeError, OpaqueTypeError, describe_type, import_fix, subject
 from opaque_subclass.core.registry import is_torch_handled_type, opaque_kind, opaque_type_of
 
 __all__ = [
@@ -98,28 +99,28 @@ class Level:
 def _names(owner: torch.Tensor, result: object, path: str) -> tuple[tuple[str, ...], Any]:
     cls = type(owner)
     if not (isinstance(result, tuple) and len(result) == 2):
-        raise TypeError(
+        raise OpaqueTypeError(
             f"{subject(cls)}.__tensor_flatten__() at {path!r} returned "
             f"{describe_type(result)}; it must return a pair (attribute_names, context). "
             'Fix: `return ["_data", "_mesh"], ctx` with ctx any hashable value.'
         )
     names, ctx = result
     if names is not None and not isinstance(names, (list, tuple, str)):
-        raise TypeError(
+        raise OpaqueTypeError(
             f"{subject(cls)}.__tensor_flatten__() at {path!r} returned attribute names as "
             f"{describe_type(names)}; they must be a list or tuple, whose order fixes the flat "
             "slots (a set has no order; a generator is used up by the first reader). "
             f'Fix: return a list such as ["_data", "_mesh"].'
         )
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-        raise TypeError(
+        raise OpaqueTypeError(
             f"{subject(cls)}.__tensor_flatten__() at {path!r} returned attribute names "
             f"{names!r}; the first element must be a list of attribute-name strings. "
             'Fix: return a list such as ["_data", "_mesh"].'
         )
     if len(set(names)) != len(names):
         repeated = sorted({n for n in names if names.count(n) > 1})
-        raise TypeError(
+        raise OpaqueTypeError(
             f"{subject(cls)}.__tensor_flatten__() at {path!r} lists {repeated} more than "
             f"once in {list(names)!r}; each attribute gets one flat slot. Fix: list each attribute "
             f"name once, e.g. {list(dict.fromkeys(names))!r}."
@@ -146,19 +147,19 @@ def bad_attribute(owner: torch.Tensor, name: str, path: str, value: object) -> T
             "re-register the class as a reference opaque in a fresh process."
         )
     if is_torch_handled_type(value_cls):
-        return TypeError(
+        return OpaqueTypeError(
             f"{where}, one of torch's own value types, which torch.compile handles itself "
             "and which cannot be an opaque. Fix: move "
             f"{name!r} into the flatten context (second return value of __tensor_flatten__) "
             "and read it back in __tensor_unflatten__."
         )
     if value_cls.__module__ == "builtins" or value_cls is type(None):
-        return TypeError(
+        return OpaqueTypeError(
             f"{where}. Only tensors and registered reference opaques may be listed. "
             f"Fix: move {name!r} into the flatten context (second return value of "
             "__tensor_flatten__) and read it back in __tensor_unflatten__."
         )
-    return TypeError(
+    return OpaqueTypeError(
         f"{where}, which is neither a tensor nor a registered reference opaque. Fix: "
         + import_fix(
             value_cls,
@@ -168,7 +169,7 @@ def bad_attribute(owner: torch.Tensor, name: str, path: str, value: object) -> T
     )
 
 
-class ValueOpaqueListedError(TypeError):
+class ValueOpaqueListedError(OpaqueTypeError):
     """A value-type opaque listed among the attributes of ``__tensor_flatten__``.
 
     Torch's own check raises ``ValueError`` for this case; the backport's patch
@@ -189,10 +190,10 @@ def read_level(t: torch.Tensor, path: str = "x", *, strict: bool = True) -> Leve
         try:
             value = getattr(t, name)
         except AttributeError:
-            raise AttributeError(
+            raise OpaqueAttributeError(
                 f"{subject(type(t))}.__tensor_flatten__() lists attribute {name!r} "
-                f"(path {inner_path!r}) but the tensor has no such attribute. Fix: return only names "
-                "of attributes that __init__/__new__ sets on every instance."
+                f"(path {inner_path!r}) but the tensor has no such attribute (found: nothing; it was "
+                f"deleted, or never set). Fix: {_missing_fix(t, path, name)}"
             ) from None
         if isinstance(value, _Tensor):
             kind: AttrKind = "subclass" if is_wrapper_subclass(value) else "tensor"
@@ -204,13 +205,28 @@ def read_level(t: torch.Tensor, path: str = "x", *, strict: bool = True) -> Leve
             kind = "other"
         attrs.append(Attr(name, inner_path, kind, value))
     if strict and not any(a.kind != "opaque" for a in attrs):
-        raise TypeError(
+        raise OpaqueTypeError(
             f"{subject(type(t))}.__tensor_flatten__() at {path!r} lists no tensor attribute "
             f"(names {list(names)!r}); a traceable wrapper subclass needs at least one inner tensor, "
             "from which torch builds its fake and functional copies while tracing. Fix: "
             + _no_tensor_fix(t, names, ctx)
         )
     return Level(t, path, ctx, tuple(attrs))
+
+
+def _missing_fix(t: object, path: str, name: str) -> str:
+    """The fix for attribute ``name`` listed by ``t`` (at ``path``) but missing:
+    set it again (the statement uses ``path`` where it is a Python expression
+    the caller has, else ``t``), or list only attributes every instance has."""
+    owner = type(t).__qualname__
+    plain = re.fullmatch(r"[A-Za-z_]\w*(\[\d+\])*(\.[A-Za-z_]\w*)*", path) and not path.startswith(("L[", "G["))
+    var = path if plain else "t"
+    where = "" if plain else f"t: the {owner} at {path!r}; "
+    return (
+        f"set it on the instance before using it, `{var}.{name} = value` ({where}value: the tensor or "
+        f"registered reference opaque it should hold), or return only names of attributes that "
+        f"__init__/__new__ sets on every instance from {owner}.__tensor_flatten__."
+    )
 
 
 def _literal(value: object) -> str | None:
@@ -250,9 +266,9 @@ def walk(x: object, path: str = "x") -> Iterator[tuple[str, Level | Attr]]:
     Each level's ``__tensor_flatten__`` is called once."""
     if not is_wrapper_subclass(x):
         return
-    stack: list[Level] = [read_level(x, path)]  # type: ignore[arg-type]  # a wrapper subclass is a tensor
-    pending: list[Iterator[Attr]] = [iter(stack[0].attrs)]
-    yield path, stack[0]
+    top = read_level(x, path)  # type: ignore[arg-type]  # a wrapper subclass is a tensor
+    pending: list[Iterator[Attr]] = [iter(top.attrs)]
+    yield path, top
     while pending:
         attr = next(pending[-1], None)
         if attr is None:

@@ -233,5 +233,5 @@ def _binding(stored: StoredSubclass) -> str:
 def _variables(stored: StoredSubclass) -> str:
     """What each variable of :func:`_binding` must hold."""
     types = [slot.opaque_type for _, slot in iter_slots(spec_from_tree(stored._tree)) if isinstance(slot, OpaqueMeta)]
-    parts = [f"{_variable(n)} is your {qualified_name(t)} for {n!r}" for n, t in zip(stored._names, types)]
+    parts = [f"{_variable(n)} is your {qualified_name(t)} for {n!r}" for n, t in zip(stored._names, types, strict=True)]
     return ", ".join(parts) if parts else "opaques maps each saved name to your object"

@@ -40,14 +40,20 @@ from typing import IO, Any
 import torch
 from torch.utils import _pytree as pytree
 
-from opaque_subclass._versions import LIBRARY_VERSION
-from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, qualified_name
+from opaque_subclass.core.errors import (
+    OpaqueSubclassError,
+    OpaqueTypeError,
+    OpaqueValueError,
+    describe_type,
+    qualified_name,
+)
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
 from opaque_subclass.core.registry import OpaqueBase, opaque_kind, register_opaque
 from opaque_subclass.core.spec import OpaqueMeta, iter_slots
 from opaque_subclass.export._constructions import decode, default_names, encode
 from opaque_subclass.export._stored import FORMAT_VERSION, StoredSubclass, restore_stored, spec_tree
 from opaque_subclass.export.manifest import MANIFEST_NAME, ConstructionRecord, ExportManifest, OpaqueRecord
+from opaque_subclass.releases import LIBRARY_VERSION
 
 __all__ = ["OpaqueBindingError", "OpaqueName", "load", "read_manifest", "save"]
 
@@ -96,12 +102,12 @@ class _Plan:
         self._user: dict[int, str] = {}
         for name, obj in user_names.items():
             if not isinstance(name, str) or not name:
-                raise TypeError(
+                raise OpaqueTypeError(
                     f"opaque_subclass.export.save: opaque names must be non-empty strings, got {name!r}. "
                     "Fix: opaques={'mesh': mesh}"
                 )
             if id(obj) in self._user:
-                raise ValueError(
+                raise OpaqueValueError(
                     f"opaque_subclass.export.save: one {describe_type(obj)} is named both "
                     f"{self._user[id(obj)]!r} and {name!r}. Fix: give each object one name."
                 )
@@ -152,7 +158,7 @@ class _Plan:
         for found in self.found.values():
             other = by_name.setdefault(found.name, found)
             if other is not found:
-                raise ValueError(
+                raise OpaqueValueError(
                     f"opaque_subclass.export.save: the name {found.name!r} would stand for two different objects "
                     f"({describe_type(other.obj)} at {', '.join(other.sites)} and {describe_type(found.obj)} at "
                     f"{', '.join(found.sites)}). Fix: name them apart, "
@@ -161,7 +167,7 @@ class _Plan:
         unused = [name for name, obj in self._user_objects.items() if id(obj) not in self.found]
         if unused:
             held = ", ".join(f"{f.name!r} ({describe_type(f.obj)})" for f in self.found.values()) or "none"
-            raise ValueError(
+            raise OpaqueValueError(
                 f"opaque_subclass.export.save: opaques={{...}} names {unused}, which the program does not hold "
                 f"(it holds: {held}). Fix: name only objects of the program, or drop those names."
             )
@@ -235,13 +241,13 @@ def save(
         What was recorded: each name, its type and where the program holds it.
     """
     if not isinstance(ep, torch.export.ExportedProgram):
-        raise TypeError(
+        raise OpaqueTypeError(
             f"opaque_subclass.export.save expects a torch.export.ExportedProgram, got {describe_type(ep)}. "
             "Fix: opaque_subclass.export.save(torch.export.export(model, args), f)"
         )
     files = dict(extra_files or {})
     if MANIFEST_NAME in files:
-        raise ValueError(
+        raise OpaqueValueError(
             f"opaque_subclass.export.save: extra file name {MANIFEST_NAME!r} is reserved for the manifest. "
             "Fix: rename that extra file."
         )
@@ -318,7 +324,7 @@ def _bind(manifest: ExportManifest, opaques: Mapping[str, object] | Resolver | N
         f"Fix: pass this process's objects, opaque_subclass.export.load(f, opaques={{{example}}}), "
         "or a resolver opaques=lambda name, cls: ... returning one for each name."
     )
-    raise (TypeError(message) if wrong and not missing else OpaqueBindingError(message))
+    raise (OpaqueTypeError(message) if wrong and not missing else OpaqueBindingError(message))
 
 
 _MISSING = object()

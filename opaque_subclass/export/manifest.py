@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from opaque_subclass.core.errors import OpaqueSubclassError, qualified_name
+from opaque_subclass.core.errors import OpaqueSubclassError, OpaqueValueError, qualified_name
 
 __all__ = ["MANIFEST_NAME", "ConstructionRecord", "ExportManifest", "OpaqueRecord", "import_qualified"]
 
@@ -178,7 +178,7 @@ class ExportManifest:
         except OpaqueSubclassError:
             raise
         except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(
+            raise OpaqueValueError(
                 f"{source} has an extra file {MANIFEST_NAME!r} that is not an opaque-subclass manifest ({e}). "
                 "Fix: load it with torch.export.load, or re-save the program with opaque_subclass.export.save."
             ) from None

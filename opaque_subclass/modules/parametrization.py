@@ -22,8 +22,9 @@ from typing import Any
 import torch
 from torch.nn.utils import parametrize
 
+from opaque_subclass.core.checks import require_module
 from opaque_subclass.core.codegen import compiled_wrap
-from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, qualified_name
+from opaque_subclass.core.errors import OpaqueSubclassError, OpaqueTypeError, describe_type, qualified_name
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
 from opaque_subclass.core.spec import SubclassCreationMeta, iter_subclasses
 
@@ -53,7 +54,7 @@ class UnwrapSubclass(torch.nn.Module):
 
     def forward(self, *leaves: Any) -> torch.Tensor:
         if self._rebuild is None:
-            raise RuntimeError(
+            raise OpaqueSubclassError(
                 "UnwrapSubclass.forward called before right_inverse: it was called directly, or registered "
                 "without unsafe=True. Fix: let the library parametrize every subclass parameter, "
                 "`import opaque_subclass; opaque_subclass.unwrap_tensor_subclass_parameters(module)` "
@@ -67,13 +68,14 @@ class UnwrapSubclass(torch.nn.Module):
     def right_inverse(self, value: torch.Tensor) -> list[Any]:
         leaves, spec = flatten_subclass(value)
         if not isinstance(spec, SubclassCreationMeta):
-            raise TypeError(
+            raise OpaqueTypeError(
                 f"UnwrapSubclass expects a wrapper subclass, got {describe_type(value)}. Fix: "
                 "parametrize only subclass parameters (unwrap_tensor_subclass_parameters does)."
             )
         safe = spec.runtime_safe()
         self.spec = safe
-        self._rebuild = compiled_wrap(safe)
+        # traced by torch.compile with the module: no look at the opaques, checked just above
+        self._rebuild = compiled_wrap(safe, checked=False)
         self._export_error = _export_error(safe, self.path)
         return leaves
 
@@ -162,6 +164,7 @@ def unwrap_tensor_subclass_parameters(module: torch.nn.Module) -> torch.nn.Modul
 
     Works on torch 2.11 (with the backport) and on torch >= 2.12.
     """
+    require_module(module, "opaque_subclass.unwrap_tensor_subclass_parameters")
     for prefix, sub in module.named_modules():
         names = [n for n, p in sub.named_parameters(recurse=False) if is_wrapper_subclass(p)]
         names += [n for n, b in sub.named_buffers(recurse=False) if is_wrapper_subclass(b)]

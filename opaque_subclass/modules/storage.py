@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from opaque_subclass.core.errors import describe_type
+from opaque_subclass.core.errors import OpaqueTypeError, describe_type
 from opaque_subclass.core.flatten import append_leaves, is_wrapper_subclass
 
 __all__ = ["untyped_storages"]
@@ -26,7 +26,7 @@ def untyped_storages(t: torch.Tensor) -> set[torch.UntypedStorage]:
         A tensor, plain or a (nested) wrapper subclass.
     """
     if not isinstance(t, torch.Tensor):
-        raise TypeError(
+        raise OpaqueTypeError(
             f"untyped_storages expects a tensor, got {describe_type(t)}. Fix: pass the "
             "tensor (or subclass instance) whose memory you want to count."
         )

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from opaque_subclass.core.errors import OpaqueSubclassError
+from opaque_subclass.core.errors import OpaqueSubclassError, OpaqueValueError
 from opaque_subclass.core.registry import register_opaque
 
 __all__ = ["CollectiveRecord", "all_gather", "all_reduce_sum", "define_ops", "local_chunk", "record_collectives"]  # noqa: F822 - the ops come from __getattr__
@@ -68,13 +68,13 @@ def record_collectives() -> Iterator[list[CollectiveRecord]]:
 
 def _group_of(op: str, mesh: DeviceMesh, num_chunks: int | None) -> dist.ProcessGroup:
     if mesh.ndim != 1:
-        raise ValueError(
+        raise OpaqueValueError(
             f"opaque_subclass::{op}: the DeviceMesh has {mesh.ndim} dimensions; ShardedTensor "
             "collectives use a 1-D mesh. Fix: pass a 1-D submesh, e.g. mesh['tp'] for a mesh "
             "with mesh_dim_names=('dp', 'tp')."
         )
     if num_chunks is not None and mesh.size() != num_chunks:
-        raise ValueError(
+        raise OpaqueValueError(
             f"opaque_subclass::{op}: the tensor is split in {num_chunks} shards but its DeviceMesh "
             f"has {mesh.size()} ranks. Fix: build the ShardedTensor on a mesh with {num_chunks} "
             "ranks, or re-shard it with ShardedTensor.from_full(full, mesh, shard_dim)."
@@ -94,9 +94,9 @@ def _resized(t: torch.Tensor, dim: int, size: Any) -> list[Any]:
 
 def _check_divisible(op: str, t: torch.Tensor, dim: int, num_chunks: int) -> None:
     if not 0 <= dim < t.dim():
-        raise ValueError(f"opaque_subclass::{op}: dim {dim} is out of range for a {t.dim()}-d tensor")
+        raise OpaqueValueError(f"opaque_subclass::{op}: dim {dim} is out of range for a {t.dim()}-d tensor")
     if t.shape[dim] % num_chunks != 0:
-        raise ValueError(
+        raise OpaqueValueError(
             f"opaque_subclass::{op}: size {t.shape[dim]} of dim {dim} does not split into "
             f"{num_chunks} equal shards. Fix: pad dim {dim} to a multiple of {num_chunks}."
         )

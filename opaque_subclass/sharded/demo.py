@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+from opaque_subclass.core.checks import require_module
 from opaque_subclass.testing.workers import WorkersFailed, run_local_workers
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ def shard_module(module: nn.Module, mesh: DeviceMesh, plan: Mapping[str, int | N
 
     from opaque_subclass.sharded.tensor import ShardedTensor
 
+    require_module(module, "opaque_subclass.sharded.demo.shard_module")
     names = dict(module.named_parameters())
     missing = sorted(set(plan) - set(names))
     if missing:
@@ -176,8 +178,8 @@ def train_worker(rank: int, world_size: int, payload: Mapping[str, Any]) -> dict
         "mode": opaque_subclass.support().mode,
         "frames_a": frames_a,
         "frames_b": frames_b,
-        "loss_error": max(abs(a - b) for a, b in zip(compiled_losses, ref_losses)),
-        "eager_loss_error": max(abs(a - b) for a, b in zip(eager_losses, ref_losses)),
+        "loss_error": max(abs(a - b) for a, b in zip(compiled_losses, ref_losses, strict=True)),
+        "eager_loss_error": max(abs(a - b) for a, b in zip(eager_losses, ref_losses[:steps], strict=True)),
         "weight_error": weight_error,
         "compiled_step_s": statistics.median(times_a[1:] + times_b),
         "eager_step_s": statistics.median(eager_times[1:] or eager_times),

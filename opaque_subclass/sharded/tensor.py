@@ -81,7 +81,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from opaque_subclass.authoring.base import OpaqueSubclass
 from opaque_subclass.authoring.dispatch import lookup
-from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, subject
+from opaque_subclass.core.errors import OpaqueSubclassError, OpaqueTypeError, OpaqueValueError, describe_type, subject
 from opaque_subclass.core.registry import real_object
 from opaque_subclass.sharded.collectives import CollectiveRecord, _ops, _resized, record_collectives
 
@@ -114,7 +114,7 @@ aten = torch.ops.aten
 def _redistribute_op(x: torch.Tensor, shard_dim: Optional[int], num_shards: int) -> torch.Tensor:  # noqa: UP045 - custom_op schema inference wants Optional
     # Only reached for plain tensors; ShardedTensor handles it in its op table.
     if shard_dim is not None:
-        raise TypeError(
+        raise OpaqueTypeError(
             f"redistribute(shard_dim={shard_dim}) got a plain tensor, which has no mesh. Fix: "
             "shard it with ShardedTensor.from_full(tensor, mesh, shard_dim)."
         )
@@ -202,7 +202,7 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
         local, mesh, dim = bound["_local"], bound["_mesh"], bound["_shard_dim"]
         _check_shard_dim(cls, local, dim)
         if not _is_fake(mesh) and mesh.ndim != 1:
-            raise ValueError(
+            raise OpaqueValueError(
                 f"{subject(cls)}._mesh: a {mesh.ndim}-d DeviceMesh was given; ShardedTensor "
                 "shards over a 1-D mesh. Fix: pass a 1-D submesh, e.g. mesh['tp'] for a mesh with "
                 "mesh_dim_names=('dp', 'tp')."
@@ -258,7 +258,7 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
         _check_shard_dim(cls, full, shard_dim)
         n = mesh.size()
         if full.shape[shard_dim] % n != 0:
-            raise ValueError(
+            raise OpaqueValueError(
                 f"{subject(cls)}.from_full: size {full.shape[shard_dim]} of dim {shard_dim} "
                 f"does not split into {n} equal shards (the mesh has {n} ranks). Fix: pad dim "
                 f"{shard_dim} to a multiple of {n}, or shard another dim."
@@ -370,7 +370,7 @@ def _check_shard_dim(cls: type, local: torch.Tensor, dim: object) -> None:
     if dim is None:
         return
     if not isinstance(dim, int) or isinstance(dim, bool):
-        raise TypeError(
+        raise OpaqueTypeError(
             f"{subject(cls)}._shard_dim must be an int or None (replicated), got "
             f"{describe_type(dim)}. Fix: pass the dim as an int, e.g. 0."
         )
@@ -380,11 +380,11 @@ def _check_shard_dim(cls: type, local: torch.Tensor, dim: object) -> None:
             if local.dim() and -local.dim() <= dim < 0
             else "pass a dim in range, or None for replicated"
         )
-        raise ValueError(
+        raise OpaqueValueError(
             f"{subject(cls)}._shard_dim is {dim}, outside [0, {local.dim()}) for a {local.dim()}-d shard. Fix: {fix}."
         )
     if local.shape[dim] == 0:
-        raise ValueError(
+        raise OpaqueValueError(
             f"{subject(cls)}._local has size 0 along the shard dim {dim}; empty shards are not "
             "supported. Fix: shard a dim whose size is at least the mesh size."
         )
@@ -480,7 +480,7 @@ def _cut(t: torch.Tensor, mesh: DeviceMesh, dim: int, n: Any) -> torch.Tensor:
 
 
 def _check_writes(func: Any, args: Sequence[Any], dim: int | None, ndim: int) -> None:
-    for arg, schema_arg in zip(args, func._schema.arguments):
+    for arg, schema_arg in zip(args, func._schema.arguments, strict=False):
         info = schema_arg.alias_info
         if info is None or not info.is_write:
             continue

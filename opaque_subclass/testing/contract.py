@@ -39,7 +39,7 @@ __all__ = ["OpaqueSubclassContract", "assert_same_leaves"]
 def assert_same_leaves(actual: list[Any], expected: list[Any]) -> None:
     """Opaques identical (``is``), tensors equal in type, shape, dtype and values."""
     assert len(actual) == len(expected), f"{len(actual)} leaves != {len(expected)}"
-    for i, (a, e) in enumerate(zip(actual, expected)):
+    for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         if isinstance(e, torch.Tensor):
             assert isinstance(a, torch.Tensor), f"leaf {i}: {type(a).__qualname__} is not a tensor"
             assert type(a) is type(e) and a.shape == e.shape and a.dtype == e.dtype, f"leaf {i} differs"
@@ -71,7 +71,7 @@ class OpaqueSubclassContract:
         """``actual`` holds the very opaques of ``expected``: as many, in the same order."""
         got, want = self._opaques(actual), self._opaques(expected)
         assert len(got) == len(want), f"{failure}: {len(got)} opaque(s) {got!r}, expected {len(want)} {want!r}"
-        for i, (a, b) in enumerate(zip(got, want)):
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
             assert a is b, f"{failure}: opaque {i} is {a!r}, not the same object as {b!r}"
 
     def _compile(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], Any]:
@@ -164,7 +164,7 @@ class OpaqueSubclassContract:
         for is_runtime, use in ((True, runtime), (False, metas)):
             out = wrap_tensor_subclasses(by_spec, subclass_metas=use, is_runtime=is_runtime)
             assert len(out) == len(args)
-            for a, o in zip(args, out):
+            for a, o in zip(args, out, strict=True):
                 assert type(o) is type(a)
                 assert_same_leaves(
                     unwrap_tensor_subclasses([o], is_joint_structure=False),

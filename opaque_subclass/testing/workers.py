@@ -188,7 +188,7 @@ def run_local_workers(
             reports.append(json.loads(path.read_text()) if path.exists() else None)
         failed = [
             rank
-            for rank, (report, proc) in enumerate(zip(reports, procs))
+            for rank, (report, proc) in enumerate(zip(reports, procs, strict=True))
             if report is None or not report["ok"] or proc.returncode != 0
         ]
         if failed:
@@ -256,7 +256,10 @@ def _how_it_ended(proc: subprocess.Popen[bytes], report: Mapping[str, Any] | Non
 
 
 def _logs_text(procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path]) -> str:
-    parts = [f"\n--- rank {i} (exit code {p.poll()}):\n{_tail(path)}" for i, (p, path) in enumerate(zip(procs, logs))]
+    parts = [
+        f"\n--- rank {i} (exit code {p.poll()}):\n{_tail(path)}"
+        for i, (p, path) in enumerate(zip(procs, logs, strict=True))
+    ]
     return "".join(parts)
 
 

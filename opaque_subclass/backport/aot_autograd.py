@@ -1,0 +1,230 @@
+"""AOTAutograd with opaque attributes (torch 2.11).
+
+AOTAutograd flattens subclass inputs and outputs into a flat list of graph
+inputs/outputs. Native torch (2.12+, pytorch/pytorch#176457) gives each opaque
+its own slot, traces it as a fake script object (so a graph output that is an
+input's opaque becomes a pass-through of that placeholder, and the *runtime*
+object flows to the output), and marks the slot so that tangent and mutation
+analysis skip it. These patches give torch 2.11 the same:
+
+* ``create_subclass_metadata`` gives an opaque a one-slot meta
+  (:class:`OpaqueSlotMeta`, a ``PlainTensorMeta`` that carries no layout);
+* ``unwrap_tensor_subclasses`` (trace time) replaces each opaque leaf by a fake
+  script object wrapping the very same object;
+* the functionalization helpers walk only tensor attributes.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from opaque_subclass.backport.hiding import skip_opaque_leaves, split_attrs, tensor_leaves
+from opaque_subclass.core.flatten import is_wrapper_subclass
+from opaque_subclass.core.registry import opaque_kind, real_object
+from opaque_subclass.fixes import autograd_cache as _native_autograd_cache
+
+__all__ = [
+    "fake_opaque",
+    "fake_opaque_always",
+    "make_autograd_cache_key",
+    "make_create_subclass_metadata",
+    "make_is_fun",
+    "make_sc_visit",
+    "make_set_proxy_slot",
+    "make_skip_opaque",
+    "make_unwrap_tensor_subclasses",
+]
+
+
+def _is_reference_opaque(value: object) -> bool:
+    return not isinstance(value, torch.Tensor) and opaque_kind(value) == "reference"
+
+
+def fake_opaque(value: Any) -> Any:
+    """The fake script object standing for ``value`` while tracing under a fake
+    mode; ``value`` itself outside one. Wraps the very object (no copy)."""
+    from torch._guards import detect_fake_mode
+
+    if detect_fake_mode() is None:
+        return value
+    return fake_opaque_always(value)
+
+
+def fake_opaque_always(value: Any) -> Any:
+    """A fake script object wrapping the very object ``value`` (no copy)."""
+    from torch._library.fake_class_registry import FakeScriptObject
+    from torch._library.opaque_object import FakeOpaqueObject, get_opaque_type_name
+
+    if isinstance(value, FakeScriptObject):
+        return value
+    fake = FakeScriptObject.__new__(FakeScriptObject)
+    object.__setattr__(fake, "wrapped_obj", FakeOpaqueObject())
+    object.__setattr__(fake, "script_class_name", get_opaque_type_name(_registered_base(type(value))))
+    object.__setattr__(fake, "real_obj", value)
+    return fake
+
+
+def _registered_base(cls: type) -> type:
+    from torch._library.opaque_object import _OPAQUE_TYPES
+
+    return next((k for k in cls.__mro__ if k in _OPAQUE_TYPES), cls)
+
+
+def make_create_subclass_metadata(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``subclass_utils.create_subclass_metadata`` (torch 2.11).
+
+    Without it, metadata of a subclass listing an opaque asks the opaque for a
+    memory format and fails (``'Mesh' object has no attribute 'layout'``). With
+    it, an opaque gets a one-slot :class:`OpaqueSlotMeta`. Unnecessary since
+    torch 2.12 (pytorch/pytorch#176457), whose ``SubclassCreationMeta.attrs`` holds ``OpaqueMeta``.
+    """
+
+    def create_subclass_metadata(a: Any, start_idx: int, count_symints: bool, with_memory_format: bool = False) -> Any:
+        if _is_reference_opaque(a):
+            # Defined outside the package, so that unpickling a cache entry never enables the backport.
+            from _opaque_subclass_pickle import OpaqueSlotMeta
+
+            return OpaqueSlotMeta(start_idx + 1, memory_format=None), start_idx + 1
+        return original(a, start_idx, count_symints, with_memory_format)
+
+    return create_subclass_metadata
+
+
+def make_unwrap_tensor_subclasses(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``subclass_utils.unwrap_tensor_subclasses`` (torch 2.11), the
+    trace-time unwrap.
+
+    Without it, opaque leaves enter the traced graph as plain Python constants:
+    the compile-time object is baked in and every later call returns it. With
+    it, each opaque leaf is traced as a fake script object wrapping the same
+    object, so it becomes a graph input and outputs that come from it return
+    the runtime object. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    """
+
+    def unwrap_tensor_subclasses(wrapped_args: Any, wrapped_args_descs: Any, *, append_symints: bool) -> Any:
+        flat, descs = original(wrapped_args, wrapped_args_descs, append_symints=append_symints)
+        if any(_is_reference_opaque(v) for v in flat):
+            flat = [fake_opaque(v) if _is_reference_opaque(v) else v for v in flat]
+        return flat, descs
+
+    return unwrap_tensor_subclasses
+
+
+def make_is_fun(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._functorch._aot_autograd.functional_utils.is_fun`` (torch 2.11).
+
+    Without it, ``is_fun`` treats an opaque attribute as an inner tensor that
+    is not functional and fails with "mixed functional/non-functional inner
+    tensors". With it, only the subclass's tensor attributes decide. Unnecessary
+    since torch 2.12 (pytorch/pytorch#176457).
+    """
+
+    def is_fun(t: object) -> bool:
+        tensors, opaques = split_attrs(t)
+        if not opaques:
+            return bool(original(t))
+        flags = [is_fun(x) for _, x in tensors]
+        if any(flags) != all(flags):
+            raise AssertionError(
+                f"mixed functional/non-functional inner tensors: any_fun={any(flags)}, all_fun={all(flags)}"
+            )
+        return any(flags)
+
+    return is_fun
+
+
+def make_skip_opaque(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces a torch 2.11 functionalization helper that recurses into every
+    attribute of a subclass by calling itself (``sync_functional_tensor``,
+    ``are_all_mutations_under_no_grad_or_inference_mode``).
+
+    Without it, the helper treats an opaque attribute as an inner tensor and
+    fails (``torch._sync`` of a non-tensor; "expected FunctionalTensor"). With
+    it, the recursion reaching an opaque answers neutrally (no sync to do; no
+    mutation), so only tensor attributes count. Unnecessary since torch 2.12
+    (pytorch/pytorch#176457).
+    """
+    neutral = True if original.__name__ == "are_all_mutations_under_no_grad_or_inference_mode" else None
+    return skip_opaque_leaves(original, result=neutral)
+
+
+def make_sc_visit(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``graph_capture_wrappers.sc_visit`` (torch 2.11), the reduction
+    over a subclass's inner tensors used for mutation counters.
+
+    Without it, a compiled function that mutates a subclass input holding an
+    opaque under ``torch.no_grad()`` fails reading ``.elem`` of the opaque's
+    fake script object. With it, the reduction runs over the tensor leaves
+    only, in torch's order. Unnecessary since torch 2.12
+    (pytorch/pytorch#176457).
+    """
+
+    def sc_visit(t: Any, fn: Callable[[Any], Any], reduce_fn: Callable[[Any, Any], Any], accum_init: Any) -> Any:
+        if not is_wrapper_subclass(t):
+            return original(t, fn, reduce_fn, accum_init)
+        accum = accum_init
+        for leaf in tensor_leaves(t):
+            accum = reduce_fn(accum, fn(leaf))
+        return accum
+
+    return sc_visit
+
+
+def make_set_proxy_slot(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch.fx.experimental.proxy_tensor.set_proxy_slot`` (torch 2.11).
+
+    While tracing the joint forward/backward graph, the same opaque reaches the
+    tracer twice: as a primal and inside the tangent of an output that carries
+    it. Without it, the tangent's fake wrapper gets its own proxy, so the
+    backward graph reads the opaque from the *tangent* (``tangents_2``) and the
+    gradient carries the tangent's object. With it, as in torch 2.12
+    (pytorch/pytorch#176457), the
+    first proxy registered for a real object (the primal's) is kept for every
+    fake wrapper of it: the backward graph reads the saved primal opaque and
+    the gradient carries the input's runtime object.
+    """
+
+    # per tracer (torch's, compile-private): {id(real object): (real object, its first proxy)};
+    # kept here, not on the tracer, and dropped with the tracer
+    first_proxies: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
+    lock = threading.Lock()
+
+    def set_proxy_slot(obj: Any, tracer: Any, proxy: Any) -> Any:  # returns what the original returns
+        real = real_object(obj)
+        if real is obj:  # not a fake wrapper
+            return original(obj, tracer, proxy)
+        with lock:
+            first = first_proxies.setdefault(tracer, {})
+            seen = first.get(id(real))
+            if seen is None or seen[0] is not real:
+                first[id(real)] = seen = (real, proxy)
+        return original(obj, tracer, seen[1])
+
+    return set_proxy_slot
+
+
+_FU = "torch._functorch._aot_autograd.functional_utils."
+_SU = "torch._functorch._aot_autograd.subclass_utils."
+
+
+def make_autograd_cache_key(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._functorch._aot_autograd.autograd_cache.autograd_cache_key``
+    (torch 2.11).
+
+    Without it, an AOTAutograd cache entry compiled in backport mode for a
+    graph with opaque inputs is stored under the key stock torch computes for
+    the same graph; the entry pickles the backport's own metadata classes, so
+    a process that never imported the library could load it and, unpickling
+    it, import the library and run with every patch applied. With it, the key
+    of such a graph ends in the opaques' sharing pattern (the same suffix as
+    the native releases' fix), so a process without the backport never looks
+    it up; graphs without opaques keep torch's key. torch 2.12 needs no
+    backport entries (pytorch/pytorch#176457), but gets the same suffix from
+    its own fix.
+    """
+    return _native_autograd_cache.make_autograd_cache_key(original)

@@ -1,0 +1,115 @@
+"""Fake-tensor conversion of subclasses with opaque attributes (torch 2.11).
+
+torch 2.11's ``MetaTensorDescriber.describe_tensor`` and ``is_fake`` treat every
+attribute named by ``__tensor_flatten__`` as a tensor and fail on an opaque
+(``'Mesh' object has no attribute 'is_leaf'``). torch 2.12 (pytorch/pytorch#176457)
+describes opaques separately and passes them through unchanged into the fake
+subclass. These patches give 2.11 the same result: the fake subclass holds fake
+inner tensors and the very same (real) opaque objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from opaque_subclass.backport.hiding import is_opaque_leaf, opaque_attrs, split_attrs
+
+__all__ = ["make_describe_tensor", "make_is_fake", "make_maybe_get_fake_mode"]
+
+
+class _OpaqueRestoringType:
+    """Stands in for ``MetaTensorDesc.type``: the meta converter rebuilds the
+    subclass through ``desc.type.__tensor_unflatten__``; this puts the opaques
+    that were hidden while describing back into the inner dict."""
+
+    __slots__ = ("cls", "opaques")
+
+    def __init__(self, cls: type, opaques: dict[str, Any]) -> None:
+        self.cls = cls
+        self.opaques = opaques
+
+    def __tensor_unflatten__(self, inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
+        return self.cls.__tensor_unflatten__({**inner, **self.opaques}, ctx, size, stride)  # type: ignore[attr-defined]  # a wrapper subclass
+
+    def __repr__(self) -> str:
+        return repr(self.cls)
+
+
+@dataclasses.dataclass(frozen=True)
+class _OpaqueSlot:
+    """What the patched describer returns for an opaque attribute: the object
+    itself, taken out of the description one level up. ``id`` is what torch's
+    structured trace prints for it (``-1``: not a tensor)."""
+
+    value: Any
+    id: int = -1
+
+
+def make_describe_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``MetaTensorDescriber.describe_tensor`` (torch 2.11).
+
+    Without it, describing a subclass that lists an opaque attribute fails
+    (torch describes every attribute as a tensor). With it, torch's recursion
+    over the attributes gets a placeholder for each opaque (the method calls
+    itself through ``self``, so it reaches the replacement), the subclass's
+    description keeps only its tensor attributes, and the opaques are put back,
+    as the same objects, when the fake subclass is built. Nothing is written to
+    the tensor being described. Unnecessary since torch 2.12
+    (pytorch/pytorch#176457).
+    """
+
+    def describe_tensor(self: Any, t: Any, *, recurse: bool = True, trace: bool = False) -> Any:
+        if is_opaque_leaf(t):
+            return _OpaqueSlot(t)
+        if opaque_attrs(t):  # validates every attribute of this level first
+            desc = original(self, t, recurse=recurse, trace=trace)
+            attrs = desc.attrs or {}
+            opaques = {k: v.value for k, v in attrs.items() if isinstance(v, _OpaqueSlot)}
+            tensors = {k: v for k, v in attrs.items() if not isinstance(v, _OpaqueSlot)}
+            return dataclasses.replace(desc, attrs=tensors, type=_OpaqueRestoringType(type(t), opaques))
+        return original(self, t, recurse=recurse, trace=trace)
+
+    return describe_tensor
+
+
+def make_is_fake(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._subclasses.fake_tensor.is_fake`` (torch 2.11).
+
+    Without it, ``is_fake`` of a subclass holding an opaque raises "got mixed
+    fake and real tensors" (the opaque is not fake). With it, only the tensor
+    attributes decide. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    """
+
+    def is_fake(x: object) -> bool:
+        tensors, opaques = split_attrs(x)
+        if not opaques:
+            return bool(original(x))
+        flags = [is_fake(inner) for _, inner in tensors]
+        if any(flags) != all(flags):
+            raise AssertionError("got mixed fake and real tensors!")
+        return all(flags)
+
+    return is_fake
+
+
+def make_maybe_get_fake_mode(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._subclasses.fake_tensor.maybe_get_fake_mode`` (torch 2.11).
+
+    Without it, the fake mode of a subclass holding an opaque is looked up on
+    the opaque too (``None``), and Dynamo fails with "All fake tensor modes must
+    be the same". With it, only tensor attributes are consulted. Unnecessary
+    since torch 2.12 (pytorch/pytorch#176457).
+    """
+
+    def maybe_get_fake_mode(t: object) -> Any:
+        tensors, opaques = split_attrs(t)
+        if not opaques:
+            return original(t)
+        modes = [maybe_get_fake_mode(inner) for _, inner in tensors]
+        if any(m is not modes[0] for m in modes):
+            raise AssertionError("All fake tensor modes must be the same")
+        return modes[0] if modes else None
+
+    return maybe_get_fake_mode

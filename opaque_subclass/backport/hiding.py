@@ -1,0 +1,163 @@
+"""Routing opaques past torch 2.11 helpers that walk inner *tensors*.
+
+Many torch 2.11 helpers walk the names returned by ``__tensor_flatten__`` and
+treat every attribute as a tensor (``is_fun``, ``sync_functional_tensor``, the
+meta describer, the shape-guard builder, FSDP's state sync, ...). For them an
+opaque attribute is irrelevant: it has no storage, no shape and no functional
+wrapper. The patches route opaques themselves, never by changing the objects
+torch walks:
+
+* :func:`tensor_attrs` and :func:`tensor_leaves` give the tensor part of a
+  subclass (the core's walk: one ``__tensor_flatten__`` call per level), so a patch can compute
+  what the helper computes over tensors only;
+* :func:`skip_opaque_leaves` wraps a helper that recurses through its own
+  module-level name: the recursion reaches the replacement, which answers for
+  an opaque leaf with a neutral value instead of descending into it;
+* :func:`hide_in_fake_args` presents tensor-only flatten results for *fake*
+  subclass instances, which torch builds privately for one compilation in the
+  compiling thread; a user's tensor (real, or shared between threads) is never
+  touched (see Note [No writes to user objects]).
+
+Every non-tensor attribute found here is validated by the walk: an object that
+is not a registered reference opaque raises the core's error (subclass,
+attribute path, type, fix) instead of being skipped. The checks of a whole
+input at torch's entry points live in :mod:`opaque_subclass.core.checks`.
+
+Note [No writes to user objects]
+--------------------------------
+An earlier version shadowed ``__tensor_flatten__`` in the ``__dict__`` of the
+instance being walked, user inputs and parameters included. Another thread
+reading ``x.__tensor_flatten__()``, deep-copying ``x`` or converting it to a
+fake tensor at that moment saw the opaque missing (measured: thousands of wrong
+reads per million, and deep copies that stayed wrong). Nothing here writes to a
+tensor the compilation did not create itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from opaque_subclass.core.registry import opaque_kind
+from opaque_subclass.core.walk import Level, is_wrapper_subclass, read_level, tensor_leaves
+
+__all__ = [
+    "hide_in_fake_args",
+    "is_opaque_leaf",
+    "opaque_attrs",
+    "skip_opaque_leaves",
+    "split_attrs",
+    "tensor_attrs",
+    "tensor_leaves",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_MISSING = object()
+_Tensor = torch.Tensor
+
+
+def is_opaque_leaf(value: object) -> bool:
+    """Whether ``value`` is a reference opaque (or torch's fake wrapper of one)."""
+    return not isinstance(value, _Tensor) and opaque_kind(value) == "reference"
+
+
+def split_attrs(t: object, path: str = "x") -> tuple[list[tuple[str, _Tensor]], dict[str, Any]]:
+    """``([(name, inner tensor)], {name: opaque})`` of one level of a wrapper
+    subclass, in flatten order, validated by the walk (``path`` names ``t`` in
+    errors). ``([], {})`` for anything else. One ``__tensor_flatten__`` call."""
+    if not is_wrapper_subclass(t):
+        return [], {}
+    level = read_level(t, path)  # type: ignore[arg-type]  # a wrapper subclass is a tensor
+    return [(a.name, a.value) for a in level.tensors()], level.opaques()
+
+
+def opaque_attrs(t: object, path: str = "x") -> dict[str, Any]:
+    """The opaque attributes ``{name: object}`` of :func:`split_attrs`."""
+    return split_attrs(t, path)[1]
+
+
+def tensor_attrs(t: object, path: str = "x") -> list[tuple[str, _Tensor]]:
+    """The tensor attributes ``[(name, inner tensor)]`` of :func:`split_attrs`."""
+    return split_attrs(t, path)[0]
+
+
+def skip_opaque_leaves(original: F, *, result: Any = None) -> F:
+    """Wrap a helper ``original(t, ...)`` that recurses into inner attributes by
+    calling its own module-level name: called on an opaque, the wrapper returns
+    ``result`` (neutral for the helper's reduction) instead of descending."""
+
+    @functools.wraps(original)
+    def wrapper(t: Any, *args: Any, **kwargs: Any) -> Any:
+        if is_opaque_leaf(t):
+            return result
+        return original(t, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]  # same signature as original
+
+
+def _fake_levels_with_opaques(level: Level, out: list[Level]) -> bool:
+    """Collect the levels under ``level`` (itself included) that hold opaques and
+    only fake tensor leaves; returns whether all of ``level``'s tensor leaves are fake."""
+    all_fake = True
+    for a in level.attrs:
+        if a.kind == "tensor":
+            all_fake = all_fake and isinstance(a.value, FakeTensor)
+        elif a.kind == "subclass":
+            all_fake = _fake_levels_with_opaques(read_level(a.value, a.path), out) and all_fake
+    if all_fake and any(a.kind == "opaque" for a in level.attrs):
+        out.append(level)
+    return all_fake
+
+
+def _fake_subclasses_with_opaques(obj: object, out: list[Level]) -> list[Level]:
+    if isinstance(obj, (list, tuple)):
+        for o in obj:
+            _fake_subclasses_with_opaques(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _fake_subclasses_with_opaques(o, out)
+    elif is_wrapper_subclass(obj):
+        _fake_levels_with_opaques(read_level(obj, "x"), out)  # type: ignore[arg-type]  # a wrapper subclass is a tensor
+    return out
+
+
+@contextlib.contextmanager
+def _tensor_only_flatten(level: Level) -> Iterator[None]:
+    """While active, ``__tensor_flatten__()`` of this compile-private fake
+    instance lists only tensor attributes. Re-entrant; restores it exactly."""
+    tensor_names = [a.name for a in level.tensors()]
+    ctx = level.ctx
+    state = level.owner.__dict__
+    previous = state.get("__tensor_flatten__", _MISSING)
+    state["__tensor_flatten__"] = lambda: (tensor_names, ctx)
+    try:
+        yield
+    finally:
+        if previous is _MISSING:
+            del state["__tensor_flatten__"]
+        else:
+            state["__tensor_flatten__"] = previous
+
+
+def hide_in_fake_args(original: F) -> F:
+    """Wrap ``original`` so that every *fake* subclass instance reachable from
+    its arguments shows only tensor attributes while it runs. Fake instances
+    are built by torch for one compilation and used by the compiling thread
+    only; real tensors reaching ``original`` are passed as they are."""
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        found = _fake_subclasses_with_opaques([args, kwargs], [])
+        if not found:
+            return original(*args, **kwargs)
+        with contextlib.ExitStack() as stack:
+            for level in found:
+                stack.enter_context(_tensor_only_flatten(level))
+            return original(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]  # same signature as original

@@ -1,0 +1,314 @@
+"""``nn.utils.parametrize`` with opaque objects in ``right_inverse`` (torch 2.11).
+
+A parametrization whose ``right_inverse`` returns a sequence may, since torch
+2.12 (pytorch/pytorch#176457), put reference opaques in it: they are stored on
+the ``ParametrizationList`` as plain attributes (``original1 = mesh``), not as
+parameters or buffers, and handed back to ``forward`` as the same objects.
+torch 2.11 rejects any non-tensor element. These patches give 2.11 the native
+behaviour and give a value-type opaque a clear error.
+
+torch's own subclass parametrization
+(``torch._functorch._aot_autograd.subclass_parametrization``, whose
+``unwrap_tensor_subclass_parameters`` registers an ``UnwrapTensorSubclass`` on
+every subclass parameter) learnt in the same change to put each reference
+opaque of ``__tensor_flatten__`` among its leaves, marked in its creation
+metadata, and to hand it back to ``__tensor_unflatten__``; torch 2.11 treats the
+opaque as a tensor and fails. Two more patches give 2.11 that too.
+
+Technique: while torch's own ``ParametrizationList.__init__`` runs, the
+parametrization applied last has its ``right_inverse`` wrapped (on the
+instance, for the duration of the call) so that each opaque is replaced by an
+empty placeholder tensor and remembered; afterwards the placeholders are
+swapped for the opaques as plain attributes. Tensor-only parametrizations run
+torch's code unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from opaque_subclass.core.errors import OpaqueValueError, describe_type, import_fix, subject
+from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
+from opaque_subclass.core.registry import opaque_kind, opaque_type_of
+from opaque_subclass.core.spec import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
+from opaque_subclass.core.walk import ValueOpaqueListedError
+
+__all__ = ["make_init", "make_right_inverse", "make_unwrap_forward", "make_unwrap_right_inverse"]
+
+def _opaque_slots(plist: Any) -> frozenset[int]:
+    """Which ``original{i}`` of a ``ParametrizationList`` hold opaques: read
+    from the list itself (the ``__init__`` patch stores an opaque as a plain
+    attribute, neither parameter nor buffer), so nothing of the library's is
+    kept on torch's object."""
+    count = getattr(plist, "ntensors", None)
+    if getattr(plist, "is_tensor", True) or not isinstance(count, int):
+        return frozenset()
+    return frozenset(
+        i
+        for i in range(count)
+        if f"original{i}" not in plist._parameters
+        and f"original{i}" not in plist._buffers
+        and opaque_kind(vars(plist).get(f"original{i}")) == "reference"
+    )
+
+
+def _opaque_error(plist_owner: str, i: int, value: object, kind: str | None) -> ValueError:
+    if kind == "value":
+        return OpaqueValueError(
+            f"parametrization of {plist_owner}: right_inverse returned a value-type opaque "
+            f"({describe_type(value)}) as element {i}. Only tensors and reference opaques can be "
+            "stored; a value opaque is a constant. Fix: keep it on the parametrization module "
+            "(self.config = ...) and use it in forward, or register its class as a reference opaque."
+        )
+    return OpaqueValueError(
+        f"parametrization of {plist_owner}: right_inverse returned element {i} of type "
+        f"{describe_type(value)}, which is neither a tensor nor a registered reference opaque. "
+        "Fix: return tensors and reference opaques only, registering the class: "
+        + import_fix(opaque_type_of(value), 'opaque_subclass.register_opaque({cls}, kind="reference")')
+        + "."
+    )
+
+
+def _split(result: Any, owner: str) -> tuple[Any, dict[int, Any]]:
+    """Replace reference opaques in a right_inverse result by placeholders."""
+    if isinstance(result, torch.Tensor) or not isinstance(result, Sequence):
+        return result, {}
+    opaques: dict[int, Any] = {}
+    out = list(result)
+    for i, value in enumerate(out):
+        if isinstance(value, torch.Tensor):
+            continue
+        kind = opaque_kind(value)
+        if kind == "value":
+            raise _opaque_error(owner, i, value, kind)
+        if kind is None:
+            continue  # not ours: torch's own check reports it, with torch's message
+        opaques[i] = value
+        out[i] = torch.empty(0)
+    return (type(result)(out) if isinstance(result, tuple) else out), opaques
+
+
+class _RightInverseStandIn(torch.nn.Module):
+    """Takes a parametrization module's place while ``ParametrizationList``
+    is built: ``forward`` is the module's, ``right_inverse`` the library's."""
+
+    _module: torch.nn.Module
+    _right_inverse: Callable[[Any], Any]
+
+    def __init__(self, module: torch.nn.Module, right_inverse: Callable[[Any], Any]) -> None:
+        super().__init__()
+        object.__setattr__(self, "_module", module)  # not a submodule: never registered anywhere
+        object.__setattr__(self, "_right_inverse", right_inverse)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._module(*args, **kwargs)
+
+    def right_inverse(self, value: Any) -> Any:
+        return self._right_inverse(value)
+
+
+def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``ParametrizationList.__init__`` (torch 2.11).
+
+    Without it, registering a parametrization whose ``right_inverse`` returns
+    a reference opaque fails ("must return a Tensor or a Sequence of
+    tensors"). With it (and without writing to the user's parametrization
+    module, which a stand-in replaces while torch's constructor runs), the
+    opaque is stored as a plain attribute
+    ``original{i}`` (not a parameter or buffer, so it stays out of the state
+    dict and the optimizer) and the registration-time consistency check runs
+    on the rebuilt value. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    """
+
+    def __init__(
+        self: Any, modules: Sequence[torch.nn.Module], original_value: torch.Tensor, unsafe: bool = False
+    ) -> None:
+        owner = subject(type(original_value))
+        last = modules[0] if len(modules) else None
+        found: dict[int, Any] = {}
+        inverse = getattr(last, "right_inverse", None) if last is not None else None
+        if inverse is None:
+            original(self, modules, original_value, unsafe)
+            return
+
+        def right_inverse(value: Any) -> Any:
+            result, opaques = _split(inverse(value), owner)
+            if opaques:
+                found.update(opaques)
+                self.unsafe = True  # torch's check would see placeholders; ours runs below
+            return result
+
+        shape, dtype = original_value.shape, original_value.dtype
+        # torch's __init__ calls right_inverse on the modules it is given: give
+        # it a stand-in for the user's module (never written to), then put the
+        # user's module in the stand-in's place.
+        assert last is not None  # inverse was read from it
+        stand_in = _RightInverseStandIn(last, right_inverse)
+        try:
+            original(self, [stand_in, *modules[1:]], original_value, unsafe)
+        finally:
+            for key, module in list(self._modules.items()):
+                if module is stand_in:
+                    self._modules[key] = last
+        if not found:
+            return
+        for i, opaque in found.items():
+            name = f"original{i}"
+            self._parameters.pop(name, None)
+            self._buffers.pop(name, None)
+            object.__setattr__(self, name, opaque)
+        self.unsafe = unsafe
+        if not unsafe:
+            rebuilt = self()
+            if not isinstance(rebuilt, torch.Tensor) or rebuilt.dtype != dtype or rebuilt.shape != shape:
+                raise OpaqueValueError(
+                    f"parametrization of {owner}: forward(right_inverse(x)) gave "
+                    f"{describe_type(rebuilt)} with shape {getattr(rebuilt, 'shape', None)} and dtype "
+                    f"{getattr(rebuilt, 'dtype', None)}; expected shape {tuple(shape)} and dtype {dtype}. "
+                    "Fix: make forward rebuild the original tensor, or pass unsafe=True."
+                )
+
+    return __init__
+
+
+def make_right_inverse(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``ParametrizationList.right_inverse`` (torch 2.11), which runs on
+    assignment (``module.weight = new_value``).
+
+    Without it, assigning to a parametrized tensor whose ``right_inverse``
+    returns a reference opaque fails. With it, opaque slots are replaced by the
+    new objects (plain attributes) and tensor slots are updated in place as
+    torch does. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    """
+    from torch.nn.utils.parametrize import _maybe_set
+
+    def right_inverse(self: Any, value: Any) -> Any:  # what torch's returns
+        slots = _opaque_slots(self)
+        if not slots:
+            return original(self, value)
+        owner = subject(type(value))
+        with torch.no_grad():
+            for module in reversed(self):
+                if not hasattr(module, "right_inverse"):
+                    raise RuntimeError(f"parametrization {type(module).__name__} does not implement right_inverse.")
+                value = module.right_inverse(value)
+            if not isinstance(value, Sequence) or len(value) != self.ntensors:
+                raise OpaqueValueError(
+                    f"parametrization of {owner}: right_inverse must return a sequence of "
+                    f"{self.ntensors} elements, got {describe_type(value)}"
+                    + (f" of length {len(value)}" if isinstance(value, Sequence) else "")
+                    + ". Fix: return one element per stored original."
+                )
+            for i, item in enumerate(value):
+                if i in slots:
+                    if isinstance(item, torch.Tensor) or opaque_kind(item) != "reference":
+                        raise _opaque_error(owner, i, item, opaque_kind(item))
+                    object.__setattr__(self, f"original{i}", item)
+                    continue
+                stored = getattr(self, f"original{i}")
+                if not isinstance(item, torch.Tensor) or item.dtype != stored.dtype:
+                    raise OpaqueValueError(
+                        f"parametrization of {owner}: element {i} returned by right_inverse is "
+                        f"{describe_type(item)} ({getattr(item, 'dtype', None)}) while original{i} is a "
+                        f"tensor of dtype {stored.dtype}. Fix: return the same kinds and dtypes as at "
+                        "registration."
+                    )
+                _maybe_set(stored, item)
+
+    return right_inverse
+
+
+def _has_opaque(meta: Any) -> bool:
+    """Whether torch's subclass-parametrization meta ``meta`` holds an opaque slot."""
+    if isinstance(meta, OpaqueMeta):
+        return True
+    return meta is not None and any(_has_opaque(sub) for sub in meta.attrs.values())
+
+
+def make_unwrap_right_inverse(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``UnwrapTensorSubclass.right_inverse`` of
+    ``torch._functorch._aot_autograd.subclass_parametrization`` (torch 2.11).
+
+    Without it, ``unwrap_tensor_subclass_parameters`` on a module whose subclass
+    parameter lists an opaque attribute fails (``'Mesh' object has no attribute
+    '__tensor_flatten__'``). With it, each reference opaque becomes one leaf (the
+    very object) and its slot in ``subclass_meta.attrs`` an
+    :class:`opaque_subclass.OpaqueMeta`, where torch 2.12+
+    (pytorch/pytorch#176457) puts its own ``OpaqueMeta``; a value-type opaque
+    (``ValueError``, as torch 2.12+) or an unregistered object (``TypeError``)
+    gets the library's error naming the subclass, the attribute, the type and
+    the fix. A subclass without opaques gets torch's own metadata, unchanged.
+    """
+    from torch._functorch._aot_autograd.subclass_parametrization import SubclassCreationMeta as TorchMeta
+
+    def torch_meta(meta: SlotMeta) -> Any:
+        """torch's metadata for the library's ``meta`` (``None`` for a plain tensor)."""
+        if isinstance(meta, PlainTensorMeta):
+            return None
+        if isinstance(meta, OpaqueMeta):
+            return meta
+        return TorchMeta(
+            start_idx=meta.flat_tensor_start_idx,
+            num_tensors=meta.arg_count,
+            class_type=meta.subclass_type,
+            attrs={name: torch_meta(sub) for name, sub in meta.attrs.items()},
+            metadata=meta.meta,
+            outer_size=meta.outer_size,
+            outer_stride=meta.outer_stride,
+        )
+
+    def right_inverse(self: Any, tensor: torch.Tensor) -> list[Any]:
+        if not is_wrapper_subclass(tensor):
+            return original(self, tensor)  # type: ignore[no-any-return]  # torch's own check and error
+        try:
+            leaves, spec = flatten_subclass(tensor)
+        except ValueOpaqueListedError as error:
+            raise OpaqueValueError(str(error)) from None  # torch 2.12+'s exception type here
+        assert isinstance(spec, SubclassCreationMeta)  # a wrapper subclass was flattened
+        if spec.num_opaques == 0:
+            return original(self, tensor)  # type: ignore[no-any-return]  # tensors only: stock torch
+        self.subclass_meta = torch_meta(spec)
+        return leaves
+
+    return right_inverse
+
+
+def make_unwrap_forward(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``UnwrapTensorSubclass.forward`` of
+    ``torch._functorch._aot_autograd.subclass_parametrization`` (torch 2.11).
+
+    Without it, the metadata made by the patched ``right_inverse`` cannot be
+    read back (torch 2.11 rebuilds every slot as a tensor or a subclass). With
+    it, the subclass is rebuilt from its leaves and each opaque slot's leaf (the
+    very object) goes to ``__tensor_unflatten__``, as torch 2.12+ does
+    (pytorch/pytorch#176457). Metadata without opaques runs torch's own code.
+
+    ``build`` is the library's one recursion that does not go through
+    :mod:`opaque_subclass.core.walk`: it reads torch's parametrization metadata
+    (``self.subclass_meta``, in torch's format because torch's code and user
+    code read it back, and it is copied and pickled with the module), not a
+    subclass instance, and calls no ``__tensor_flatten__``.
+    """
+
+    def build(meta: Any, leaves: tuple[Any, ...], at: int) -> tuple[Any, int]:
+        if meta is None or isinstance(meta, OpaqueMeta):
+            return leaves[at], at + 1
+        inner: dict[str, Any] = {}
+        for name, sub in meta.attrs.items():
+            inner[name], at = build(sub, leaves, at)
+        return meta.class_type.__tensor_unflatten__(inner, meta.metadata, meta.outer_size, meta.outer_stride), at
+
+    def forward(self: Any, *leaves: Any) -> torch.Tensor:
+        meta = self.subclass_meta
+        if not _has_opaque(meta):
+            return original(self, *leaves)  # type: ignore[no-any-return]  # a tensor
+        return build(meta, leaves, 0)[0]  # type: ignore[no-any-return]  # a subclass instance
+
+    return forward
+
+
+_PL = "torch.nn.utils.parametrize.ParametrizationList."
+_UT = "torch._functorch._aot_autograd.subclass_parametrization.UnwrapTensorSubclass."

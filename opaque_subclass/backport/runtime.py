@@ -1,0 +1,150 @@
+"""AOTAutograd's per-call subclass unwrap/wrap (torch 2.11).
+
+Every call of a compiled function taking or returning subclasses unwraps the
+inputs into the graph's flat list and wraps the flat outputs back. torch 2.11
+does it with data-driven loops over its metadata (``__tensor_flatten__`` and a
+dict per subclass on every call); torch 2.12+ generates straight-line code.
+With opaque attributes on 2.11 that loop is most of the per-call overhead. The
+patch here gives the per-call function of ``AOTDispatchSubclassWrapper`` two
+functions generated once per graph by :class:`opaque_subclass.core.codegen.ArgumentsPlan`,
+from torch's metas translated into :class:`opaque_subclass.SubclassCreationMeta`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from opaque_subclass.core.codegen import ArgumentsPlan
+from opaque_subclass.core.errors import OpaqueSubclassError
+from opaque_subclass.core.spec import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
+
+__all__ = ["make_subclass_wrapper_post_compile", "plan_for", "translate"]
+
+
+def translate(torch_meta: Any, start: int | None = None, attr: str | None = None) -> SubclassCreationMeta:
+    """Our meta for a torch 2.11 (runtime-safe) ``SubclassCreationMeta``: built
+    once per compiled graph (by :func:`plan_for`), never stored on torch's meta."""
+    from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
+
+    from _opaque_subclass_pickle import OpaqueSlotMeta
+
+    first = torch_meta.flat_tensor_start_idx if start is None else start
+    idx = first
+    attrs: dict[str, SlotMeta] = {}
+    for name, sub in torch_meta.attrs.items():
+        if isinstance(sub, TorchSCM):
+            ours = translate(sub, idx, name)
+            idx += ours.arg_count
+            attrs[name] = ours
+        elif isinstance(sub, OpaqueSlotMeta):
+            attrs[name] = OpaqueMeta(idx, name, object)  # the type is not kept at run time
+            idx += 1
+        else:
+            attrs[name] = PlainTensorMeta(idx, name)
+            idx += 1
+    cls = torch_meta.original_subclass_type or type(torch_meta.original_subclass)
+    result = SubclassCreationMeta(
+        flat_tensor_start_idx=first,
+        attrs=attrs,
+        meta=torch_meta.meta,
+        outer_size=tuple(torch_meta.outer_size),
+        outer_stride=tuple(torch_meta.outer_stride),
+        subclass_type=cls,
+        attr=attr,
+        included_subclass_symints=torch_meta.included_subclass_symints,
+    ).runtime_safe()
+    if result.arg_count != torch_meta.arg_count:
+        raise AssertionError(
+            f"translated meta of {cls.__qualname__} takes {result.arg_count} slots, torch's takes "
+            f"{torch_meta.arg_count}"
+        )
+    return result
+
+
+def _has_opaque_slot(torch_metas: list[Any]) -> bool:
+    """Whether any of torch 2.11's runtime metas (recursively) has an opaque slot."""
+    from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
+
+    from _opaque_subclass_pickle import OpaqueSlotMeta
+
+    todo = [m for m in torch_metas if type(m) is TorchSCM]
+    while todo:
+        meta = todo.pop()
+        for sub in meta.attrs.values():
+            if isinstance(sub, OpaqueSlotMeta):
+                return True
+            if isinstance(sub, TorchSCM):
+                todo.append(sub)
+    return False
+
+
+def plan_for(torch_metas: list[Any]) -> ArgumentsPlan:
+    """The generated plan for a torch 2.11 list of runtime metas."""
+    from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
+
+    ours: list[SlotMeta] = [
+        translate(m) if type(m) is TorchSCM else PlainTensorMeta(m.unwrapped_idx) for m in torch_metas
+    ]
+    return ArgumentsPlan(ours)
+
+
+def make_subclass_wrapper_post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``AOTDispatchSubclassWrapper.post_compile`` (torch 2.11), which
+    builds the function run on every call of a compiled graph that takes or
+    returns subclasses.
+
+    Without it, each call unwraps the subclass arguments and rewraps the
+    outputs with torch 2.11's generic loops (``__tensor_flatten__`` and a
+    ``creation_fn`` walk per subclass per call). With it, the per-call function
+    runs two straight-line functions generated once per graph (the inputs'
+    unwrap, the outputs' wrap), as torch 2.12+ does with its generated subclass
+    wrappers (opaque slots as in pytorch/pytorch#176457). Results are
+    identical. Graphs without any opaque keep torch's own function, and so does
+    a call that passes ``None`` for frozen parameters (inductor's freezing).
+    """
+    import functools
+
+    def post_compile(self: Any, compiled_fn: Callable[..., Any], aot_config: Any, *, runtime_metadata: Any) -> Any:
+        generic = original(self, compiled_fn, aot_config, runtime_metadata=runtime_metadata)
+        if self.maybe_subclass_meta is None or not _has_opaque_slot(
+            [*runtime_metadata.subclass_inp_meta, *runtime_metadata.subclass_fw_graph_out_meta]
+        ):
+            return generic  # no opaque anywhere: torch's own per-call function, unchanged
+        saved = self.num_fw_outs_saved_for_bw
+        built: list[Any] = []
+
+        def build() -> tuple[Any, Any, int]:
+            inputs = plan_for(runtime_metadata.subclass_inp_meta)
+            outputs = plan_for(runtime_metadata.subclass_fw_graph_out_meta)
+            for meta in outputs.metas:
+                if isinstance(meta, SubclassCreationMeta) and not meta.included_subclass_symints:
+                    raise AssertionError("output subclass metadata without symbolic-size slots")
+            built.append((inputs.unwrap_function(True), outputs.wrap_function(), outputs.width))
+            return built[0]  # type: ignore[no-any-return]  # just appended
+
+        @functools.wraps(compiled_fn)
+        def inner_fn(args: list[Any]) -> Any:
+            if any(a is None for a in args):
+                # Inductor's freezing passes frozen parameters as None; torch's
+                # function knows how to skip them.
+                return generic(args)
+            unwrap, wrap, width = built[0] if built else build()
+            flat = unwrap(args)
+            args.clear()
+            outs = compiled_fn(flat)
+            extra = saved or 0
+            if len(outs) != width + extra:
+                raise OpaqueSubclassError(
+                    f"compiled graph returned {len(outs)} flat values; its output metadata "
+                    f"describes {width} plus {extra} saved activations"
+                )
+            wrapped = wrap(outs)
+            if saved is None:
+                return wrapped
+            return (*wrapped, *outs[width:])
+
+        inner_fn._boxed_call = True  # type: ignore[attr-defined]  # torch's boxed-call marker
+        return inner_fn
+
+    return post_compile

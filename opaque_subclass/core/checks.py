@@ -1,0 +1,371 @@
+"""Every check of user input at torch's entry points: where torch.compile
+(Dynamo), ``torch.export`` and the library's own API first meet a subclass.
+
+The walk (:func:`~opaque_subclass.core.walk.read_level`) checks what one
+level's ``__tensor_flatten__`` returns, on every route. What is checked here
+needs the whole input, or the moment it is met:
+
+* :func:`validate_input`: every level of an input, walked once, and for a real
+  (not fake) input that ``__tensor_unflatten__`` rebuilds each level
+  (:func:`check_levels`);
+* :func:`validate_graph_input`: the same for Dynamo, once per level per graph,
+  plus :func:`check_guardable_context` (a flatten context Dynamo's guard
+  could never pass: an object equal only to itself, a process group or mesh);
+* the run-time helpers check their arguments against the spec
+  (:mod:`opaque_subclass.core.spec`).
+
+The torch functions that call these on each release are the rows of
+``opaque_subclass/releases/v2_NN.py`` whose replacement lives in
+:mod:`opaque_subclass.fixes.entry_checks` (and, on torch 2.11,
+:mod:`opaque_subclass.backport`).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, is_fake
+
+from opaque_subclass.core.context import ContextPart, distributed_part, unequal_to_copy
+from opaque_subclass.core.errors import OpaqueTypeError, describe_type, import_fix, subject
+from opaque_subclass.core.registry import opaque_kind, opaque_type_of
+from opaque_subclass.core.spec import bad_unflatten_type
+from opaque_subclass.core.walk import Level, walk
+
+__all__ = [
+    "CheckedLevels",
+    "check_fake_rebuild",
+    "check_guardable_context",
+    "check_levels",
+    "check_rebuild",
+    "check_tangent_structure",
+    "require_module",
+    "source_name",
+    "validate_graph_input",
+    "validate_input",
+]
+
+
+def check_rebuild(t: object, path: str = "x") -> None:
+    """Rebuild every level of the (nested) wrapper subclass ``t`` from its own
+    flatten result with its class's ``__tensor_unflatten__`` and check the
+    result: an instance of the class, with ``t``'s shape and dtype. Raises a
+    ``TypeError`` naming the subclass, ``path`` and the fix; ``t`` is not changed.
+
+    Run where torch first meets a subclass input while tracing: a wrong result
+    there otherwise surfaces as a misleading tangent error in backward, or as
+    a crash of the process under inductor.
+    """
+    check_levels([slot for _, slot in walk(t, path) if isinstance(slot, Level)])
+
+
+def check_levels(levels: Sequence[Level]) -> None:
+    """:func:`check_rebuild` for levels already read by the walk (innermost first)."""
+    for level in reversed(levels):
+        _check_level(level)
+
+
+def _check_level(level: Level) -> None:
+    t, path, cls = level.owner, level.path, type(level.owner)
+    inner = {a.name: a.value for a in level.attrs}
+    result = cls.__tensor_unflatten__(inner, level.ctx, t.size(), t.stride())  # type: ignore[attr-defined]  # a wrapper subclass
+    if not isinstance(result, cls):
+        raise bad_unflatten_type(cls, result, path)
+    _compare_rebuilt(level, result)
+
+
+def _compare_rebuilt(level: Level, result: Any) -> None:
+    """``result``, a rebuild of ``level``'s instance, has its shape (unless
+    symbolic) and dtype."""
+    t, path, cls = level.owner, level.path, type(level.owner)
+    for what in ("shape", "dtype"):
+        if what == "shape" and any(isinstance(s, torch.SymInt) for s in (*result.shape, *t.shape)):
+            continue  # comparing symbolic sizes would add guards; the traced program checks them
+        if getattr(result, what) != getattr(t, what):
+            raise OpaqueTypeError(
+                f"{subject(cls)}.__tensor_unflatten__ (rebuilding {path!r}) returned a "
+                f"{cls.__qualname__} with {what} {getattr(result, what)}, but the instance it was "
+                f"flattened from has {what} {getattr(t, what)}. Fix: build the result with "
+                "outer_size/outer_stride and the dtype of the instance (torch.Tensor."
+                "_make_wrapper_subclass(cls, outer_size, strides=outer_stride, dtype=...))."
+            )
+
+
+def check_guardable_context(level: Level) -> None:
+    """Check that the flatten context of ``level`` equals a deep copy of itself.
+
+    Dynamo guards a subclass input on its flatten context: it keeps a deep copy
+    and compares every later context with it by ``==`` (unless the class
+    defines ``__metadata_guard__``). An object in the context compared by
+    identity (its class defines no ``__eq__``, a mesh or a handle) is never
+    equal to its copy, and torch stops at once with "Guard failed on the same
+    frame it was created. This is a bug". Raises a ``TypeError`` naming the
+    subclass, the object's path in the context, its type and the fix. A context
+    that cannot be copied or compared is left to torch, which reports it.
+    """
+    owner, ctx = level.owner, level.ctx
+    if ctx is None or hasattr(owner, "__metadata_guard__"):
+        return
+    distributed = distributed_part(ctx)
+    if distributed is not None:
+        _refuse_distributed_context(level, distributed)
+    try:
+        part = unequal_to_copy(ctx)
+    except Exception:
+        return  # torch's own deepcopy or comparison fails too, and says so
+    if part is None:
+        return
+    where, culprit = part.path, part.obj
+    cls = type(owner)
+    culprit_cls = opaque_type_of(culprit)
+    as_input = _as_input_fix(level, culprit)
+    if opaque_kind(culprit_cls) == "reference":
+        fix = as_input
+    else:
+        shown = culprit_cls.__name__
+        fix = (
+            "register its class, "
+            + import_fix(culprit_cls, 'opaque_subclass.register_opaque({cls}, kind="reference")')
+            + f", and {as_input}; or, if it is a constant, give {shown} value equality: define "
+            "`def __eq__(self, other): return type(other) is type(self) and vars(other) == vars(self)` and "
+            "`def __hash__(self): return hash(type(self))` in its class (or define __metadata_guard__ on "
+            f"{cls.__qualname__})"
+        )
+    eq: Any = type(culprit).__eq__
+    why = "it compares by identity" if eq is object.__eq__ else "its __eq__ says so"
+    raise OpaqueTypeError(
+        f"{subject(cls)}.__tensor_flatten__() at {level.path!r} returns a flatten context whose "
+        f"<context>{where} holds {describe_type(culprit)}, which is not equal to a copy of itself ({why}). "
+        "torch.compile guards the context by comparing it with a deep copy, so "
+        "that guard could never pass (torch: 'Guard failed on the same frame it was created'). "
+        f"Fix: {fix}."
+    )
+
+
+def _as_input_fix(level: Level, culprit: object) -> str:
+    """The fix that moves ``culprit`` from ``level``'s context to its attributes."""
+    owner = level.owner
+    try:  # the instance attribute holding the object, if any (read from __dict__, nothing called)
+        attr = next((n for n, v in vars(owner).items() if v is culprit), None)
+    except Exception:
+        attr = None
+    listed = f"`return {[*level.names, attr]!r}, <the context without it>`" if attr else "its attribute name"
+    return (
+        f"list it among the attributes: return {listed} from {type(owner).__qualname__}.__tensor_flatten__ and "
+        "read it from inner_tensors in __tensor_unflatten__ (a graph input, passed by identity)"
+    )
+
+
+def _refuse_distributed_context(level: Level, part: ContextPart) -> None:
+    """Raise the named error for a ``ProcessGroup`` or ``DeviceMesh`` found in a
+    flatten context (:func:`check_guardable_context`)."""
+    culprit = part.obj
+    culprit_cls = type(culprit)
+    if not any(klass.__name__ == "DeviceMesh" for klass in culprit_cls.__mro__):
+        why = (
+            "torch.compile guards the context by comparing it with a deep copy, and a process group "
+            "cannot be copied (torch: 'cannot pickle ... ProcessGroup' while building guards)"
+        )
+    else:
+        why = (
+            "torch.compile guards the context by ==, and a mesh's == compares its ranks and layout, not "
+            "its process groups: a later call with another, equal mesh would run with the first call's mesh"
+        )
+    # The registration is a no-op where torch (or the user) registered the class already.
+    fix = (
+        "make it an opaque attribute: register its class (as torch 2.12+ registers it), "
+        + import_fix(culprit_cls, "opaque_subclass.register_opaque({cls})")
+        + f", and {_as_input_fix(level, culprit)}"
+    )
+    raise OpaqueTypeError(
+        f"{subject(type(level.owner))}.__tensor_flatten__() at {level.path!r} returns a flatten context whose "
+        f"<context>{part.path} holds {describe_type(culprit)}, a communicator of this job, not a constant: {why}. "
+        f"Fix: {fix}."
+    )
+
+
+def source_name(source: Any) -> str:
+    """How Dynamo prints a source (``L['x']``), for the paths in error messages."""
+    name = getattr(source, "name", "x")
+    return str(name() if callable(name) else name)
+
+
+def validate_input(t: object, path: str, *, guarded: bool = False, rebuild: bool = True) -> list[Level]:
+    """Everything checked where torch first meets a subclass input while
+    tracing: every level's attributes (the walk) and, with ``rebuild``, for a
+    real (not fake) input, that ``__tensor_unflatten__`` rebuilds it
+    (:func:`check_rebuild`), from one walk. ``guarded`` (Dynamo, which guards
+    on flatten contexts, keeping a deep copy): each level's context also
+    equals its deep copy (:func:`check_guardable_context`). Dynamo's entry
+    passes ``rebuild=False`` and checks the fake instance torch rebuilds
+    instead (:func:`check_fake_rebuild`), so no ``__tensor_unflatten__`` runs
+    on real tensors that torch would not run.
+    Returns the levels checked, outermost first (``[]`` for anything but a
+    wrapper subclass)."""
+    levels: list[Level] = []
+    first_leaf: Any = None
+    for _, slot in walk(t, path):  # one read per level, validated
+        if isinstance(slot, Level):
+            if guarded:
+                check_guardable_context(slot)
+            levels.append(slot)
+        elif first_leaf is None and slot.kind == "tensor":
+            first_leaf = slot.value
+    # a subclass is fake when its tensor leaves are (the first one decides, as in torch)
+    if rebuild and levels and not (first_leaf is not None and is_fake(first_leaf)):
+        check_levels(levels)
+    return levels
+
+
+def check_fake_rebuild(levels: Sequence[Level], fake: object) -> None:
+    """:func:`check_rebuild` without calling ``__tensor_unflatten__``: compare
+    ``fake``, the fake instance torch built from a real input with the user's
+    ``__tensor_unflatten__`` (on fake inner tensors), with ``levels``, the real
+    input's levels from the walk (outermost first). Every level must be an
+    instance of its real class with the real level's shape (where neither is
+    symbolic) and dtype; innermost levels are checked first, and the errors
+    are :func:`check_rebuild`'s."""
+    if not levels:
+        return
+    by_path = {level.path: level for level in levels}
+
+    def compare(level: Level, rebuilt: object) -> None:
+        cls = type(level.owner)
+        if not isinstance(rebuilt, cls):
+            # torch's fake of a plain tensor is, for the user, a torch.Tensor
+            found = "torch.Tensor" if type(rebuilt) is FakeTensor else None
+            raise bad_unflatten_type(cls, rebuilt, level.path, found=found)
+        for attr in level.attrs:
+            inner = by_path.get(attr.path)
+            if inner is not None and attr.kind == "subclass":
+                compare(inner, getattr(rebuilt, attr.name, None))
+        _compare_rebuilt(level, rebuilt)
+
+    compare(levels[0], fake)
+
+
+class CheckedLevels(threading.local):
+    """What :func:`validate_graph_input` remembers, owned by its caller (the
+    replacement of Dynamo's ``wrap_tensor`` makes one when it is built, so the
+    record goes away with the patch): per thread, the Dynamo output graph being
+    built (weakly) and the source names of the subclass levels checked for it."""
+
+    graph: weakref.ref[object] | None = None
+    paths: set[str]
+
+
+def validate_graph_input(builder: Any, value: object, checked: CheckedLevels) -> list[Level]:
+    """:func:`validate_input` (``guarded``) for Dynamo's
+    ``VariableBuilder.wrap_tensor``, once per subclass level per graph.
+
+    Dynamo wraps each inner subclass of a subclass input again as an input of
+    its own (source ``L['x']._data``), after the outer input's walk checked that
+    level already: within one output graph a source names one object, so a
+    source recorded in ``checked`` is not walked again. The record is per
+    thread and per graph (a new graph, or another thread's, starts empty) and
+    holds source names only, never the objects. Returns the levels walked
+    (``[]`` for a level checked already), for :func:`check_fake_rebuild`."""
+    path = source_name(builder.source)
+    graph = builder.tx.output
+    ref = checked.graph
+    if ref is None or ref() is not graph:
+        checked.graph, checked.paths = weakref.ref(graph), set()
+    paths = checked.paths
+    if path in paths:
+        return []
+    levels = validate_input(value, path, guarded=True, rebuild=False)
+    paths.update(level.path for level in levels)
+    return levels
+
+
+def require_module(value: object, function: str, *, graph: bool = False) -> None:
+    """Raise the library's ``TypeError`` unless ``value`` is a ``torch.nn.Module``
+    (with ``graph``: a ``torch.fx.GraphModule``), naming ``function``, the type
+    found and a fix that runs. For every public function that takes a module:
+    without it, a wrong argument fails deep inside with an ``AttributeError``
+    such as ``'Tensor' object has no attribute 'named_modules'``."""
+    expected: type = torch.fx.GraphModule if graph else torch.nn.Module
+    if isinstance(value, expected):
+        return
+    found = describe_type(value)
+    package = function.rpartition(".")[0]
+    if graph:
+        fix = (
+            "pass the graph module a torch.compile backend receives, or trace one, "
+            f"`import torch, {package}; gm = torch.fx.symbolic_trace(model); {function}(gm)` "
+            "(model: your torch.nn.Module)"
+        )
+    elif isinstance(value, type) and issubclass(value, torch.nn.Module):
+        fix = f"pass an instance, not the class, `import {package}; {function}({value.__qualname__}(...))`"
+    elif isinstance(value, torch.Tensor):
+        fix = (
+            f"hold the tensor in a module first, `import torch, {package}; module = torch.nn.Module(); "
+            f"module.weight = torch.nn.Parameter(t, requires_grad=t.requires_grad); {function}(module)` "
+            "(t: your tensor)"
+        )
+    elif isinstance(value, (list, tuple)) and value and all(isinstance(m, torch.nn.Module) for m in value):
+        fix = (
+            f"pass one module, `import torch, {package}; {function}(torch.nn.ModuleList(modules))` (modules: your list)"
+        )
+    else:
+        fix = f"pass the module itself, `import {package}; {function}(model)` (model: your torch.nn.Module)"
+    what = "a torch.fx.GraphModule" if graph else "a torch.nn.Module"
+    raise OpaqueTypeError(f"{function} expects {what}, got {found}. Fix: {fix}.")
+
+
+#: How :func:`check_tangent_structure` names what a slot holds.
+_SLOT_KIND = {"tensor": "tensor", "subclass": "tensor", "opaque": "opaque", "other": "other"}
+
+
+def check_tangent_structure(level: Level, expected: Sequence[tuple[str, bool]]) -> None:
+    """Check that a tangent (the gradient given to backward for a subclass
+    output) lists the attributes the forward output listed, each of the same
+    kind: ``expected`` is ``[(name, is_opaque), ...]`` in the output's flatten
+    order, ``level`` the tangent's level read by the walk (``strict=False``).
+
+    The backward of a compiled function reads a tangent's leaves by the
+    attribute names its forward output had: a tangent whose
+    ``__tensor_flatten__`` lists other names (with an equal flatten context, so
+    no coercion applies) would give the graph a stale attribute, or fail inside
+    torch. Raises :class:`~opaque_subclass.core.errors.OpaqueTypeError` naming
+    the tangent's subclass, path, what it lists or holds, and the fix."""
+    found = [(a.name, _SLOT_KIND[a.kind]) for a in level.attrs]
+    want = [(name, "opaque" if is_opaque else "tensor") for name, is_opaque in expected]
+    if found == want:
+        return
+    cls = type(level.owner)
+    fix = (
+        "Fix: give backward a gradient with the output's attributes, `out.backward(torch.ones_like(out))` "
+        "(out: the function's output; ones_like dispatches through the subclass and keeps them), or define "
+        f"{cls.__qualname__}.__coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None) "
+        "returning such a tangent."
+    )
+    names, want_names = [n for n, _ in found], [n for n, _ in want]
+    if names != want_names:
+        gone = [n for n in want_names if n not in names]
+        extra = [a for a in level.attrs if a.name not in want_names]
+        held = ", ".join(f"{a.path!r} holding {describe_type(a.value)}" for a in extra)
+        raise OpaqueTypeError(
+            f"tangent {level.path!r} is a {subject(cls)} whose __tensor_flatten__() lists {names!r}, but the "
+            f"forward output it is the gradient of listed {want_names!r} (with an equal flatten context): "
+            "backward reads a tangent's leaves by the output's attribute names, so it would "
+            + (
+                f"read {', '.join(repr(f'{level.path}.{n}') for n in gone)} instead of what the tangent lists"
+                if gone
+                else "misplace them"
+            )
+            + (f" and drop {held}" if held else "")
+            + f". {fix}"
+        )
+    for (name, kind), (_, wanted), a in zip(found, want, level.attrs, strict=True):
+        if kind != wanted:
+            expectation = "a reference opaque" if wanted == "opaque" else "a tensor"
+            raise OpaqueTypeError(
+                f"tangent {a.path!r} ({subject(cls)}.__tensor_flatten__() lists {name!r}) holds "
+                f"{describe_type(a.value)}, but the forward output held {expectation} there: backward "
+                f"would pass it to the graph in {expectation}'s slot. {fix}"
+            )

@@ -1,0 +1,22 @@
+"""Fixes of torch behaviour on the native releases (torch >= 2.12), one module
+per concern: replacement factories (``make_<name>(original)``) whose docstrings
+say what fails without them and what changes with them.
+
+* :mod:`.entry_checks`: named errors where torch first meets a subclass input
+  (the checks themselves are :mod:`opaque_subclass.core.checks`); also used by
+  the 2.11 backport;
+* :mod:`.dynamo_errors`: the library's errors raised while Dynamo traces reach
+  the user as themselves, not wrapped as an internal Dynamo error (every
+  release, 2.11 included);
+* :mod:`.autograd_cache`, :mod:`.members`, :mod:`.dtensor_mesh`: upstream bugs
+  of every native release;
+* :mod:`.tangent_attributes` (a tangent listing other attributes than its
+  forward output), :mod:`.opaque_protocols` (an opaque whose ``__getattr__``
+  answers every name): bugs of every release, also installed by the 2.11
+  backport;
+* :mod:`.registry` (torch 2.12), :mod:`.partitioner` (torch 2.14 and 2.15):
+  bugs of one release.
+
+Which torch function each replaces on which release, with the fingerprint of
+the original, is a row of ``opaque_subclass/releases/v2_NN.py``.
+"""

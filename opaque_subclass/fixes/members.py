@@ -1,0 +1,208 @@
+"""Members of opaques in compiled code: every baked value guarded, every
+undeclared member a named error (torch 2.11 - 2.15).
+
+torch lets a registered opaque declare ``members`` (``MemberType.USE_REAL``:
+read or called on the real object while tracing and compiled in as a
+constant; ``MemberType.INLINED``: traced). Two things go wrong in torch itself,
+on every release that has members:
+
+* a ``USE_REAL`` **method** result is baked with no guard. torch registers
+  ``ProcessGroup`` (2.12 and newer) with ``size``, ``rank``,
+  ``_get_backend_name`` ... as ``USE_REAL`` and no ``guard_fn``, so a compiled
+  ``t._g.size()`` called with a group of 2 after a group of 4 returns 4. A
+  ``USE_REAL`` *attribute* or property (``group_name``) is built from its
+  source and guarded by Dynamo already; a method call has no source.
+* an **undeclared** member fails as ``Unsupported: Attempted to access
+  unregistered member on an OpaqueObject`` (2.11: wrapped as an internal
+  Dynamo error), naming neither the user's line nor a fix that works with this
+  library's API.
+
+The replacements below run torch's own method unchanged and add, around it,
+the guard (a lambda guard on the opaque's source that calls the member again
+and compares it with the baked value: ``L['t']._g.size() == 4``, which is also
+the recompile reason Dynamo prints) and the check (before torch's method).
+Nothing is written onto torch's objects or the user's: each guard closes over
+its own member name, arguments and value.
+
+Not guarded, by design: a call whose arguments include an opaque (``pg ==
+other``: which inputs share one opaque is guarded by Dynamo's identity guards,
+and a type's own ``guard`` covers its value equality), ``__setattr__`` (a
+mutation, not a value), and a member of an opaque that has no source (one
+produced inside the graph by an ``INLINED`` member: torch cannot guard it
+either, and its result derives from the guarded object it came from).
+"""
+
+from __future__ import annotations
+
+import linecache
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from opaque_subclass.core.checks import source_name
+from opaque_subclass.core.errors import OpaqueMemberError, import_fix, qualified_name
+from opaque_subclass.core.registry import Member, is_opaque, opaque_kind, real_object
+
+__all__ = ["make_call_method", "make_getattr", "member_guard_text"]
+
+
+def _member_type(cls: type, name: str) -> Member | None:
+    from torch._library.opaque_object import get_member_type
+
+    member: Member | None = get_member_type(cls, name)
+    return member
+
+
+def _user_line(tx: Any) -> str:
+    """Where in the user's source the traced instruction is (Dynamo's frame)."""
+    code = getattr(tx, "f_code", None)
+    lineno = getattr(tx, "lineno", None)
+    if code is None or not isinstance(lineno, int):
+        return "in the compiled function"
+    text = linecache.getline(code.co_filename, lineno).strip()
+    return f'File "{code.co_filename}", line {lineno}' + (f": {text}" if text else "")
+
+
+def _real(variable: Any) -> object | None:
+    """The real object a Dynamo variable of an opaque stands for (its value is
+    torch's fake wrapper of it, or the object itself)."""
+    value = getattr(variable, "value", None)
+    return None if value is None else real_object(value)
+
+
+def check_declared(variable: Any, tx: Any, name: str) -> None:
+    """Raise the library's error when compiled code uses a member of a
+    reference opaque that its registration does not declare (and that the
+    object has: a missing attribute stays torch's business)."""
+    if name.startswith("__"):
+        return  # protocols (__bool__, __eq__, ...) are torch's own handling
+    obj = _real(variable)
+    if obj is None or opaque_kind(obj) != "reference" or _member_type(type(obj), name) is not None:
+        return
+    if not hasattr(obj, name):
+        return
+    cls = type(obj)
+    path = source_name(variable.source) if variable.source is not None else "an opaque made in the graph"
+    method = callable(getattr(obj, name))
+    how = (
+        " (USE_REAL calls it on the real object while tracing and guards the result compiled in; "
+        "Member.INLINED traces the call instead)"
+        if method
+        else " (USE_REAL reads it while tracing and guards the value compiled in)"
+    )
+    if cls.__module__.split(".")[0] == "torch":
+        fix = (
+            f"torch registers {cls.__qualname__} itself and its registration cannot be changed: read "
+            f"{name!r} outside the compiled function and pass the value in as an argument."
+        )
+    else:
+        fix = (
+            "declare it where the class is registered (the first registration), "
+            + import_fix(
+                cls,
+                f'opaque_subclass.register_opaque({{cls}}, members={{{{"{name}": opaque_subclass.Member.USE_REAL}}}})',
+            )
+            + how
+        )
+    raise OpaqueMemberError(
+        f"compiled code uses {name!r} of {qualified_name(cls)} (at {path}.{name}, {_user_line(tx)}), a member "
+        f"its opaque registration does not declare, so torch.compile does not know whether to evaluate it "
+        f"on the real object or trace it. Fix: {fix}"
+    )
+
+
+def member_guard_text(path: str, name: str, args: Iterable[object], kwargs: Mapping[str, object], value: object) -> str:
+    """How a member guard reads (and how Dynamo reports it when it fails)."""
+    shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    return f"{path}.{name}({', '.join(shown)}) == {value!r}"
+
+
+def _install_member_guard(
+    variable: Any, name: str, args: tuple[object, ...], kwargs: dict[str, object], value: object
+) -> None:
+    from torch._dynamo.guards import install_guard
+
+    text = member_guard_text(source_name(variable.source), name, args, kwargs, value)
+
+    def OPAQUE_MEMBER_MATCH(builder: Any, guard: Any) -> None:  # torch's guard names are upper case
+        def check(obj: object) -> bool:
+            try:
+                return bool(getattr(real_object(obj), name)(*args, **kwargs) == value)
+            except Exception:  # a member that fails now cannot give the baked value
+                return False
+
+        builder.get_guard_manager(guard).add_lambda_guard(check, [text], guard.user_stack)
+
+    install_guard(variable.source.make_guard(OPAQUE_MEMBER_MATCH))
+
+
+def make_call_method(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._dynamo.variables.script_object.TorchScriptObjectVariable.call_method``
+    (torch 2.11, 2.12 and 2.13) and
+    ``torch._dynamo.variables.script_object.CustomClassObjectVariable.call_method``
+    (its name on torch 2.14 and 2.15): each release's own fingerprint. torch
+    2.12 made opaque attributes graph inputs (pytorch/pytorch#176457); no
+    release up to 2.15 guards what is read from them.
+
+    Without it, a ``USE_REAL`` method of an opaque graph input is called once
+    while tracing and its result compiled in with no guard: torch 2.12 - 2.15
+    register ``ProcessGroup`` so, and ``t._g.size()`` compiled for a group of 4
+    returns 4 when called with a group of 2; an undeclared method fails inside
+    Dynamo. With it, the baked result is guarded (``L['t']._g.size() == 4``,
+    a recompilation when it changes) and an undeclared method is the library's
+    ``OpaqueMemberError`` naming the class, the member, the user's line and the
+    fix.
+    """
+
+    def call_method(self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
+        check_declared(self, tx, name)
+        result = original(self, tx, name, args, kwargs)
+        obj = _real(self)
+        if (
+            obj is None
+            or self.source is None
+            or name == "__setattr__"
+            or _member_type(type(obj), name) != Member.USE_REAL
+        ):
+            return result
+        args_const = tuple(a.as_python_constant() for a in args)
+        kwargs_const = {k: v.as_python_constant() for k, v in kwargs.items()}
+        if any(is_opaque(a) for a in (*args_const, *kwargs_const.values())):
+            return result
+        try:
+            value = result.as_python_constant()
+        except NotImplementedError:
+            value = getattr(obj, name)(*args_const, **kwargs_const)
+        _install_member_guard(self, name, args_const, kwargs_const, value)
+        return result
+
+    return call_method
+
+
+def make_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._dynamo.variables.script_object.TorchScriptObjectVariable.var_getattr``
+    (torch 2.11, 2.12 and 2.13) and
+    ``torch._dynamo.variables.script_object.CustomClassObjectVariable.tp_getattro_impl``
+    (its name on torch 2.14 and 2.15): each release's own fingerprint. The
+    same on every release since torch 2.12 made opaque attributes graph
+    inputs (pytorch/pytorch#176457).
+
+    Without it, compiled code reading a member of an opaque that its
+    registration does not declare (``t._h.scale`` for a class registered
+    without ``members``, ``t.mesh.get_coordinate`` on torch 2.11) fails with
+    torch's ``Attempted to access unregistered member on an OpaqueObject``
+    (2.11: an ``InternalTorchDynamoError``), with a hint naming torch's private
+    registration function. With it, the library's ``OpaqueMemberError`` names
+    the class, the member, the path (``L['t']._h.scale``), the user's line and
+    a fix that runs. Declared members reach torch's method unchanged.
+    """
+
+    def getattr_(self: Any, tx: Any, name: str) -> Any:
+        check_declared(self, tx, name)
+        return original(self, tx, name)
+
+    return getattr_
+
+
+#: The class Dynamo wraps opaque objects in: its name until torch 2.13, and from 2.14.
+SCRIPT_OBJECT_VARIABLE = "torch._dynamo.variables.script_object.TorchScriptObjectVariable"
+CUSTOM_CLASS_VARIABLE = "torch._dynamo.variables.script_object.CustomClassObjectVariable"

@@ -1,0 +1,594 @@
+"""The patch machinery: fingerprinted, all-or-nothing, exactly reversible.
+
+A :class:`Patch` names one torch function (or method) by its qualified name,
+the fingerprint of the original's source, and a factory that builds the
+replacement from the original. :class:`PatchSet` applies a list of patches:
+
+* before anything is touched, every target is resolved and every fingerprint
+  checked; one mismatch refuses the whole set (nothing is patched) and the
+  mismatches are reported;
+* a function imported by name into other torch modules (``from .x import f``)
+  is replaced in every module that holds the same object, found by identity;
+* :meth:`PatchSet.disable` puts the very original objects back in every place
+  it replaced them; enabling and disabling are idempotent;
+* a target whose torch module is not imported yet is not imported for it: its
+  fingerprint is taken from the module's source file (parsed, not run), and
+  the patch is applied the moment torch imports the module (an import hook on
+  ``sys.meta_path``, removed by :meth:`PatchSet.disable`). So
+  ``import opaque_subclass`` costs no import of Dynamo, AOTAutograd, inductor
+  or export, and a set is still checked whole before anything is replaced.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib
+import importlib.abc
+import importlib.util
+import inspect
+import logging
+import os
+import sys
+import textwrap
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["Patch", "PatchRefused", "PatchSet", "fingerprint"]
+
+log = logging.getLogger(__name__)
+
+
+def fingerprint(obj: Any) -> str:
+    """A short hash of an object's source text (dedented), stable across Python versions."""
+    source = textwrap.dedent(inspect.getsource(obj))
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One replaced torch function.
+
+    Attributes
+    ----------
+    target
+        Qualified name: ``"torch._subclasses.fake_tensor.is_fake"``, or a method
+        ``"torch.fx.experimental.symbolic_shapes.ShapeEnv.produce_guards_verbose"``.
+    fingerprint
+        :func:`fingerprint` of the original the replacement was written against.
+    make
+        The factory ``make(original) -> replacement``, or where it lives,
+        ``"package.module:function"`` (how the release tables in
+        :mod:`opaque_subclass.releases` name it: they hold data only, and the
+        module is imported when the set is enabled). Its docstring says what
+        the patch does.
+    depends_on
+        ``(qualified name, fingerprint)`` of torch functions the replacement
+        relies on without replacing them (a caller whose use of the target's
+        result the replacement is written for). They are checked like the
+        target: a changed source refuses the whole set.
+    scope
+        ``"everywhere"`` (the default): the function is replaced in every torch
+        module that holds it. ``"here"``: only the name given by ``target`` is
+        rebound (one module's import of a function defined elsewhere), so every
+        other module keeps torch's function.
+    caches
+        Qualified names of torch's caches that keep the target they read on
+        first use: ``functools`` caches (Dynamo's type-dispatch table keeps
+        ``VariableBuilder.wrap_tensor``) or dicts (Dynamo's builtin handlers
+        keep ``BuiltinVariable.call_isinstance`` bound). Each is cleared whenever the patch
+        is installed, suspended or removed, so torch rebuilds it from the
+        function in place: without that, ``disable()`` would leave the
+        replacement running from the cache.
+    """
+
+    target: str
+    fingerprint: str
+    make: Callable[[Callable[..., Any]], Callable[..., Any]] | str
+    depends_on: tuple[tuple[str, str], ...] = ()
+    scope: Literal["everywhere", "here"] = "everywhere"
+    caches: tuple[str, ...] = ()
+
+    def factory(self) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """The replacement's factory (imported when :attr:`make` names it)."""
+        if not isinstance(self.make, str):
+            return self.make
+        module, _, name = self.make.partition(":")
+        found = getattr(importlib.import_module(module), name)
+        if not callable(found):
+            raise TypeError(f"{self.make} is not callable")
+        return found  # type: ignore[no-any-return]  # a factory by convention
+
+    @property
+    def doc(self) -> str:
+        return inspect.getdoc(self.factory()) or ""
+
+
+class PatchRefused(RuntimeError):
+    """The running torch does not match the patches: nothing was patched."""
+
+
+def _resolve(target: str) -> tuple[Any, str, Any]:
+    """``(owner, attribute, current value)`` for a qualified name."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            owner: Any = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for name in parts[cut:-1]:
+            owner = getattr(owner, name)
+        return owner, parts[-1], getattr(owner, parts[-1])
+    raise ImportError(f"cannot import any module prefix of {target!r}")
+
+
+def _module_file(module_name: str) -> str | None:
+    """The source file of a torch module, found without importing anything."""
+    parts = module_name.split(".")
+    if parts[0] != "torch":
+        return None
+    torch_spec = importlib.util.find_spec("torch")
+    if torch_spec is None or not torch_spec.submodule_search_locations:
+        return None
+    base = os.path.join(next(iter(torch_spec.submodule_search_locations)), *parts[1:])
+    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _locate(target: str) -> tuple[str, tuple[str, ...]] | None:
+    """``(module name, attribute path)`` of a qualified name whose module is not
+    imported, from the files alone; ``None`` when no prefix is a torch source file."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:cut])
+        if _module_file(module_name) is not None:
+            return module_name, tuple(parts[cut:])
+    return None
+
+
+def _definitions(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Statements of a module or class body, looking into ``if``/``try``/``with`` blocks."""
+    for node in body:
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            yield from _definitions(node.body)
+            yield from _definitions(getattr(node, "orelse", []))
+            for handler in getattr(node, "handlers", []):
+                yield from _definitions(handler.body)
+            yield from _definitions(getattr(node, "finalbody", []))
+        else:
+            yield node
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(file: str) -> tuple[str, ast.Module]:
+    with open(file, encoding="utf-8") as f:
+        text = f.read()
+    return text, ast.parse(text)
+
+
+def _imported_from(module_name: str, file: str, body: list[ast.stmt], name: str) -> str | None:
+    """The module ``name`` is imported from by a top-level ``from ... import``,
+    when that is the last binding of ``name`` in ``body``."""
+    source: str | None = None
+    for node in _definitions(body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            source = None
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            for alias in node.names:
+                if (alias.asname or alias.name) == name and alias.name == name:
+                    if node.level == 0:
+                        source = node.module
+                    else:
+                        package = module_name if file.endswith("__init__.py") else module_name.rpartition(".")[0]
+                        for _ in range(node.level - 1):
+                            package = package.rpartition(".")[0]
+                        source = f"{package}.{node.module}"
+    return source
+
+
+def source_fingerprint(module_name: str, path: tuple[str, ...]) -> str | None:
+    """:func:`fingerprint` of the definition ``path`` (``("Class", "method")``)
+    in ``module_name``'s source file, read and parsed but not run: the same
+    text ``inspect.getsource`` gives once the module is imported. ``None`` when
+    the file or a ``def``/``class`` statement for it is not found."""
+    file = _module_file(module_name)
+    if file is None:
+        return None
+    text, tree = _parsed(file)
+    body: list[ast.stmt] = tree.body
+    if len(path) == 1:
+        imported = _imported_from(module_name, file, body, path[0])
+        if imported is not None:  # ``from .x import f``: f's definition in x
+            return source_fingerprint(imported, path)
+    node: ast.stmt | None = None
+    for name in path:
+        found = [
+            n
+            for n in _definitions(body)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name
+        ]
+        if not found:
+            return None
+        node = found[-1]  # the last definition is the one the module keeps
+        body = node.body
+    if node is None or node.end_lineno is None:
+        return None
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])  # type: ignore[attr-defined]  # def/class nodes have decorator_list
+    lines = text.splitlines(keepends=True)[first - 1 : node.end_lineno]
+    source = textwrap.dedent("".join(lines))
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def _raw(owner: Any, attr: str) -> Any:
+    """The attribute as stored (a function for methods, not a bound method;
+    the ``staticmethod``/``classmethod`` object for those)."""
+    if isinstance(owner, type):
+        for klass in owner.__mro__:
+            if attr in vars(klass):
+                return vars(klass)[attr]
+    return getattr(owner, attr)
+
+
+def _function(raw: Any) -> Any:
+    """The function inside a stored attribute (unwraps static/class methods)."""
+    return raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+
+
+def _cache(name: str) -> Any:
+    """The cache named ``name``: a ``functools`` cache wrapper (a function or a
+    static/class method), or a dict torch fills itself (a class attribute)."""
+    cached = _function(_raw(*_resolve(name)[:2]))
+    if not isinstance(cached, dict) and not callable(getattr(cached, "cache_clear", None)):
+        raise TypeError(f"{name} is not a functools cache (nor a dict)")
+    return cached
+
+
+def _clear_caches(patch: Patch) -> None:
+    for name in patch.caches:
+        cached = _cache(name)
+        if isinstance(cached, dict):
+            cached.clear()
+        else:
+            cached.cache_clear()
+
+
+@dataclass
+class _Applied:
+    patch: Patch
+    original: Any
+    replacement: Any
+    places: list[tuple[Any, str]] = field(default_factory=list)  # (namespace or _ClassAttr, key)
+
+
+class PatchSet:
+    """An ordered list of patches applied and removed as one unit."""
+
+    def __init__(self, patches: Iterable[Patch]) -> None:
+        self.patches: tuple[Patch, ...] = tuple(patches)
+        self._applied: list[_Applied] = []
+        self._deferred: dict[str, list[Patch]] = {}  # module name -> patches applied on its import
+        self._lock = threading.RLock()
+        #: Why the set was removed after it was enabled (a patch waiting for its
+        #: module failed to apply on that import); ``None`` otherwise.
+        self.removed: str | None = None
+        seen: set[str] = set()
+        for p in self.patches:
+            if p.target in seen:
+                raise AssertionError(f"patch target {p.target} listed twice")
+            seen.add(p.target)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._applied or self._deferred)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """Every target of an enabled set, in the set's order, whether applied
+        already or waiting for its module's import."""
+        if not self.enabled:
+            return ()
+        return tuple(p.target for p in self.patches)
+
+    @property
+    def waiting(self) -> tuple[str, ...]:
+        """Targets whose module torch has not imported yet (applied on its import)."""
+        return tuple(p.target for patches in self._deferred.values() for p in patches)
+
+    @staticmethod
+    def _fingerprint_of(target: str) -> tuple[str, str | None]:
+        """``(fingerprint, module)`` of ``target``'s current definition: from the
+        module's source file, without importing it, when the module is not
+        imported (``module`` names it: the patch can wait for its import); else,
+        or when the file cannot be read, from the object (``module`` is ``None``)."""
+        located = _locate(target)
+        if located is not None and located[0] not in sys.modules:
+            found = source_fingerprint(*located)
+            if found is not None:
+                return found, located[0]
+        owner, attr, _ = _resolve(target)
+        return fingerprint(_function(_raw(owner, attr))), None
+
+    def _examine(self) -> tuple[list[str], dict[str, str]]:
+        """The problems that would refuse the set (unresolvable targets, changed
+        sources), and the module each target that can wait for its import waits for."""
+        problems = []
+        waits: dict[str, str] = {}
+        for p in self.patches:
+            for target, expected in ((p.target, p.fingerprint), *p.depends_on):
+                label = target if target == p.target else f"{target} (relied on by the patch of {p.target})"
+                try:
+                    found, module = self._fingerprint_of(target)
+                except (ImportError, AttributeError, OSError, TypeError, SyntaxError) as e:
+                    problems.append(f"{label}: cannot be resolved ({e})")
+                    continue
+                if found != expected:
+                    problems.append(f"{label}: source fingerprint {found}, expected {expected}")
+                elif module is not None and target == p.target:
+                    waits[target] = module
+            try:
+                p.factory()
+            except (ImportError, AttributeError, TypeError) as e:
+                problems.append(f"{p.target}: the replacement {p.make!r} cannot be loaded ({e})")
+            for name in p.caches:
+                if p.target in waits:
+                    continue  # checked when its module is imported, before the patch applies
+                try:
+                    _cache(name)
+                except (ImportError, AttributeError, TypeError) as e:
+                    problems.append(f"{name} (a cache of {p.target}): cannot be resolved ({e})")
+        return problems, waits
+
+    def check(self) -> list[str]:
+        """Problems that would refuse the set: unresolvable targets, changed sources."""
+        return self._examine()[0]
+
+    def enable(self) -> tuple[str, ...]:
+        """Check every patch, then apply each one whose module is imported and
+        defer the others to their module's import; or apply none (raising
+        :class:`PatchRefused`)."""
+        with self._lock:
+            if self.enabled:
+                return self.targets
+            problems, waits = self._examine()
+            if problems:
+                raise PatchRefused("; ".join(problems))
+            self.removed = None
+            applied: list[_Applied] = []
+            deferred: dict[str, list[Patch]] = {}
+            try:
+                for p in self.patches:
+                    if p.target in waits:
+                        deferred.setdefault(waits[p.target], []).append(p)
+                        continue
+                    applied.append(self._apply(p))
+            except BaseException:
+                self._uninstall(applied)
+                raise
+            self._applied = applied
+            self._deferred = deferred
+            if deferred:
+                _ImportHook.add(self)
+            log.debug(
+                "applied %d patches, %d wait for their module's import", len(applied), sum(map(len, deferred.values()))
+            )
+            return self.targets
+
+    def _apply(self, p: Patch) -> _Applied:
+        owner, attr, _ = _resolve(p.target)
+        original = _raw(owner, attr)
+        function = p.factory()(_function(original))
+        # a static/class method is stored wrapped again, like the original
+        replacement: object = (
+            type(original)(function) if isinstance(original, (staticmethod, classmethod)) else function
+        )
+        record = _Applied(p, original, replacement)
+        try:
+            self._install(record, owner, attr)
+            _clear_caches(p)
+        except BaseException:
+            self._uninstall([record])
+            raise
+        return record
+
+    def _module_imported(self, module_name: str) -> None:
+        """Called by the import hook once ``module_name`` has run: apply its patches."""
+        with self._lock:
+            patches = self._deferred.pop(module_name, None)
+            if not patches:
+                return
+            try:
+                for p in patches:
+                    if fingerprint(_function(_raw(*_resolve(p.target)[:2]))) != p.fingerprint:
+                        raise PatchRefused(f"{p.target}: the imported definition differs from its source file")
+                    self._applied.append(self._apply(p))
+            except BaseException as e:  # never leave a half-patched torch behind
+                self._disable_locked()
+                self.removed = f"patching {module_name} on import failed ({type(e).__name__}: {e})"
+                warnings.warn(
+                    f"opaque_subclass: {self.removed}; every "
+                    "patch of the set is removed and torch runs stock. Fix: install the official "
+                    "torch release the patches were written for.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            if not self._deferred:
+                _ImportHook.discard(self)
+
+    def _disable_locked(self) -> None:
+        _ImportHook.discard(self)
+        self._deferred = {}
+        self._uninstall(self._applied)
+        self._applied = []
+
+    def disable(self) -> None:
+        """Restore every original object and drop the patches still waiting for
+        their module's import; a no-op when not enabled."""
+        with self._lock:
+            self._disable_locked()
+
+    def apply_now(self, target: str) -> None:
+        """Import ``target``'s module now if its patch is waiting for it (tests)."""
+        located = _locate(target)
+        if located is not None and located[0] in self._deferred:
+            importlib.import_module(located[0])
+
+    @contextmanager
+    def suspended(self, target: str) -> Iterator[None]:
+        """Temporarily restore one patched target (for tests showing a patch is needed)."""
+        self.apply_now(target)
+        with self._lock:
+            record = next((a for a in self._applied if a.patch.target == target), None)
+            if record is None:
+                raise KeyError(f"{target} is not patched")
+            places = list(record.places)
+            if record.patch.scope == "everywhere" and not isinstance(record.replacement, (staticmethod, classmethod)):
+                # torch modules imported after the patch took the replacement by name
+                places += [(ns, key) for _, ns, key in _torch_namespaces_holding(record.replacement)]
+            for d, k in places:
+                d[k] = record.original
+            _clear_caches(record.patch)
+        try:
+            yield
+        finally:
+            with self._lock:
+                for d, k in places:
+                    d[k] = record.replacement
+                _clear_caches(record.patch)
+
+    @staticmethod
+    def _install(record: _Applied, owner: Any, attr: str) -> None:
+        if isinstance(owner, type):
+            record.places.append((_ClassAttr(owner), attr))
+            setattr(owner, attr, record.replacement)
+            return
+        if record.patch.scope == "here":
+            record.places.append((vars(owner), attr))
+            vars(owner)[attr] = record.replacement
+            return
+        for _, namespace, key in _torch_namespaces_holding(record.original):
+            namespace[key] = record.replacement
+            record.places.append((namespace, key))
+        if not record.places:
+            raise AssertionError(f"{record.patch.target}: original not found in any torch module")
+
+    @staticmethod
+    def _uninstall(applied: list[_Applied]) -> None:
+        for record in reversed(applied):
+            for d, k in record.places:
+                d[k] = record.original
+            record.places.clear()
+            if record.patch.scope == "everywhere" and not isinstance(record.replacement, (staticmethod, classmethod)):
+                # torch modules imported while the patch was on took the
+                # replacement by name (``from .x import f``): restore those too.
+                for _, namespace, key in _torch_namespaces_holding(record.replacement):
+                    namespace[key] = record.original
+            with suppress(ImportError, AttributeError, TypeError):  # checked when applied
+                _clear_caches(record.patch)
+
+
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """One finder on ``sys.meta_path`` for every enabled set with patches waiting
+    for their module: such a module is found by the other finders as usual and
+    loaded by its own loader, after which the waiting sets apply their patches."""
+
+    sets: list[PatchSet] = []  # the sets with patches waiting, in enabling order
+    lock = threading.Lock()
+
+    @classmethod
+    def add(cls, patch_set: PatchSet) -> None:
+        with cls.lock:
+            if patch_set not in cls.sets:
+                cls.sets.append(patch_set)
+            if not any(isinstance(f, cls) for f in sys.meta_path):
+                sys.meta_path.insert(0, cls())
+
+    @classmethod
+    def discard(cls, patch_set: PatchSet) -> None:
+        with cls.lock:
+            if patch_set in cls.sets:
+                cls.sets.remove(patch_set)
+            if not cls.sets:
+                sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, cls)]
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        waiting = [ps for ps in list(self.sets) if name in ps._deferred]
+        if not waiting:
+            return None
+        for finder in list(sys.meta_path):
+            if isinstance(finder, _ImportHook) or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _PatchingLoader(spec.loader, waiting)
+        return spec
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """The module's own loader, then the patches; afterwards the module keeps
+    its own loader (``inspect``, ``linecache`` and pickling see no trace)."""
+
+    def __init__(self, loader: Any, sets: list[PatchSet]) -> None:
+        self.loader = loader
+        self.sets = sets
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        for patch_set in self.sets:
+            patch_set._module_imported(module.__name__)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+def _torch_namespaces_holding(obj: Any) -> list[tuple[str, dict[str, Any], str]]:
+    """``(module name, namespace, key)`` of every torch module global that is ``obj``."""
+    found = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "torch" or name.startswith("torch.")):
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if not namespace:
+            continue
+        for key, value in list(namespace.items()):
+            if value is obj:
+                found.append((name, namespace, key))
+    return found
+
+
+class _ClassAttr:
+    """Item assignment onto a class attribute (``vars(cls)`` is read-only).
+
+    Assigning the original back when the class did not define the attribute
+    itself (it was inherited) deletes the class's own entry instead, so the
+    class is left exactly as found.
+    """
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.owned = set(vars(cls))
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        inherited = key not in self.owned
+        if inherited and any(value is vars(k).get(key) for k in self.cls.__mro__[1:]):
+            if key in vars(self.cls):
+                delattr(self.cls, key)
+            return
+        setattr(self.cls, key, value)

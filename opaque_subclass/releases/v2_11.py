@@ -1,0 +1,296 @@
+"""torch 2.11: the backport. Everything the library does on this release.
+
+torch 2.11 has the opaque registry but not opaque attributes of tensor
+subclasses: ``import opaque_subclass`` applies the patches below, all or none,
+so that torch.compile, AOTAutograd, export, parametrizations, FSDP and
+DTensor handle them as torch 2.13 does. Every row replaces one torch
+function: its qualified name, the fingerprint of the original's source (a
+torch build whose source differs is refused whole, nothing patched), and where
+the replacement's factory lives (its docstring says what fails without it and
+what changes with it). ``support().patched`` lists them, ``disable()`` removes
+them; docs/backport.md describes each.
+"""
+
+from __future__ import annotations
+
+from opaque_subclass.patching import Patch
+from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, Difference, ReleaseSupport
+from opaque_subclass.releases.shared import ATTRIBUTE_GUARD_TEXT, FOREIGN_ISINSTANCE
+
+RELEASE = ReleaseSupport(
+    (2, 11),
+    "backport",
+    OPAQUE_OBJECT_API,
+    patches=(
+        # fake-tensor conversion (opaque_subclass/backport/fake.py)
+        Patch(
+            "torch._subclasses.meta_utils.MetaTensorDescriber.describe_tensor",
+            "ebbda54b914e44d9",
+            "opaque_subclass.backport.fake:make_describe_tensor",
+        ),
+        Patch(
+            "torch._subclasses.fake_tensor.is_fake", "7a995a7d29311177", "opaque_subclass.backport.fake:make_is_fake"
+        ),
+        Patch(
+            "torch._subclasses.fake_tensor.maybe_get_fake_mode",
+            "3d1d38c36e678d21",
+            "opaque_subclass.backport.fake:make_maybe_get_fake_mode",
+        ),
+        # Dynamo (backport/dynamo.py); the input check at its entry is core/checks.py's
+        Patch(
+            "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor",
+            "4966eaf89fbb36bb",
+            "opaque_subclass.backport.dynamo:make_wrap_tensor",
+            caches=("torch._dynamo.variables.builder.VariableBuilder._type_dispatch_impl",),
+        ),
+        Patch(
+            "torch._dynamo.variables.builder._automatic_dynamic",
+            "6dad81d75732e4d5",
+            "opaque_subclass.backport.dynamo:make_automatic_dynamic",
+        ),
+        Patch(
+            "torch.fx.experimental.symbolic_shapes.ShapeEnv.produce_guards_verbose",
+            "6c5798635dc1fbf3",
+            "opaque_subclass.backport.dynamo:make_produce_guards_verbose",
+        ),
+        Patch(
+            "torch._dynamo.variables.distributed.DeviceMeshVariable.is_device_mesh",
+            "f6951f04a46572a5",
+            "opaque_subclass.backport.dynamo:make_is_device_mesh",
+            # the caller whose source tells a DTensor's mesh from a mesh input
+            depends_on=(("torch._dynamo.variables.builder.VariableBuilder._wrap", "9d1bd3172bb5c702"),),
+        ),
+        Patch(
+            "torch._dynamo.variables.distributed.ProcessGroupVariable.is_process_group",
+            "3dde770c19833ad1",
+            "opaque_subclass.backport.dynamo:make_is_process_group",
+        ),
+        # AOTAutograd (backport/aot_autograd.py) and its run-time wrapper (backport/runtime.py)
+        Patch(
+            "torch.fx.experimental.proxy_tensor.set_proxy_slot",
+            "5fbc7c5250caf5b6",
+            "opaque_subclass.backport.aot_autograd:make_set_proxy_slot",
+        ),
+        Patch(
+            "torch._functorch._aot_autograd.subclass_utils.create_subclass_metadata",
+            "7b4c0b5f0341af60",
+            "opaque_subclass.backport.aot_autograd:make_create_subclass_metadata",
+        ),
+        Patch(
+            "torch._functorch._aot_autograd.subclass_utils.unwrap_tensor_subclasses",
+            "11cc3ee45d7806e6",
+            "opaque_subclass.backport.aot_autograd:make_unwrap_tensor_subclasses",
+        ),
+        Patch(
+            "torch._functorch._aot_autograd.graph_capture_wrappers.sc_visit",
+            "985398e20c16d699",
+            "opaque_subclass.backport.aot_autograd:make_sc_visit",
+        ),
+        Patch(
+            "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key",
+            "e7516ac495df56aa",
+            "opaque_subclass.backport.aot_autograd:make_autograd_cache_key",
+        ),
+        Patch(
+            "torch._functorch._aot_autograd.functional_utils.is_fun",
+            "717e7e67d125a4d1",
+            "opaque_subclass.backport.aot_autograd:make_is_fun",
+        ),
+        Patch(
+            "torch._functorch._aot_autograd.functional_utils.sync_functional_tensor",
+            "a32ff6debc413a1d",
+            "opaque_subclass.backport.aot_autograd:make_skip_opaque",
+        ),
+        Patch(
+            "torch._functorch._aot_autograd.functional_utils.are_all_mutations_under_no_grad_or_inference_mode",
+            "4c753f6f262dbd37",
+            "opaque_subclass.backport.aot_autograd:make_skip_opaque",
+        ),
+        Patch(
+            "torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchSubclassWrapper.post_compile",
+            "cf6a953d4963e9cc",
+            "opaque_subclass.backport.runtime:make_subclass_wrapper_post_compile",
+        ),
+        # torch.export (backport/export.py) and its archive (backport/archive.py)
+        Patch(
+            "torch._export.non_strict_utils._create_symbolic_context_for_tensor",
+            "51ef4dde85a39546",
+            "opaque_subclass.backport.export:make_symbolic_context",
+        ),
+        Patch(
+            "torch._export.passes.lift_constants_pass.lift_constants_pass",
+            "20bbf233fd37a37e",
+            "opaque_subclass.backport.export:make_lift_constants_pass",
+        ),
+        Patch(
+            "torch.export.unflatten._assign_attr",
+            "364fb4f027a9f58d",
+            "opaque_subclass.backport.export:make_assign_attr",
+        ),
+        Patch(
+            "torch._dynamo.convert_frame.fullgraph_capture",
+            "681d491516e4b6c6",
+            "opaque_subclass.backport.export:make_fullgraph_capture",
+            depends_on=(("torch._dynamo.functional_export._dynamo_graph_capture_for_export", "f4e25be375af4e1b"),),
+        ),
+        Patch(
+            "torch.export.pt2_archive._package._package_constants",
+            "c503d4b5c778fbd4",
+            "opaque_subclass.backport.archive:make_package_constants",
+        ),
+        Patch(
+            "torch.export.pt2_archive._package._load_constants",
+            "23b892b69c176401",
+            "opaque_subclass.backport.archive:make_load_constants",
+        ),
+        Patch(
+            "torch.export.pt2_archive._package._save_pickled_tensors",
+            "f76ccca3106461df",
+            "opaque_subclass.backport.archive:make_save_pickled_tensors",
+        ),
+        # nn.utils.parametrize (backport/parametrize.py)
+        Patch(
+            "torch.nn.utils.parametrize.ParametrizationList.__init__",
+            "4ba455d7a2794631",
+            "opaque_subclass.backport.parametrize:make_init",
+        ),
+        Patch(
+            "torch.nn.utils.parametrize.ParametrizationList.right_inverse",
+            "3ee33189db9332e2",
+            "opaque_subclass.backport.parametrize:make_right_inverse",
+        ),
+        Patch(
+            "torch._functorch._aot_autograd.subclass_parametrization.UnwrapTensorSubclass.right_inverse",
+            "b059ddfb4b07ce30",
+            "opaque_subclass.backport.parametrize:make_unwrap_right_inverse",
+        ),
+        Patch(
+            "torch._functorch._aot_autograd.subclass_parametrization.UnwrapTensorSubclass.forward",
+            "3121306112ee0f7e",
+            "opaque_subclass.backport.parametrize:make_unwrap_forward",
+        ),
+        # FSDP and memory accounting (backport/distributed.py)
+        Patch(
+            "torch.distributed.fsdp._init_utils._sync_module_params_and_buffers",
+            "bfb90d4b39992fcc",
+            "opaque_subclass.backport.distributed:make_sync_module_states",
+        ),
+        Patch(
+            "torch.distributed._tools.common_utils.get_untyped_storages",
+            "8e2ccff94d44617e",
+            "opaque_subclass.backport.distributed:make_get_untyped_storages",
+        ),
+        # collectives taking an opaque group (backport/collectives.py)
+        Patch(
+            "torch._dynamo.variables.builtin.BuiltinVariable.call_isinstance",
+            "cc574567c9dbb8e7",
+            "opaque_subclass.backport.collectives:make_call_isinstance",
+            caches=("torch._dynamo.variables.builtin.BuiltinVariable.call_function_handler_cache",),
+        ),
+        # the input checks at non-strict export's first walk and its fakes, as on the native releases
+        Patch(
+            "torch._subclasses.fake_tensor.get_plain_tensors",
+            "4e95507881e5f3a0",
+            "opaque_subclass.fixes.entry_checks:make_get_plain_tensors",
+        ),
+        Patch(
+            "torch._export.non_strict_utils.fakify",
+            "5ba92b774b15663c",
+            "opaque_subclass.fixes.entry_checks:make_fakify",
+        ),
+        # the library's errors raised while Dynamo traces reach the user as themselves
+        Patch(
+            "torch._dynamo.convert_frame._compile",
+            "dfa174bce2ffdec4",
+            "opaque_subclass.fixes.dynamo_errors:make_compile",
+        ),
+        # members of opaques in compiled code: baked values guarded, undeclared ones named
+        Patch(
+            "torch._dynamo.variables.script_object.TorchScriptObjectVariable.call_method",
+            "55c82a3f6ed68f2e",
+            "opaque_subclass.fixes.members:make_call_method",
+        ),
+        Patch(
+            "torch._dynamo.variables.script_object.TorchScriptObjectVariable.var_getattr",
+            "1173580d17b2fb7b",
+            "opaque_subclass.backport.collectives:make_var_getattr",
+        ),
+        # DTensor's mesh as an opaque attribute (backport/dtensor.py)
+        Patch(
+            "torch.distributed.tensor._api.DTensor.__tensor_flatten__",
+            "3b0b2582b79e7389",
+            "opaque_subclass.backport.dtensor:make_tensor_flatten",
+        ),
+        Patch(
+            "torch.distributed.tensor._api.DTensor.__tensor_unflatten__",
+            "f7cf6b23a032ba1d",
+            "opaque_subclass.backport.dtensor:make_tensor_unflatten",
+        ),
+        Patch(
+            "torch.fx.experimental.proxy_tensor.get_proxy_slot",
+            "bee66aa81c0660c6",
+            "opaque_subclass.backport.dtensor:make_get_proxy_slot",
+        ),
+        Patch(
+            "torch._dynamo.variables.torch.TorchInGraphFunctionVariable._get_handlers",
+            "5336cc9cf9ad95ce",
+            "opaque_subclass.backport.dtensor:make_get_handlers",
+        ),
+        Patch(
+            "torch._dynamo.variables.tensor.TensorVariable.method_redistribute",
+            "07fdc792fb977468",
+            "opaque_subclass.backport.dtensor:make_method_redistribute",
+        ),
+        Patch(
+            "torch._dynamo.variables.tensor.TensorVariable.dynamic_getattr",
+            "3e72d97b291dff28",
+            "opaque_subclass.backport.dtensor:make_dynamic_getattr",
+        ),
+        # a tangent whose attribute list is not its output's: a named error, never read at the
+        # output's names (opaque_subclass/fixes/tangent_attributes.py)
+        Patch(
+            "torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchAutograd.process_runtime_tangent",
+            "5b1a84a4b295c1c8",
+            "opaque_subclass.fixes.tangent_attributes:make_process_runtime_tangent",
+        ),
+        # an opaque whose __getattr__ answers every name is not a TorchScript object
+        # (opaque_subclass/fixes/opaque_protocols.py)
+        Patch(
+            "torch._library.fake_class_registry.tracing_with_real",
+            "616fbc9b9bcfb85a",
+            "opaque_subclass.fixes.opaque_protocols:make_tracing_with_real",
+        ),
+    ),
+    differences=(
+        Difference(
+            "torch 2.11 does not register enum.Enum as a value opaque (2.12 and newer do): "
+            "opaque_kind(AnEnum) is None until register_opaque(AnEnum, kind='value')",
+            ("api/enum-is-value-opaque",),
+        ),
+        Difference(
+            "torch.export.save on a program holding reference opaques raises TypeError with the fix "
+            "opaque_subclass.export.save (the backport's archive patch); torch 2.12 and newer pickle "
+            "them by value and offer no hook to refuse",
+            ("export/torch-save-direct",),
+        ),
+        Difference(
+            ATTRIBUTE_GUARD_TEXT,
+            ("members/attribute-use-real", "collectives/functional-all-reduce"),
+        ),
+        Difference(
+            "a mesh that reaches DTensor.from_local or redistribute in compiled code only as an "
+            "argument (not read from a DTensor input) is compiled in, guarded by equality: a later "
+            "call with an equal mesh returns a DTensor on the first call's mesh (2.12 and newer: the "
+            "mesh passed in). Dynamo 2.11's DTensor handlers take the mesh as a constant and its fake "
+            "wrapper of an opaque input holds a copy, so the traced mesh cannot be matched to the input",
+            ("dtensor/from-local-mesh-argument/8-ranks",),
+        ),
+        Difference(
+            "torch 2.11's CUDA build without a GPU crashes (SIGSEGV in FakeTensorMode.__enter__) "
+            "when a thread compiles after another compiling thread has exited, with or without "
+            "the library: compile from one long-lived thread",
+            ("threads/compile-after-thread-exit",),
+        ),
+    ),
+    limits=(FOREIGN_ISINSTANCE,),
+)

@@ -1,0 +1,90 @@
+"""torch 2.15: native, with fixes. Everything the library does on this release.
+
+torch 2.14's fixes (its partitioner still calls the deprecated
+``is_opaque_value``), each with 2.15's own fingerprint where the source
+changed: the AOTAutograd cache key that ignores which inputs share one opaque,
+named errors at torch's entry points, guarded member values of opaques,
+DTensor outputs on the mesh passed in.
+
+What a row is, and how the set is applied: :mod:`opaque_subclass.releases`.
+"""
+
+from __future__ import annotations
+
+from opaque_subclass.patching import Patch
+from opaque_subclass.releases.schema import CUSTOM_CLASS_API, ReleaseSupport
+from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
+
+RELEASE = ReleaseSupport(
+    (2, 15),
+    "native",
+    CUSTOM_CLASS_API,
+    fixes=(
+        # named errors where torch first meets a subclass input (the checks: core/checks.py)
+        Patch(
+            "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor",
+            "3f917c5075df5856",
+            "opaque_subclass.fixes.entry_checks:make_wrap_tensor",
+            caches=("torch._dynamo.variables.builder.VariableBuilder._type_dispatch_impl",),
+        ),
+        Patch(
+            "torch._subclasses.fake_tensor.get_plain_tensors",
+            "7778f151d889482b",
+            "opaque_subclass.fixes.entry_checks:make_get_plain_tensors",
+        ),
+        Patch(
+            "torch._export.non_strict_utils.fakify",
+            "a5b3fb134dc1ae41",
+            "opaque_subclass.fixes.entry_checks:make_fakify",
+        ),
+        # the library's errors raised while Dynamo traces reach the user as themselves
+        Patch(
+            "torch._dynamo.convert_frame._compile",
+            "8041208bb845db0c",
+            "opaque_subclass.fixes.dynamo_errors:make_compile",
+        ),
+        # upstream bugs of this release (the replacements: opaque_subclass/fixes/)
+        Patch(
+            "torch._functorch.partitioners.is_opaque_value",
+            "4a335e63a783a6ea",
+            "opaque_subclass.fixes.partitioner:make_partitioner_is_opaque_value",
+            depends_on=(("torch._library.opaque_object.is_custom_class_obj", "81ead463b8a301a8"),),
+            scope="here",
+        ),
+        Patch(
+            "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key",
+            "26aa5a210e4eaa85",
+            "opaque_subclass.fixes.autograd_cache:make_autograd_cache_key",
+        ),
+        Patch(
+            "torch._dynamo.variables.script_object.CustomClassObjectVariable.call_method",
+            "3c566bf785884072",
+            "opaque_subclass.fixes.members:make_call_method",
+        ),
+        Patch(
+            "torch._dynamo.variables.script_object.CustomClassObjectVariable.tp_getattro_impl",
+            "d5c65463ec052981",
+            "opaque_subclass.fixes.members:make_getattr",
+        ),
+        Patch(
+            "torch.fx.experimental.proxy_tensor.get_proxy_slot",
+            "05a9f0bd25707a04",
+            "opaque_subclass.fixes.dtensor_mesh:make_get_proxy_slot",
+        ),
+        # a tangent whose attribute list is not its output's: a named error, never read at the
+        # output's names (opaque_subclass/fixes/tangent_attributes.py)
+        Patch(
+            "torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchAutograd.process_runtime_tangent",
+            "6a2d0fab7e268275",
+            "opaque_subclass.fixes.tangent_attributes:make_process_runtime_tangent",
+        ),
+        # an opaque whose __getattr__ answers every name is not a TorchScript object
+        # (opaque_subclass/fixes/opaque_protocols.py)
+        Patch(
+            "torch._library.fake_class_registry.tracing_with_real",
+            "616fbc9b9bcfb85a",
+            "opaque_subclass.fixes.opaque_protocols:make_tracing_with_real",
+        ),
+    ),
+    limits=(FOREIGN_ISINSTANCE,),
+)
