@@ -38,6 +38,7 @@ from opaque_subclass.core.walk import ValueOpaqueListedError
 
 __all__ = ["make_init", "make_right_inverse", "make_unwrap_forward", "make_unwrap_right_inverse"]
 
+
 def _opaque_slots(plist: Any) -> frozenset[int]:
     """Which ``original{i}`` of a ``ParametrizationList`` hold opaques: read
     from the list itself (the ``__init__`` patch stores an opaque as a plain
