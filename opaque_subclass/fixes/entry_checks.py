@@ -35,6 +35,17 @@ from opaque_subclass.core.flatten import is_wrapper_subclass
 __all__ = ["make_fakify", "make_get_plain_tensors", "make_wrap_tensor"]
 
 
+def _name_the_cause(error: Exception, check: Callable[[], object]) -> None:
+    """For an input torch's function failed on with ``error``: run ``check``
+    (the library's checks of that input, which call the user's
+    ``__tensor_unflatten__`` only now that torch has failed) and raise the
+    library's error it finds *from* torch's; return when it finds none."""
+    try:
+        check()
+    except OpaqueSubclassError as named:
+        raise named from error
+
+
 def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._dynamo.variables.builder.VariableBuilder.wrap_tensor``
     (torch 2.12, 2.13, 2.14 and 2.15: each release's own fingerprint), where
@@ -64,10 +75,7 @@ def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
             variable = original(self, value)
         except Exception as error:
             if levels:  # torch failed on this input: say why if a rebuild is wrong
-                try:
-                    check_levels(levels)
-                except OpaqueSubclassError as named:
-                    raise named from error
+                _name_the_cause(error, lambda: check_levels(levels))
             raise
         # the rebuild check on the fake torch built with the user's __tensor_unflatten__
         node = getattr(getattr(variable, "proxy", None), "node", None)
@@ -107,10 +115,7 @@ def make_fakify(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             fake = original(mode, kp, t, *args, **kwargs)
         except Exception as error:
-            try:
-                check_levels(validate_input(t, path, rebuild=False))
-            except OpaqueSubclassError as named:
-                raise named from error
+            _name_the_cause(error, lambda: check_levels(validate_input(t, path, rebuild=False)))
             raise
         check_fake_rebuild(validate_input(t, path, rebuild=False), fake)
         return fake
