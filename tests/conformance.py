@@ -139,10 +139,21 @@ class CColor(enum.Enum):
     RED = 1
 
 
+class CAnswersAll(OpaqueBase):
+    """An opaque whose ``__getattr__`` answers every name (a forwarding proxy)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return self
+
+
 opaque_subclass.register_opaque(CMesh)
 opaque_subclass.register_opaque(CStream)
 opaque_subclass.register_opaque(CConfig, kind="value")
 opaque_subclass.register_opaque(CForeign)
+opaque_subclass.register_opaque(CAnswersAll)
 opaque_subclass.register_opaque(
     CGauge,
     members={"factor": Member.USE_REAL, "offset": Member.USE_REAL, "doubled": Member.INLINED},
@@ -153,6 +164,11 @@ class CSharded(OpaqueSubclass):
     tensor_attrs = ("_data",)
     opaque_attrs = {"_mesh": CMesh}
     meta_attrs = ("_tag",)
+
+
+class CProxied(OpaqueSubclass):
+    tensor_attrs = ("_data",)
+    opaque_attrs = {"_proxy": CAnswersAll}
 
 
 class CTwo(OpaqueSubclass):
@@ -430,6 +446,16 @@ def _graph_break() -> Observation:
         compiled = torch.compile(fn, backend=count)
         meshes = [CMesh("a"), CMesh("b")]
         outs = [describe(compiled(CSharded(torch.ones(2), m, "t")), {"input mesh": m}) for m in meshes]
+        return {"outs": outs, "compilations": count.frame_count}
+
+
+@entry("compile/opaque-getattr-answers-all/aot_eager")
+def _getattr_answers_all() -> Observation:
+    with fresh():
+        count = counter("aot_eager")
+        compiled = torch.compile(lambda t: t * 2, backend=count, fullgraph=True)
+        proxies = [CAnswersAll("a"), CAnswersAll("b")]
+        outs = [describe(compiled(CProxied(torch.ones(2), p)), {"input proxy": p}) for p in proxies]
         return {"outs": outs, "compilations": count.frame_count}
 
 
@@ -899,6 +925,21 @@ def _mixed() -> Observation:
     return raised(
         lambda: CSharded(torch.ones(2), CMesh("a"), "t") + CSharded(torch.ones(2), CMesh("b"), "t"), "CSharded"
     )
+
+
+@entry("errors/export-unflatten-returns-another-type")
+def _export_wrong_unflatten() -> Observation:
+    class CReturnsInner(CSharded):
+        @classmethod
+        def __tensor_unflatten__(cls, inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
+            return inner["_data"]
+
+    class Double(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    x = CReturnsInner(torch.ones(2), CMesh("a"), "t")
+    return raised(lambda: torch.export.export(Double(), (x,), strict=False), "CReturnsInner", "L['x']", "torch.Tensor")
 
 
 @entry("errors/register-value-without-eq")
