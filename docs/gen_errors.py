@@ -1541,6 +1541,30 @@ MODULES = Group(
             """,
         ),
         _e(
+            "parametrization-deleted-leaf",
+            "OpaqueSubclassError",
+            "an opaque leaf deleted from a parametrization",
+            """After `unwrap_tensor_subclass_parameters` (the library's or torch's), an opaque leaf
+            stored on `module.parametrizations.w` was deleted, and `module.w` was read (also by a
+            forward, compiled or not). Raised from the library's fix of torch's
+            `ParametrizationList.forward` on every release; not an `AttributeError`, which the
+            property `w` would turn into `'Holder' object has no attribute 'w'`.""",
+            """
+            module = osc.unwrap_tensor_subclass_parameters(Holder(MeshTensor(torch.ones(2), Mesh())))
+            del module.parametrizations.w.original1
+            module.w
+            """,
+            """Store the opaque again at the leaf the message names (assigning `module.w` needs every
+            leaf in place: torch's `right_inverse` reads them).""",
+            fixed="""
+                module = osc.unwrap_tensor_subclass_parameters(Holder(MeshTensor(torch.ones(2), Mesh())))
+                del module.parametrizations.w.original1
+                value = Mesh()
+                {fix}
+                assert module.w._mesh is value
+            """,
+        ),
+        _e(
             "parametrization-export",
             "OpaqueSubclassError",
             "exporting a parametrized subclass torch cannot rebuild",

@@ -376,6 +376,14 @@ class PatchSet:
             self._deferred = deferred
             if deferred:
                 _ImportHook.add(self)
+            # A module imported after its patches were examined and before the hook was in place (a
+            # replacement's factory may import a torch module another patch waits for; another
+            # thread may import one) was never seen by the hook: apply its patches now. A module
+            # still being initialized is left to the hook, which sees its import finish.
+            for name in list(deferred):
+                module = sys.modules.get(name)
+                if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+                    self._module_imported(name)
             log.debug(
                 "applied %d patches, %d wait for their module's import", len(applied), sum(map(len, deferred.values()))
             )

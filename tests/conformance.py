@@ -942,6 +942,21 @@ def _export_wrong_unflatten() -> Observation:
     return raised(lambda: torch.export.export(Double(), (x,), strict=False), "CReturnsInner", "L['x']", "torch.Tensor")
 
 
+@entry("errors/parametrization-deleted-opaque-leaf")
+def _deleted_opaque_leaf() -> Observation:
+    """``module.w`` after ``del module.parametrizations.w.original1`` (the opaque
+    leaf), eager and under torch.compile: the library's error, not the property
+    reported missing."""
+    model = opaque_subclass.unwrap_tensor_subclass_parameters(CScale(CMesh("w")))
+    del model.parametrizations.w.original1
+    names = ("CSharded", "module.parametrizations.w.original1", "w._mesh", "CMesh", "found: nothing")
+    eager = raised(lambda: model.w, *names)
+    with fresh():
+        compiled = torch.compile(model, backend="aot_eager")
+        under_compile = raised(lambda: compiled(torch.ones(3)), *names)
+    return {"eager": eager, "compiled": under_compile}
+
+
 @entry("errors/register-value-without-eq")
 def _value_without_eq() -> Observation:
     class NoEq:

@@ -36,6 +36,7 @@ from subclasses import (
 
 __all__ = [
     "ANSWERING_OPAQUE_FAILURE",
+    "DELETED_LEAF_FAILURE",
     "DTENSOR_MESH_CONSTANT_FAILURE",
     "LIBRARY_ERROR_WRAPPED_FAILURE",
     "LOAD_CONSTANT_FAILURE",
@@ -60,6 +61,7 @@ __all__ = [
     "export_names_malformed_flatten_names",
     "fsdp1_module_state_sync_keeps_opaques",
     "member_method_result_is_guarded",
+    "parametrization_names_a_deleted_opaque_leaf",
     "program_on_groups_compiles_once",
     "save_and_load_opaque_constant",
     "storage_accounting_skips_opaques",
@@ -625,3 +627,22 @@ def compile_takes_an_opaque_answering_every_name() -> None:
 ANSWERING_OPAQUE_FAILURE = StockFailure(
     AssertionError, r"^tracing_mode can be either real or fake but got Anything\('one'\)"
 )
+
+
+def parametrization_names_a_deleted_opaque_leaf() -> None:
+    """``del module.parametrizations.w.original1`` (the opaque leaf stored by
+    ``unwrap_tensor_subclass_parameters``), then ``module.w``: the library's
+    error names the leaf and the opaque's attribute, not the property (issue #24)."""
+    import opaque_subclass as osc
+
+    module = torch.nn.Module()
+    module.w = torch.nn.Parameter(MeshTensor(torch.ones(2), Mesh("w")), requires_grad=False)
+    osc.unwrap_tensor_subclass_parameters(module)
+    del module.parametrizations.w.original1
+    with pytest.raises(osc.OpaqueSubclassError, match=r"module\.parametrizations\.w\.original1, the opaque"):
+        _ = module.w
+
+
+#: Stock torch: the leaf's AttributeError is raised inside the property ``w``, so
+#: Python reports the property itself missing.
+DELETED_LEAF_FAILURE = StockFailure(AttributeError, r"^'ParametrizedModule' object has no attribute 'w'$")

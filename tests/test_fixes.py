@@ -12,6 +12,7 @@ import pytest
 import torch
 from scenarios import (
     ANSWERING_OPAQUE_FAILURE,
+    DELETED_LEAF_FAILURE,
     DTENSOR_CACHED_MESH_FAILURE,
     LIBRARY_ERROR_WRAPPED_FAILURE,
     LOAD_CONSTANT_FAILURE,
@@ -30,6 +31,7 @@ from scenarios import (
     export_names_a_wrong_unflatten,
     export_names_malformed_flatten_names,
     member_method_result_is_guarded,
+    parametrization_names_a_deleted_opaque_leaf,
     save_and_load_opaque_constant,
     undeclared_member_is_named,
 )
@@ -201,6 +203,11 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[in
     "torch._library.fake_class_registry.tracing_with_real": (  # 2.12 - 2.15
         compile_takes_an_opaque_answering_every_name,
         ANSWERING_OPAQUE_FAILURE,
+    ),
+    "torch.nn.utils.parametrize.ParametrizationList.forward": (
+        # the opaque leaf's AttributeError hidden by the property: the property is reported missing
+        parametrization_names_a_deleted_opaque_leaf,
+        DELETED_LEAF_FAILURE,
     ),
     "torch._subclasses.fake_tensor.get_plain_tensors": (
         export_names_malformed_flatten_names,

@@ -15,7 +15,9 @@ helpers and their generated fast path; ``aot_eager``/``inductor``:
     accepted silently.
 (c) an opaque attribute deleted between calls (``del x._mesh``): a bare
     ``AttributeError`` from generated code (API), and on every route a message
-    without what was found or a fix that runs.
+    without what was found or a fix that runs; an opaque leaf deleted from a
+    parametrization (``del module.parametrizations.w.original1``): the
+    property ``w`` reported missing.
 (d) a non-module where a module is expected: ``AttributeError`` deep inside.
 (e) an opaque class whose ``__getattr__`` answers every name: torch took it for
     a TorchScript object (``AssertionError: tracing_mode can be either real or
@@ -349,6 +351,135 @@ def test_export_of_a_deleted_opaque_names_it(strict):
         "._mesh",
         "found: nothing",
     )
+
+
+# (c) through nn.utils.parametrize: an opaque leaf deleted from module.parametrizations.w.
+# torch's read of the leaf fails inside the property ``w``, where Python reports any
+# AttributeError as the property missing, so the library's error is not an AttributeError.
+
+
+class _Holds(torch.nn.Module):
+    def __init__(self, mesh: Mesh) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(MeshTensor(torch.ones(2), mesh), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w * x
+
+
+def _deleted_leaf(module: torch.nn.Module, path: str, where: str, attribute: str, *also: str) -> str:
+    """Read ``module``'s parametrized tensor at ``path`` after its opaque leaf
+    was deleted: the library's error, not an AttributeError, naming ``where``."""
+    text = _raises(
+        lambda: module.get_submodule(path.rpartition(".")[0]).w,
+        OpaqueSubclassError,
+        "subclasses.MeshTensor",
+        f"{where}.original1, the opaque the subclass holds at {attribute}",
+        "found: nothing",
+        *also,
+    )
+    return text
+
+
+def test_parametrization_read_of_a_deleted_opaque_leaf_names_it():
+    module = osc.unwrap_tensor_subclass_parameters(_Holds(Mesh("w")))
+    del module.parametrizations.w.original1
+    with pytest.raises(OpaqueSubclassError) as info:
+        _ = module.w
+    assert not isinstance(info.value, AttributeError)  # the property would report 'w' missing
+    text = _deleted_leaf(module, "w", "module.parametrizations.w", "w._mesh", "subclasses.Mesh")
+    (fix, *_) = _snippets(text)
+    mesh = Mesh("again")
+    exec(fix, {"module": module, "value": mesh})
+    assert module.w._mesh is mesh and module(torch.ones(2))._mesh is mesh
+
+
+def test_parametrization_deleted_leaf_of_a_submodule_gives_a_fix_that_runs():
+    root = torch.nn.Module()
+    root.layer = _Holds(Mesh("a"))
+    root.blocks = torch.nn.Sequential(_Holds(Mesh("b")))
+    osc.unwrap_tensor_subclass_parameters(root)
+    del root.layer.parametrizations.w.original1
+    del root.blocks[0].parametrizations.w.original1
+    for path, where in (
+        ("layer.w", "module.layer.parametrizations.w"),
+        ("blocks.0.w", "module.get_submodule('blocks.0').parametrizations.w"),
+    ):
+        (fix, *_) = _snippets(_deleted_leaf(root, path, where, "w._mesh"))
+        mesh = Mesh(path)
+        exec(fix, {"module": root, "value": mesh})
+        assert root.get_submodule(path.rpartition(".")[0]).w._mesh is mesh
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_module_after_deleting_an_opaque_leaf_names_it(backend):
+    torch._dynamo.reset()
+    module = osc.unwrap_tensor_subclass_parameters(_Holds(Mesh("w")))
+    f = torch.compile(module, backend=backend)
+    assert f(torch.ones(2))._mesh is module.w._mesh
+    del module.parametrizations.w.original1
+    text = _raises(
+        lambda: f(torch.ones(2)), OpaqueSubclassError, "module.parametrizations.w.original1", "found: nothing"
+    )
+    mesh = Mesh("again")
+    exec(_snippets(text)[0], {"module": module, "value": mesh})
+    assert f(torch.ones(2))._mesh is mesh
+
+
+def test_fullgraph_compile_after_deleting_an_opaque_leaf_is_a_graph_break_at_the_check():
+    """With ``fullgraph=True`` torch reports a graph break where the library's
+    check (a function torch.compile must not trace) is called; the same
+    program without ``fullgraph`` gives the library's error."""
+    torch._dynamo.reset()
+    module = osc.unwrap_tensor_subclass_parameters(_Holds(Mesh("w")))
+    f = torch.compile(module, backend="aot_eager", fullgraph=True)
+    f(torch.ones(2))
+    del module.parametrizations.w.original1
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        f(torch.ones(2))
+    torch._dynamo.reset()
+    g = torch.compile(module, backend="aot_eager")
+    _raises(lambda: g(torch.ones(2)), OpaqueSubclassError, "module.parametrizations.w.original1")
+
+
+def test_non_strict_export_after_deleting_an_opaque_leaf_names_it():
+    module = osc.unwrap_tensor_subclass_parameters(_Holds(Mesh("w")))
+    del module.parametrizations.w.original1
+    _raises(
+        lambda: torch.export.export(module, (torch.ones(2),), strict=False),
+        OpaqueSubclassError,
+        "module.parametrizations.w.original1",
+        "found: nothing",
+    )
+
+
+def test_torchs_own_unwrap_after_deleting_an_opaque_leaf_names_it():
+    from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
+
+    module = unwrap_tensor_subclass_parameters(_Holds(Mesh("w")))
+    del module.parametrizations.w.original1
+    text = _deleted_leaf(module, "w", "module.parametrizations.w", "w._mesh")
+    mesh = Mesh("again")
+    exec(_snippets(text)[0], {"module": module, "value": mesh})
+    assert module.w._mesh is mesh
+
+
+class _TwoTensors(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a + b
+
+    def right_inverse(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [x / 2, x / 2]
+
+
+def test_a_deleted_leaf_of_a_list_without_opaques_keeps_torchs_error():
+    module = torch.nn.Module()
+    module.w = torch.nn.Parameter(torch.ones(2))
+    torch.nn.utils.parametrize.register_parametrization(module, "w", _TwoTensors())
+    del module.parametrizations.w.original1
+    with pytest.raises(AttributeError, match="has no attribute 'w'") as info:
+        _ = module.w
+    assert not isinstance(info.value, OpaqueSubclassError)
 
 
 # ------------------------------------------------ (d) a non-module for a module
