@@ -65,12 +65,12 @@ def enable() -> Support:
     global _MODE, _PATCH_SET, _FIX_SET, _REFUSED
     with _no_compile_in_flight():
         if _MODE == "backport" and _PATCH_SET is None:
-            _PATCH_SET = PatchSet(_ROW.patches) if _ROW.patches else None
+            _PATCH_SET = PatchSet(_ROW.patches, _ROW.sources) if _ROW.patches else None
             if _PATCH_SET is None:
                 _MODE, _REFUSED = "unsupported", "no patch set for this torch"
                 _unsupported_warning(_REFUSED)
         if _MODE == "native" and _FIX_SET is None and _REFUSED is None:
-            _FIX_SET = PatchSet(_ROW.fixes) if _ROW.fixes else None
+            _FIX_SET = PatchSet(_ROW.fixes, _ROW.sources) if _ROW.fixes else None
         if _PATCH_SET is not None and not _PATCH_SET.enabled:
             try:
                 _PATCH_SET.enable()

@@ -204,6 +204,56 @@ def test_a_changed_source_refuses_the_set_before_its_module_is_imported(tmp_path
     assert got["applied"] is True
 
 
+def test_the_recorded_sources_are_this_torchs():
+    """The release row's ``SOURCES`` are what ``tools/record_sources.py``
+    records on this torch: a patch added or a fingerprint changed without
+    recording again fails here (and, at import, only costs the parsing)."""
+    from opaque_subclass.patching import record_sources
+    from opaque_subclass.releases import current
+
+    row = current()
+    patches = row.patches or row.fixes
+    assert patches, "a supported release without patches or fixes"
+    assert row.sources == record_sources(patches), (
+        f"stale SOURCES in opaque_subclass/releases/v{row.release[0]}_{row.release[1]}.py: "
+        "run `python tools/record_sources.py` with this torch"
+    )
+
+
+def test_import_parses_no_torch_source_while_the_recorded_files_are_unchanged(tmp_path):
+    """Enabling hashes the recorded files instead of parsing them; the same set
+    with one recorded digest changed, or with another fingerprint, parses them
+    and reaches the same verdict (or refuses a wrong fingerprint)."""
+    got = _run(
+        """
+        import dataclasses, json
+        import opaque_subclass
+        from opaque_subclass import activation, patching
+        ps = activation._PATCH_SET or activation._FIX_SET
+        fast = {"parsed": patching._parsed.cache_info().misses, "waiting": sorted(ps.waiting)}
+        opaque_subclass.disable()  # the imported targets are checked on torch's own functions
+        (marker, first), *files = ps.sources
+        changed = patching.PatchSet(ps.patches, ((marker, first), *files[:-1], (files[-1][0], "0" * 16)))
+        problems, waits = changed._examine()
+        slow = {"parsed": patching._parsed.cache_info().misses, "problems": problems, "waits": sorted(waits)}
+        i = next(i for i, p in enumerate(ps.patches) if p.target in waits)
+        wrong = list(ps.patches)
+        wrong[i] = dataclasses.replace(wrong[i], fingerprint="0" * 16)
+        refused = patching.PatchSet(wrong, ps.sources).check()
+        print(json.dumps({"fast": fast, "slow": slow, "refused": refused, "target": wrong[i].target}))
+        """,
+        tmp_path,
+    )
+    assert got["fast"]["waiting"], "nothing waits: the check below would prove nothing"
+    assert got["fast"]["parsed"] == 0
+    assert got["slow"]["parsed"] > 0 and got["slow"]["problems"] == []
+    assert got["slow"]["waits"] == got["fast"]["waiting"]
+    (refusal,) = got["refused"]
+    assert refusal.startswith(f"{got['target']}: source fingerprint ") and refusal.endswith(
+        ", expected 0000000000000000"
+    )
+
+
 def test_source_fingerprints_match_the_imported_definitions():
     """For every target (and dependency) of this release's set, the fingerprint
     read from the source file equals the one of the imported object."""

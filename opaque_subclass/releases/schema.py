@@ -172,6 +172,11 @@ class ReleaseSupport:
     limits: tuple[str, ...] = ()
     #: False for a release newer than every row (taken on trust, untested).
     tested: bool = True
+    #: ``(file under torch/, digest)`` of the torch source files the fingerprints of
+    #: ``patches`` or ``fixes`` are read from, recorded on the release by
+    #: ``tools/record_sources.py``: while they are unchanged, enabling the set parses
+    #: none of them (:func:`opaque_subclass.patching.record_sources`).
+    sources: tuple[tuple[str, str], ...] = ()
 
     @property
     def label(self) -> str:

@@ -17,6 +17,26 @@ from opaque_subclass.patching import Patch
 from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, Difference, ReleaseSupport
 from opaque_subclass.releases.shared import ATTRIBUTE_GUARD_TEXT, FOREIGN_ISINSTANCE
 
+#: The torch source files the fingerprints below are read from, and their digests
+#: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
+SOURCES = (
+    # recorded on torch 2.12.0+cu130 by tools/record_sources.py: do not edit by hand
+    ("<fingerprints>", "89c90c10c0deb213"),
+    ("_dynamo/convert_frame.py", "6ac6d2468a8471b1"),
+    ("_dynamo/variables/builder.py", "4078e9dd9b68e136"),
+    ("_dynamo/variables/script_object.py", "fb1c909fba18bd41"),
+    ("_export/non_strict_utils.py", "a2b044daec08a3f3"),
+    ("_functorch/_aot_autograd/autograd_cache.py", "a2e517f85123a041"),
+    ("_functorch/_aot_autograd/runtime_wrappers.py", "b64a44fe5afc6b5e"),
+    ("_library/fake_class_registry.py", "4df93aef5bac991e"),
+    ("_opaque_base.py", "df542d181832f880"),
+    ("_subclasses/fake_tensor.py", "0e4139b0f63ee0a4"),
+    ("export/pt2_archive/_package.py", "b306a564f3d37e53"),
+    ("export/unflatten.py", "2c8eb324ceb2a6c8"),
+    ("fx/experimental/proxy_tensor.py", "b5a4a7e22ff09bca"),
+    ("nn/utils/parametrize.py", "56a07942c8ee1125"),
+)
+
 RELEASE = ReleaseSupport(
     (2, 12),
     "native",
@@ -117,4 +137,5 @@ RELEASE = ReleaseSupport(
         "without an active exception', exit 134) after threads that compiled have exited, with or "
         "without the library (4 of 6 runs of a 3-thread program): compile from one long-lived thread",
     ),
+    sources=SOURCES,
 )

@@ -13,6 +13,23 @@ from opaque_subclass.patching import Patch
 from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, ReleaseSupport
 from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
 
+#: The torch source files the fingerprints below are read from, and their digests
+#: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
+SOURCES = (
+    # recorded on torch 2.13.0+cpu by tools/record_sources.py: do not edit by hand
+    ("<fingerprints>", "46373e18f5a3258f"),
+    ("_dynamo/convert_frame.py", "ca21a952feec8255"),
+    ("_dynamo/variables/builder.py", "d05d046e77ed7fab"),
+    ("_dynamo/variables/script_object.py", "6df0ec30283d4dee"),
+    ("_export/non_strict_utils.py", "ffed1b37d143a2b1"),
+    ("_functorch/_aot_autograd/autograd_cache.py", "c8581bdaa75922e3"),
+    ("_functorch/_aot_autograd/runtime_wrappers.py", "efa73da320f9df6f"),
+    ("_library/fake_class_registry.py", "14f12e8d9fec7e90"),
+    ("_subclasses/fake_tensor.py", "72a5c601389be918"),
+    ("fx/experimental/proxy_tensor.py", "be14c189319501fc"),
+    ("nn/utils/parametrize.py", "56a07942c8ee1125"),
+)
+
 RELEASE = ReleaseSupport(
     (2, 13),
     "native",
@@ -85,4 +102,5 @@ RELEASE = ReleaseSupport(
         ),
     ),
     limits=(FOREIGN_ISINSTANCE,),
+    sources=SOURCES,
 )

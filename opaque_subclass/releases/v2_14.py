@@ -17,6 +17,25 @@ from opaque_subclass.patching import Patch
 from opaque_subclass.releases.schema import CUSTOM_CLASS_API, ReleaseSupport
 from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
 
+#: The torch source files the fingerprints below are read from, and their digests
+#: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
+SOURCES = (
+    # recorded on torch 2.14.1+cu130 by tools/record_sources.py: do not edit by hand
+    ("<fingerprints>", "b39be4c6e6c2e2b2"),
+    ("_dynamo/convert_frame.py", "b453c9d88aae46cf"),
+    ("_dynamo/variables/builder.py", "900e23d3fad56363"),
+    ("_dynamo/variables/script_object.py", "3894339cc3431945"),
+    ("_export/non_strict_utils.py", "a61b9fa9a90bbac9"),
+    ("_functorch/_aot_autograd/autograd_cache.py", "8f8357618ef656dd"),
+    ("_functorch/_aot_autograd/runtime_wrappers.py", "d787a15203c68b53"),
+    ("_functorch/partitioners.py", "42a65410420df44a"),
+    ("_library/fake_class_registry.py", "60e1d5b41c996373"),
+    ("_library/opaque_object.py", "f3e0d89aba24d326"),
+    ("_subclasses/fake_tensor.py", "a650411e6a7adde3"),
+    ("fx/experimental/proxy_tensor.py", "ac78e70429eac827"),
+    ("nn/utils/parametrize.py", "69723f1ba493954e"),
+)
+
 RELEASE = ReleaseSupport(
     (2, 14),
     "native",
@@ -96,4 +115,5 @@ RELEASE = ReleaseSupport(
         ),
     ),
     limits=(FOREIGN_ISINSTANCE,),
+    sources=SOURCES,
 )

@@ -15,6 +15,25 @@ from opaque_subclass.patching import Patch
 from opaque_subclass.releases.schema import CUSTOM_CLASS_API, ReleaseSupport
 from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
 
+#: The torch source files the fingerprints below are read from, and their digests
+#: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
+SOURCES = (
+    # recorded on torch 2.15.0+cu132 by tools/record_sources.py: do not edit by hand
+    ("<fingerprints>", "53af798fb6dff476"),
+    ("_dynamo/convert_frame.py", "1c445cae3b8c8f23"),
+    ("_dynamo/variables/builder.py", "d9190f45e0b7a111"),
+    ("_dynamo/variables/script_object.py", "330c7f0e039b8bd1"),
+    ("_export/non_strict_utils.py", "943da6a25c871e33"),
+    ("_functorch/_aot_autograd/autograd_cache.py", "abc6e31d8cfb4787"),
+    ("_functorch/_aot_autograd/runtime_wrappers.py", "1ccec99314e97054"),
+    ("_functorch/partitioners.py", "173dd35a0afee5c1"),
+    ("_library/fake_class_registry.py", "60e1d5b41c996373"),
+    ("_library/opaque_object.py", "b7f478540e3f61aa"),
+    ("_subclasses/fake_tensor.py", "a40498a5ee8e3bf3"),
+    ("fx/experimental/proxy_tensor.py", "803e400500281d93"),
+    ("nn/utils/parametrize.py", "69723f1ba493954e"),
+)
+
 RELEASE = ReleaseSupport(
     (2, 15),
     "native",
@@ -94,4 +113,5 @@ RELEASE = ReleaseSupport(
         ),
     ),
     limits=(FOREIGN_ISINSTANCE,),
+    sources=SOURCES,
 )
