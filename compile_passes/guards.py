@@ -10,6 +10,7 @@ mean for opaques.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -33,25 +34,27 @@ def sharing_report(named: Sequence[tuple[str, Any]]) -> InputReport:
 
 
 def lint_sharing(report: InputReport) -> list[Finding]:
-    """OSC003 findings: one per group of flat inputs holding one opaque object."""
+    """OSC003 findings: one per pair of distinct input paths holding one opaque
+    object. A path listed twice (one attribute that reaches the graph twice,
+    say also as an argument of an ``autograd.Function``) is one input, not
+    sharing."""
     findings = []
     by_index = {i.index: i for i in report.inputs}
     for group in report.alias_pattern.shared:
-        paths = [by_index[s].path for s in group if s in by_index]
-        if len(paths) < 2:
-            continue
-        guard = " and ".join(f"{paths[0]} is {p}" for p in paths[1:])
-        findings.append(
-            make(
-                "OSC003",
-                None,
-                ", ".join(paths),
-                f"inputs {', '.join(paths)} hold one {by_index[group[0]].type_name} object; the graph is compiled for "
-                f"that sharing and guarded on it ({guard}): a call where they hold different objects recompiles.",
-                "nothing, if the sharing is intended; to compile once for both patterns, give the inputs distinct "
-                "objects from the first call on.",
+        paths = list(dict.fromkeys(by_index[s].path for s in group if s in by_index))
+        type_name = by_index[group[0]].type_name if group[0] in by_index else "opaque"
+        for a, b in itertools.combinations(paths, 2):
+            findings.append(
+                make(
+                    "OSC003",
+                    None,
+                    f"{a}, {b}",
+                    f"inputs {a} and {b} hold one {type_name} object; the graph is compiled for that sharing and "
+                    f"guarded on it ({a} is {b}): a call where they hold different objects recompiles.",
+                    f"nothing, if the sharing is intended: each sharing pattern gets one graph, so calls where {a} "
+                    f"and {b} sometimes hold one object and sometimes two compile twice in all, not once per call.",
+                )
             )
-        )
     return findings
 
 

@@ -155,6 +155,17 @@ def test_shared_opaque_is_reported_and_its_recompile_translated():
     assert len(report.graphs) == 2 and "recompilations" in str(report)
 
 
+def test_sharing_is_reported_per_pair_of_distinct_paths_and_a_repeated_path_is_not_sharing():
+    """#26 item 3: a path that reaches the graph twice is one input; three
+    inputs holding one object give one finding per pair."""
+    m = Mesh("shared")
+    assert cp.lint_sharing(cp.guards.sharing_report([("x._g", m), ("x._g", m)])) == []
+    findings = cp.lint_sharing(cp.guards.sharing_report([("x._g", m), ("y._g", m), ("x._g", m), ("z._g", m)]))
+    assert [f.path for f in findings] == ["x._g, y._g", "x._g, z._g", "y._g, z._g"]
+    assert all(f.code == "OSC003" and f.path.count("x._g") <= 1 for f in findings)
+    assert "guarded on it (y._g is z._g)" in findings[2].message
+
+
 def test_distinct_opaques_have_no_sharing_finding():
     report = cp.explain(lambda x, y: x + y, MeshTensor(torch.ones(2), Mesh("a")), MeshTensor(torch.ones(2), Mesh("b")))
     assert report.findings == []
