@@ -7,7 +7,8 @@
 * Lints with stable codes (``findings.py``): OSC001 reference-like objects in a
   flatten context (``context.py``), OSC002 reference-like objects baked into a
   graph (``baked.py``), OSC003 inputs whose opaque sharing is guarded
-  (``guards.py``, which also translates recompile reasons).
+  (``guards.py``, which also translates recompile reasons), OSC005 collectives
+  on a process group the graph names by a constant (``collectives.py``).
 * :func:`checking_backend` / ``backend="opaque_check"`` (``backend.py``) - the
   lints on every graph, then an inner backend.
 * :func:`explain_flat_inputs` (``inputs.py``) - the flat inputs of an argument list.
@@ -17,6 +18,7 @@ This package depends on :mod:`opaque_subclass`; the reverse never holds.
 
 from .backend import GraphCheck, check_graph, checking_backend, opaque_check
 from .baked import BakedObject, baked_objects, lint_baked
+from .collectives import BakedGroup, baked_groups, lint_collectives
 from .context import lint_contexts, reference_reason
 from .explain import Explanation, Recompile, explain
 from .findings import CODES, Finding, OpaqueCheckError, OpaqueCheckWarning
@@ -25,6 +27,7 @@ from .inputs import FlatInput, InputReport, explain_flat_inputs
 
 __all__ = [
     "CODES",
+    "BakedGroup",
     "BakedObject",
     "Explanation",
     "Finding",
@@ -34,12 +37,14 @@ __all__ = [
     "OpaqueCheckError",
     "OpaqueCheckWarning",
     "Recompile",
+    "baked_groups",
     "baked_objects",
     "check_graph",
     "checking_backend",
     "explain",
     "explain_flat_inputs",
     "lint_baked",
+    "lint_collectives",
     "lint_contexts",
     "lint_sharing",
     "opaque_check",

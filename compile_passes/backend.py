@@ -26,6 +26,7 @@ from opaque_subclass.core.checks import require_module
 from opaque_subclass.core.errors import qualified_name
 
 from .baked import baked_findings, baked_objects
+from .collectives import lint_collectives
 from .context import context_findings, subclass_contexts
 from .findings import Finding, emit
 from .guards import graph_input_name, lint_sharing, sharing_report
@@ -98,6 +99,7 @@ def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
     contexts = tuple(c for name, value in named for c in subclass_contexts(value, name))
     baked = tuple(baked_objects(gm))
     findings = [*context_findings(contexts), *baked_findings(baked, f"graph {index}")]
+    findings.extend(lint_collectives(gm, f"graph {index}"))
     try:
         report: InputReport | None = sharing_report(named)
     except Exception as error:  # an input the flat walk refuses: its own error surfaces in compilation

@@ -12,6 +12,7 @@ that did not.
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from .context import PLAIN_TYPES, reference_reason
 from .findings import Finding, make
 
-__all__ = ["BakedObject", "baked_findings", "baked_objects", "lint_baked"]
+__all__ = ["BakedObject", "baked_findings", "baked_objects", "lint_baked", "node_origin"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +62,18 @@ class BakedObject:
 _LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n\s*(?P<code>[^\n]*)')
 
 
-def _origin(node: torch.fx.Node) -> str:
+def node_origin(node: torch.fx.Node) -> str:
+    """The user code line ``node`` was traced from: the innermost frame of its
+    stack trace outside torch's own files (a collective traced through
+    ``torch.distributed._functional_collectives`` is named by the user's call of
+    it), else the innermost frame, else the node's name."""
     trace = node.meta.get("stack_trace") or ""
     found = list(_LINE.finditer(trace))
     if not found:
         return f"node {node.name!r}"
-    last = found[-1]
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    outside = [m for m in found if not os.path.abspath(m["file"]).startswith(torch_dir)]
+    last = (outside or found)[-1]
     return f"{last['file']}:{last['line']} in {last['func']}: {last['code'].strip()}"
 
 
@@ -122,11 +129,15 @@ def _baked_objects(gm: torch.fx.GraphModule) -> Iterator[BakedObject]:
         elif node.op in ("call_function", "call_method", "call_module"):
             for obj in _captured(node.target):
                 if _interesting(obj):
-                    yield BakedObject(node.name, "closure", _type_name(obj), _origin(node), reference_reason(obj), obj)
+                    yield BakedObject(
+                        node.name, "closure", _type_name(obj), node_origin(node), reference_reason(obj), obj
+                    )
             for leaf in pytree.tree_leaves((node.args, node.kwargs)):
                 if isinstance(leaf, torch.fx.Node) or not _interesting(leaf):
                     continue
-                yield BakedObject(node.name, "argument", _type_name(leaf), _origin(node), reference_reason(leaf), leaf)
+                yield BakedObject(
+                    node.name, "argument", _type_name(leaf), node_origin(node), reference_reason(leaf), leaf
+                )
 
 
 def lint_baked(gm: torch.fx.GraphModule, graph_name: str = "graph") -> list[Finding]:

@@ -9,6 +9,7 @@ code     severity what
 OSC001   error    a reference-like object in a subclass's flatten context
 OSC002   warning  a reference-like object baked into a graph as a constant
 OSC003   info     inputs whose opaque sharing the graph is guarded on
+OSC005   warning  a collective on a process group named by a graph constant
 ======== ======== ==========================================================
 """
 
@@ -29,6 +30,7 @@ CODES: dict[str, tuple[Severity, str]] = {
     "OSC001": ("error", "reference-like object in a flatten context"),
     "OSC002": ("warning", "reference-like object baked into the graph"),
     "OSC003": ("info", "inputs share an opaque: identity guard"),
+    "OSC005": ("warning", "collective on a process group baked in by name"),
 }
 
 _log = logging.getLogger(__name__)

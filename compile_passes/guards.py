@@ -59,6 +59,17 @@ def lint_sharing(report: InputReport) -> list[Finding]:
 
 
 _SHARE = re.compile(r"^(?P<a>[\w.\[\]']+) is (?P<not>not )?(?P<b>[\w.\[\]']+)$")
+_PATH = r"[A-Za-z_][\w.]*(?:\[[^\]]+\][\w.]*)*"
+#: A member's value read on the real object at compile time and guarded: ``t._g.size() == 4``
+#: (a method), ``t._g.offset == 1`` (an attribute; torch 2.11 and 2.12 write it
+#: ``object.__getattribute__(t._g, 'offset') == 1``).
+_MEMBER_CALL = re.compile(rf"^(?P<obj>{_PATH})\.(?P<member>\w+)\(\) == (?P<value>.+)$")
+_MEMBER_GETATTRIBUTE = re.compile(
+    rf"^object\.__getattribute__\((?P<obj>{_PATH}), '(?P<member>\w+)'\) == (?P<value>.+)$"
+)
+_MEMBER_ATTR = re.compile(rf"^(?P<obj>{_PATH})\.(?P<member>\w+) == (?P<value>.+)$")
+#: Where a guard names an input: ``L['x']._mesh``, ``L['self'].w[0]``.
+_INPUT = re.compile(r"\b[LG]\['[^']+'\](?:\.\w+|\[[^\]]+\])*")
 _OBJ_ID = re.compile(r"___check_obj_id\((?P<a>[^,]+), \d+\)")
 _METADATA = re.compile(r"___check_metadata_\w+")
 
@@ -90,4 +101,21 @@ def translate_guard(reason: str) -> str:
             "a subclass input's flatten context differs (by ==) from the one the graph was compiled with: the "
             "context is a constant of the graph"
         )
+    member = _MEMBER_CALL.match(text) or _MEMBER_GETATTRIBUTE.match(text) or _MEMBER_ATTR.match(text)
+    if member:
+        obj, name, value = member["obj"], member["member"], member["value"].strip()
+        read = f"{obj}.{name}()" if member.re is _MEMBER_CALL else f"{obj}.{name}"
+        said = (
+            f"`{read}` is no longer {value}: the graph was compiled with that value (read on the object at "
+            "compile time and guarded)"
+        )
+        if name == "group_name":
+            said += (
+                f"; `{obj}` is another process group than the graph's, whose name a collective in the graph "
+                "names as a constant (one compilation per group)"
+            )
+        return said
+    inputs = list(dict.fromkeys(graph_input_name(m) for m in _INPUT.findall(reason.split("\n", 1)[0])))
+    if inputs:
+        return f"{text} (a guard on input {', '.join(f'`{i}`' for i in inputs)})"
     return text

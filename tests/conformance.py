@@ -673,6 +673,22 @@ entry("members/undeclared")(
 )
 
 
+@entry("compile_passes/member-recompile-reasons-translated")
+def _member_reasons_translated() -> Observation:
+    """compile_passes' translation of the recompile reasons of member guards:
+    the same text on every release, though torch's raw reason for an attribute
+    differs (object.__getattribute__(...) on 2.11 and 2.12)."""
+    import compile_passes
+
+    translated = []
+    for fn in (lambda t: t._data * t._gauge.factor(), lambda t: t._data + t._gauge.offset):
+        with fresh():
+            report = compile_passes.explain(fn, CGaugeTensor(torch.ones(2), CGauge(2, offset=3)))
+            report.call(CGaugeTensor(torch.ones(2), CGauge(5, offset=6)))
+            translated += [r.reason for r in report.recompiles]
+    return {"reasons": translated}
+
+
 @entry("members/undeclared-eager")
 def _undeclared_eager() -> Observation:
     return {"value": CGaugeTensor(torch.ones(1), CGauge(2))._gauge.other()}
@@ -802,6 +818,34 @@ def _group_in_context() -> Observation:
             "_MeshInContext",
             "ProcessGroup",
         )
+
+
+@entry("compile_passes/osc005-collective-groups")
+def _osc005() -> Observation:
+    """OSC005 on torch's functional all_reduce (the group named by a constant)
+    and not on the custom op that takes the group."""
+    import torch.distributed as dist
+
+    import compile_passes
+
+    class GroupT(OpaqueSubclass):
+        tensor_attrs = ("_data",)
+        opaque_attrs = {"_group": dist.ProcessGroup}
+
+    seen = {}
+    with fake_world(4):
+        group = dist.new_group([0, 1])
+        for name, fn in (
+            ("functional", _functional_all_reduce),
+            ("custom-op", lambda t: torch.ops.conformance.group_sum(t._data, t._group)),
+        ):
+            with fresh():
+                report = compile_passes.explain(fn, GroupT(torch.ones(2), group))
+                seen[name] = [
+                    (f.code, f.severity, "_c10d_functional.all_reduce" in f.message, "ranks [0, 1]" in f.message)
+                    for f in report.findings
+                ]
+    return seen
 
 
 _DECLARE_PROGRAM = """

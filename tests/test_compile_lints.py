@@ -180,10 +180,89 @@ def test_distinct_opaques_have_no_sharing_finding():
         ("0/0: ___check_obj_id(L['m'], 140234)", "`m` is not the object the graph was compiled with"),
         ("0/0: ___check_metadata_1402_c0/0   # x", "a subclass input's flatten context differs (by ==)"),
         ("0/0: tensor 'x' size mismatch at index 0", "tensor 'x' size mismatch at index 0"),
+        # member values read at compile time (#26 item 4): the same text whichever way torch writes them
+        ("2/0: L['t']._group.size() == 4", "`t._group.size()` is no longer 4: the graph was compiled with that value"),
+        ("0/0: t._gauge.offset == 1   # r = ...", "`t._gauge.offset` is no longer 1: the graph was compiled"),
+        ("1/0: object.__getattribute__(t._gauge, 'offset') == 1", "`t._gauge.offset` is no longer 1: the graph"),
+        ("3/0: L['x8']._group.group_name == '1'", "`x8._group.group_name` is no longer '1'"),
     ],
 )
 def test_translate_guard(reason, expected):
     assert cp.translate_guard(reason).startswith(expected)
+
+
+def test_a_group_name_guard_says_it_costs_a_compilation_per_group():
+    said = cp.translate_guard("3/0: object.__getattribute__(L['x8']._group, 'group_name') == '1'")
+    assert "`x8._group` is another process group than the graph's" in said
+    assert "one compilation per group" in said
+
+
+def test_an_untranslated_guard_names_the_input_it_concerns():
+    said = cp.translate_guard("0/0: ___some_new_check(L['x']._mesh._rank_map, 3)   # x")
+    assert said == "___some_new_check(x._mesh._rank_map, 3) (a guard on input `x._mesh._rank_map`)"
+
+
+@pytest.mark.parametrize(
+    ("fn", "first", "second", "expected"),
+    [
+        (lambda t: t._data * t._gauge.factor(), (2, 0), (3, 0), "`t._gauge.factor()` is no longer 2"),
+        (lambda t: t._data + t._gauge.offset, (2, 1), (2, 5), "`t._gauge.offset` is no longer 1"),
+    ],
+    ids=["method", "attribute"],
+)
+def test_member_recompiles_are_translated_on_every_release(fn, first, second, expected):
+    from subclasses import Gauge, GaugeTensor
+
+    report = cp.explain(fn, GaugeTensor(torch.ones(2), Gauge(*first)))
+    report.call(GaugeTensor(torch.ones(2), Gauge(*second)))
+    (recompile,) = report.recompiles
+    assert recompile.reason.startswith(expected), recompile.reason
+
+
+# ------------------------------------------------------------------ OSC005
+
+
+def test_a_collective_on_a_group_named_by_a_constant_is_reported():
+    """#26 item 2: torch's functional all_reduce on a subclass's group records
+    the group's name as a constant of the graph: one finding, with the op, the
+    group, its ranks, the user's line and the recipe."""
+    import torch.distributed._functional_collectives as fc
+    from subclasses import GroupTensor, fake_world
+
+    with fake_world(4):
+        group = dist.new_group([0, 1])
+        report = cp.explain(
+            lambda t: fc.all_reduce(t._data, "sum", t._group) * 2,  # the line the finding names
+            GroupTensor(torch.ones(2), group),
+        )
+        (finding,) = [f for f in report.findings if f.code == "OSC005"]
+        assert finding.severity == "warning" and finding.path.startswith("graph 0:")
+        assert (
+            f"_c10d_functional.all_reduce on process group {group.group_name!r}, ranks [0, 1] here" in finding.message
+        )
+        assert "test_compile_lints.py:" in finding.message and "fc.all_reduce(t._data" in finding.message
+        assert "custom op whose schema takes the group" in finding.fix and "Recipe" in finding.fix
+        assert cp.CODES["OSC005"][0] == "warning"
+
+
+def test_a_collective_taking_the_group_as_an_input_is_not_reported():
+    """The recipe's shape: a custom op whose schema takes the group; the graph
+    holds no group name."""
+    from subclasses import GroupTensor, fake_world
+
+    with fake_world(2) as world:
+
+        @torch.library.custom_op("osc_lints::group_sum", mutates_args=())
+        def group_sum(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+            return x.clone()
+
+        @group_sum.register_fake
+        def _(x, group):
+            return torch.empty_like(x)
+
+        report = cp.explain(lambda t: group_sum(t._data, t._group) * 2, GroupTensor(torch.ones(2), world))
+        assert [f.code for f in report.findings if f.code == "OSC005"] == []
+        assert len(report.graphs) == 1
 
 
 # ------------------------------------------------------------------ OSC002

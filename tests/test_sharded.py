@@ -290,6 +290,17 @@ def test_compiled_graph_uses_the_runtime_mesh_group(mesh):
     assert counter.frame_count == 1
 
 
+def test_compile_passes_find_no_baked_group_or_value_in_the_sharded_step(mesh):
+    """#26: the lints report nothing that needs fixing on the library's own
+    ShardedTensor step (its collectives are custom ops taking the mesh)."""
+    import compile_passes as cp
+
+    report = cp.explain(_linear_net, torch.randn(5, 4), *_params(mesh))
+    assert report.graphs, "nothing was compiled"
+    assert [f for f in report.findings if f.severity != "info"] == []
+    assert [f for f in report.findings if f.code == "OSC005"] == []
+
+
 def test_compile_redistribute_and_full_reduction(mesh):
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
     f = torch.compile(lambda x: (x.redistribute(None) * x).sum(1).mean(), backend=counter, fullgraph=True)

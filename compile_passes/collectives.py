@@ -1,0 +1,131 @@
+"""Lint OSC005: collectives whose process group is a constant of the graph.
+
+torch's functional collectives (``torch.distributed._functional_collectives``,
+and what ``dist.all_reduce`` and DTensor become under ``torch.compile``) are
+recorded as ``torch.ops._c10d_functional.<op>(..., group_name)``: the group is
+named by a string the graph holds, such as ``'1'``. Such a graph is the program
+of one group. A call with another group recompiles (Dynamo guards the name),
+and ranks in different groups compile different graphs, so their compile
+caches (FX graph, AOTAutograd) never share an entry: at thousands of ranks,
+every rank compiles for itself. A collective written as a custom op that takes
+the group (or its mesh) as an opaque input has no such constant
+(docs/distributed.md, "Recipe: your own collective, as a custom op that takes
+the opaque").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from opaque_subclass.core.checks import require_module
+
+from .baked import node_origin
+from .findings import Finding, make
+
+__all__ = ["BakedGroup", "baked_groups", "lint_collectives"]
+
+#: The namespaces of torch's functional collectives (forward, and the autograd variants).
+_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
+
+_RECIPE = "docs/distributed.md, 'Recipe: your own collective, as a custom op that takes the opaque'"
+
+
+@dataclass(frozen=True, slots=True)
+class BakedGroup:
+    """A functional collective of a graph whose process group is a string constant.
+
+    Attributes
+    ----------
+    node
+        The graph node of the collective.
+    op
+        The op, ``"_c10d_functional.all_reduce"``.
+    group_name
+        The group's name as the graph holds it.
+    ranks
+        The group's global ranks in this process, when the name resolves to a
+        group here; ``None`` otherwise.
+    origin
+        The user code line the collective was traced from (or the node's name).
+    """
+
+    node: str
+    op: str
+    group_name: str
+    ranks: tuple[int, ...] | None
+    origin: str
+
+
+def _ranks(group_name: str) -> tuple[int, ...] | None:
+    """The global ranks of the group named ``group_name`` here, if there is one."""
+    try:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        resolve: Any = c10d._resolve_process_group  # type: ignore[attr-defined]  # torch's, not exported
+        return tuple(dist.get_process_group_ranks(resolve(group_name)))
+    except Exception:  # a name of another process, or a torch without the helper: words only
+        return None
+
+
+def _collective(target: object) -> tuple[str, int] | None:
+    """``(op name, position of its group_name argument)`` of a functional
+    collective (an op overload, or the overload packet Dynamo's graphs call),
+    or ``None`` for any other call target."""
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        overloads = [getattr(target, name) for name in target.overloads()]  # type: ignore[no-untyped-call]
+    elif isinstance(target, torch._ops.OpOverload):
+        overloads = [target]
+    else:
+        return None
+    for overload in overloads:
+        if overload.namespace not in _NAMESPACES:
+            return None
+        for i, argument in enumerate(overload._schema.arguments):
+            if argument.name == "group_name":
+                return f"{overload.namespace}.{overload._schema.name.split('::')[-1]}", i
+    return None
+
+
+def baked_groups(gm: torch.fx.GraphModule) -> Iterator[BakedGroup]:
+    """Every functional collective of ``gm`` whose group is a string constant."""
+    require_module(gm, "compile_passes.baked_groups", graph=True)
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        found = _collective(node.target)
+        if found is None:
+            continue
+        op, at = found
+        value = node.args[at] if at < len(node.args) else node.kwargs.get("group_name")
+        if isinstance(value, str):
+            yield BakedGroup(node.name, op, value, _ranks(value), node_origin(node))
+
+
+def lint_collectives(gm: torch.fx.GraphModule, graph_name: str = "graph") -> list[Finding]:
+    """OSC005 findings: one per collective of ``gm`` on a group named by a constant."""
+    require_module(gm, "compile_passes.lint_collectives", graph=True)
+    findings = []
+    for baked in baked_groups(gm):
+        ranks = f", ranks {list(baked.ranks)} here" if baked.ranks is not None else ""
+        findings.append(
+            make(
+                "OSC005",
+                None,
+                f"{graph_name}:{baked.node}",
+                f"the graph runs {baked.op} on process group {baked.group_name!r}{ranks}, named by a constant of "
+                f"the graph ({baked.origin}). The graph is that group's program: a call with another group "
+                "compiles again (Dynamo guards the name), and ranks in other groups compile graphs of their own, "
+                "so no compile cache entry is shared across them.",
+                "issue the collective through a custom op whose schema takes the group (or its DeviceMesh) as an "
+                "opaque input, and pass the subclass's group attribute to it, so one graph serves every group: "
+                f"see {_RECIPE}.",
+            )
+        )
+    return findings
