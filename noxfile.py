@@ -28,7 +28,17 @@ with pinned tool versions.
 
 Each command gets its own empty ``TORCHINDUCTOR_CACHE_DIR``.
 ``python -m nox -s bench`` runs the benchmarks on every torch leg; it is not
-a default session.
+a default session. Nor is ``gpu``: the device tests (``tests/test_devices.py``)
+on a CUDA GPU, per torch leg; it fails on a machine where torch sees no GPU.
+
+``python -m nox`` also runs ``package``: it builds the sdist and the wheel,
+checks their metadata and contents, installs the wheel with torch
+``PACKAGE_TORCH`` in a new virtual environment and runs the self-check there,
+from a directory outside the checkout.
+
+``python -m nox`` also runs ``docs``: it builds the documentation site (the
+guide of docs/*.md and the API reference of docs/api/) into docs/_build/html
+with Sphinx, warnings as errors (broken links and anchors included).
 
 Virtualenvs live outside the repository, in ``$OPAQUE_SUBCLASS_NOX_ENVDIR`` or
 ``~/.cache/opaque-subclass/nox``, and are reused when they exist (a fresh clone
@@ -39,9 +49,12 @@ so a machine without the cache works too, just slower.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
+import tarfile
 import tempfile
+import zipfile
 from collections.abc import Iterator
 
 import nox
@@ -54,7 +67,25 @@ RUFF_VERSION = "0.17.6"
 MYPY_VERSION = "2.4.1"
 LINT_TORCH = "2.14.1"
 
-nox.options.sessions = ["lint", "tests"]
+# The docs session's pins: Sphinx with MyST for the Markdown guide and autodoc
+# (which reads the reST roles of the docstrings) for the API reference; the
+# newest releases that still run on Python 3.10. autodoc imports the packages,
+# so the session installs torch too (DOCS_TORCH, a CPU build kept on local disk).
+SPHINX_VERSION = "8.1.3"
+MYST_PARSER_VERSION = "4.0.1"
+DOCUTILS_VERSION = "0.21.2"
+FURO_VERSION = "2025.12.19"
+DOCS_TORCH = "2.13.0"
+
+# The package session's pins: the build front end and the metadata checks
+# (twine; trove-classifiers, the list of classifiers PyPI accepts). The wheel's
+# fresh environment gets torch PACKAGE_TORCH (a CPU build kept on local disk).
+BUILD_VERSION = "1.6.1"
+TWINE_VERSION = "7.0.0"
+TROVE_CLASSIFIERS_VERSION = "2026.9.21.13"
+PACKAGE_TORCH = "2.13.0"
+
+nox.options.sessions = ["lint", "docs", "package", "tests"]
 nox.options.envdir = os.environ.get(
     "OPAQUE_SUBCLASS_NOX_ENVDIR",
     os.path.expanduser("~/.cache/opaque-subclass/nox"),
@@ -141,6 +172,177 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site, in docs/_build/html: the guide (docs/*.md, MyST)
+    and the API reference (docs/api/*.rst, autodoc), on torch DOCS_TORCH.
+
+    Every build starts from scratch and fails on any warning (-W), so a broken
+    link between pages, a link to a missing anchor or a docstring that does not
+    render fails the session. Settings: docs/conf.py."""
+    _install_torch(session, DOCS_TORCH)
+    session.install(
+        f"sphinx=={SPHINX_VERSION}",
+        f"myst-parser=={MYST_PARSER_VERSION}",
+        f"docutils=={DOCUTILS_VERSION}",
+        f"furo=={FURO_VERSION}",
+        "-e",
+        ".",
+        f"torch=={DOCS_TORCH}",
+        env=_PIP_ENV,
+    )
+    shutil.rmtree("docs/_build", ignore_errors=True)
+    session.run(
+        "sphinx-build",
+        *("--fail-on-warning", "--keep-going", "--fresh-env"),
+        *("--builder", "html", "--doctree-dir", "docs/_build/doctrees"),
+        *("docs", "docs/_build/html"),
+    )
+
+
+# Files a wheel must carry beyond the packages' modules: the PEP 561 markers
+# (package data), the top-level module outside both packages, the version module
+# pyproject.toml reads.
+_WHEEL_FILES = (
+    "opaque_subclass/py.typed",
+    "compile_passes/py.typed",
+    "_opaque_subclass_pickle.py",
+    "opaque_subclass/_version.py",
+)
+
+# Run with the session's python, on the wheel (argv[1]): every classifier of its
+# metadata must be one PyPI accepts (twine check does not look at them).
+_CLASSIFIERS_CHECK = """\
+import sys, zipfile
+from email.parser import HeaderParser
+from trove_classifiers import classifiers
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    found = HeaderParser().parsestr(wheel.read(name).decode()).get_all("Classifier") or []
+unknown = [c for c in found if c not in classifiers]
+if unknown:
+    sys.exit(f"classifiers PyPI does not know (an upload would be refused): {unknown}")
+print(f"{len(found)} classifiers, all known to trove-classifiers")
+"""
+
+# Run by the wheel's own environment, from a directory outside the checkout and
+# without PYTHONPATH: what the wheel installed, read back through the import
+# system and the installed metadata.
+_INSTALLED_CHECK = """\
+import importlib.metadata, importlib.resources, sys, sysconfig
+from pathlib import Path
+import _opaque_subclass_pickle, compile_passes, opaque_subclass
+site = Path(sysconfig.get_paths()["purelib"]).resolve()
+dist = importlib.metadata.distribution("opaque-subclass")
+problems = [
+    f"{m.__name__} was imported from {m.__file__}, not from {site}"
+    for m in (opaque_subclass, compile_passes, _opaque_subclass_pickle)
+    if not Path(m.__file__).resolve().is_relative_to(site)
+]
+problems += [
+    f"{p}/py.typed is not installed" for p in ("opaque_subclass", "compile_passes")
+    if not importlib.resources.files(p).joinpath("py.typed").is_file()
+]
+if dist.version != opaque_subclass.__version__:
+    problems.append(f"metadata version {dist.version} != opaque_subclass.__version__ {opaque_subclass.__version__}")
+licenses = [f for f in dist.files or () if f.name == "LICENSE" and f.parts[0].endswith(".dist-info")]
+if not licenses or not all(Path(dist.locate_file(f)).is_file() for f in licenses):
+    problems.append(f"no LICENSE installed in the .dist-info: {licenses}")
+points = {(e.group, e.name): e.value for e in dist.entry_points}
+for key, value in {
+    ("console_scripts", "opaque-subclass"): "opaque_subclass.cli:main",
+    ("torch_dynamo_backends", "opaque_check"): "compile_passes.backend:opaque_check",
+}.items():
+    if points.get(key) != value:
+        problems.append(f"entry point {key} is {points.get(key)!r}, expected {value!r}")
+if problems:
+    sys.exit("the installed wheel is incomplete:\\n  " + "\\n  ".join(problems))
+print(f"opaque-subclass {dist.version} installed in {site}: modules, py.typed, LICENSE, entry points")
+"""
+
+
+def _write(folder: str, name: str, text: str) -> str:
+    """Write ``text`` to ``folder/name``; return the path (a script nox's log names
+    in one line, where ``python -c`` would print the whole source)."""
+    path = os.path.join(folder, name)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def _check_archives(session: nox.Session, sdist: str, wheel: str) -> None:
+    """LICENSE, identical to the checkout's, in the sdist's root and in the
+    wheel's ``.dist-info``; the wheel holds every file of ``_WHEEL_FILES``."""
+    with open("LICENSE", "rb") as f:
+        license_text = f.read()
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        in_wheel = [z.read(n) for n in names if n.split("/")[0].endswith(".dist-info") and n.endswith("/LICENSE")]
+    with tarfile.open(sdist) as t:
+        # the sdist's root is its one top folder, opaque_subclass-<version>/
+        files = [t.extractfile(m) for m in t.getmembers() if m.name.split("/", 1)[1:] == ["LICENSE"]]
+        in_sdist = [f.read() for f in files if f is not None]
+    problems = [f"{name} is not in the wheel" for name in _WHEEL_FILES if name not in names]
+    if in_wheel != [license_text]:
+        problems.append(f"the wheel's .dist-info holds {len(in_wheel)} LICENSE file(s), expected the checkout's one")
+    if in_sdist != [license_text]:
+        problems.append("the sdist has no LICENSE at its root, or another one than the checkout's")
+    if problems:
+        session.error("; ".join(problems))
+    session.log(f"LICENSE in the sdist and the wheel's .dist-info; {', '.join(_WHEEL_FILES)} in the wheel")
+
+
+@nox.session
+def package(session: nox.Session) -> None:
+    """The release's sdist and wheel, built, checked and installed as a user gets them.
+
+    ``python -m build`` makes the sdist and, from it, the wheel (an isolated
+    build: pip fetches ``[build-system] requires``), in a temporary directory;
+    ``twine check --strict`` checks their metadata, trove-classifiers every
+    classifier. The archives must hold LICENSE (the wheel in its
+    ``.dist-info``) and the files of ``_WHEEL_FILES``. A new virtual
+    environment (``python -m venv``, in the session's temporary directory,
+    outside the repository) then gets the wheel and ``torch==PACKAGE_TORCH``;
+    from a directory outside the checkout, without ``PYTHONPATH``, it checks
+    what was installed (modules from site-packages, ``py.typed``, LICENSE,
+    entry points, metadata version equal to ``opaque_subclass.__version__``)
+    and runs ``python -m opaque_subclass --no-demo``, which must exit 0. The
+    temporary directory is removed at the end."""
+    session.install(
+        f"build=={BUILD_VERSION}",
+        f"twine=={TWINE_VERSION}",
+        f"trove-classifiers=={TROVE_CLASSIFIERS_VERSION}",
+        env=_PIP_ENV,
+    )
+    work = tempfile.mkdtemp(prefix="package-", dir=session.create_tmp())
+    try:
+        dist = os.path.join(work, "dist")
+        # silent: setuptools lists every file it copies (its output is shown if the build fails)
+        session.run("python", "-m", "build", "--outdir", dist, ".", env=_PIP_ENV, silent=True)
+        (sdist,) = glob.glob(os.path.join(dist, "*.tar.gz"))
+        (wheel,) = glob.glob(os.path.join(dist, "*.whl"))
+        session.log(f"built {os.path.basename(sdist)} and {os.path.basename(wheel)}")
+        session.run("twine", "check", "--strict", sdist, wheel)
+        session.run("python", _write(work, "check_classifiers.py", _CLASSIFIERS_CHECK), wheel)
+        _check_archives(session, sdist, wheel)
+
+        venv = os.path.join(work, "venv")
+        session.run("python", "-m", "venv", venv)
+        python = os.path.join(venv, "bin", "python")
+        session.run(python, "-m", "pip", "install", wheel, f"torch=={PACKAGE_TORCH}", env=_PIP_ENV, external=True)
+        # sys.path starts with the script's folder (python script.py) or the current
+        # directory (python -m): both are this folder, outside the checkout
+        outside = os.path.join(work, "run")
+        os.mkdir(outside)
+        check = _write(outside, "check_installed.py", _INSTALLED_CHECK)
+        with session.chdir(outside), _fresh_inductor_cache() as cache_env:
+            env: dict[str, str | None] = {**cache_env, "PYTHONPATH": None}  # None: unset for the command
+            session.run(python, check, env=env, external=True)
+            session.run(python, "-m", "opaque_subclass", "--no-demo", env=env, external=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@nox.session
 @nox.parametrize("torch", TORCH_VERSIONS)
 def bench(session: nox.Session, torch: str) -> None:
     """Benchmarks (not run by default): run-time wrap/unwrap against torch's helpers,
@@ -152,3 +354,36 @@ def bench(session: nox.Session, torch: str) -> None:
     session.run("python", "benchmarks/bench_compile_checks.py")
     session.run("python", "benchmarks/bench_export.py")
     session.run("python", "benchmarks/bench_opaque_check.py")
+
+
+# Run with the gpu session's python: one line, "cuda=<is_available> build=<torch.version.cuda>".
+_CUDA_CHECK = "import torch; print(f'cuda={torch.cuda.is_available()} build={torch.version.cuda}')"
+
+
+@nox.session
+@nox.parametrize("torch", TORCH_VERSIONS)
+def gpu(session: nox.Session, torch: str) -> None:
+    """The device tests (tests/test_devices.py) on a CUDA GPU, on one torch leg; not a
+    default session (CI is CPU-only).
+
+    Each leg installs ``torch==<version>`` as pip resolves it: the default PyPI
+    wheels for Linux x86_64 are CUDA builds; a CPU wheel that pip finds first (on
+    the machine this was written on, torch 2.13.0+cpu kept on local disk) is not,
+    and the session then stops. It stops unless torch sees a GPU, and the tests run
+    with OPAQUE_SUBCLASS_REQUIRE_CUDA=1, which fails a cuda case instead of skipping
+    it: a GPU session cannot pass by skipping."""
+    _install_torch(session, torch)
+    found = session.run("python", "-c", _CUDA_CHECK, silent=True)
+    line = next((s for s in str(found).splitlines() if s.startswith("cuda=")), str(found))
+    if not line.startswith("cuda=True "):
+        build = line.partition("build=")[2] or "unknown"
+        what = "a CPU-only build" if build == "None" else f"a CUDA {build} build that sees no GPU"
+        session.error(
+            f"torch {torch} in this session is {what}: torch.cuda.is_available() is False. "
+            "The gpu session runs the device tests on a CUDA GPU and refuses to pass by skipping them; "
+            "run it on a machine with a GPU and a CUDA build of torch."
+        )
+    _install_project(session, torch)
+    with _fresh_inductor_cache() as env:
+        env["OPAQUE_SUBCLASS_REQUIRE_CUDA"] = "1"
+        session.run("python", "-m", "pytest", "-v", "tests/test_devices.py", *session.posargs, env=env)

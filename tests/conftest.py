@@ -1,5 +1,24 @@
 import os
 import sys
 
+import pytest
+import torch
+
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# The devices of the device tests (tests/test_devices.py): "cpu" always, "cuda" where torch sees
+# a GPU. Without one, a "cuda" case is skipped with NO_CUDA, or fails with it when
+# OPAQUE_SUBCLASS_REQUIRE_CUDA=1 (`python -m nox -s gpu` sets it: a GPU run that skips is a defect).
+DEVICES = ("cpu", "cuda")
+NO_CUDA = "no CUDA GPU here (torch.cuda.is_available() is False); `python -m nox -s gpu` runs the cuda cases on a GPU"
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    """The device a test puts its tensors on (see DEVICES)."""
+    if request.param == "cuda" and not torch.cuda.is_available():
+        if os.environ.get("OPAQUE_SUBCLASS_REQUIRE_CUDA") == "1":
+            pytest.fail(f"OPAQUE_SUBCLASS_REQUIRE_CUDA=1 but {NO_CUDA}", pytrace=False)
+        pytest.skip(NO_CUDA)
+    return str(request.param)

@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "opaque_subclass.patching": 0,
     "opaque_subclass.releases": 0,
     "opaque_subclass.mode": 0,
+    "opaque_subclass._version": 0,
     "opaque_subclass.core": 1,
     "opaque_subclass.authoring": 2,
     "opaque_subclass.modules": 2,

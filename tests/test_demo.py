@@ -3,7 +3,11 @@ sharded MLP under torch.compile), its launcher's failure handling, and the CLI."
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,6 +70,26 @@ def failing(rank: int, world_size: int, payload: dict[str, Any]) -> None:
     dist.barrier()  # waits for rank 1, which never comes
 
 
+class SlowToDescribe(RuntimeError):
+    """An error whose traceback takes 0.3 s to format, as a long torch.compile
+    traceback can: its rank exits well after a peer that lost its connection."""
+
+    def __str__(self) -> str:
+        time.sleep(0.3)
+        return "rank 1 broke on purpose and took long to say so"
+
+
+def failing_slowly(rank: int, world_size: int, payload: dict[str, Any]) -> None:
+    if rank == 1:
+        raise SlowToDescribe()
+    dist.barrier()  # fails as soon as rank 1 leaves the group: "Connection closed by peer"
+
+
+def noisy_failure(rank: int, world_size: int, payload: dict[str, Any]) -> None:
+    print("rank output starts here", file=sys.stderr, flush=True)
+    raise RuntimeError("broke after printing")
+
+
 def sleeping(rank: int, world_size: int, payload: dict[str, Any]) -> None:
     time.sleep(600)
 
@@ -81,11 +105,50 @@ def test_launcher_returns_results_by_rank():
     ]
 
 
+def _first_failure(msg: str, target: str) -> str:
+    """The part of a WorkersFailed message about the rank it names first: from
+    its first line to the first ``then rank`` line or the output."""
+    assert msg.startswith(f"{target}: rank "), msg
+    return msg.split("\nthen rank ", 1)[0].split("\noutput of rank ", 1)[0]
+
+
 def test_launcher_reports_the_failing_rank_without_waiting_for_its_peers():
     t0 = time.monotonic()
-    with pytest.raises(workers.WorkersFailed, match=r"(?s)rank 1 failed:.*RuntimeError: rank 1 broke on purpose"):
+    with pytest.raises(workers.WorkersFailed) as info:
         workers.run_local_workers(f"{__file__}:failing", 2, timeout=100)
     assert time.monotonic() - t0 < 40  # the peer stuck in a barrier was stopped, not waited for
+    msg = str(info.value)
+    first = _first_failure(msg, f"{__file__}:failing")
+    # rank 1 raised; rank 0 only lost its connection to it and is named after it
+    assert first.startswith(f"{__file__}:failing: rank 1 failed:\n"), msg
+    assert first.rstrip().endswith("RuntimeError: rank 1 broke on purpose"), msg
+    assert "\noutput of rank 1:\n" in msg, msg
+
+
+def test_launcher_names_the_rank_that_raised_first_even_when_it_exits_last():
+    # Rank 0 fails on losing its connection and exits ~0.3 s before rank 1,
+    # whose error is still being formatted: the launcher sees rank 0 exit first.
+    with pytest.raises(workers.WorkersFailed) as info:
+        workers.run_local_workers(f"{__file__}:failing_slowly", 2, timeout=100)
+    msg = str(info.value)
+    first = _first_failure(msg, f"{__file__}:failing_slowly")
+    assert first.startswith(f"{__file__}:failing_slowly: rank 1 failed:\n"), msg
+    assert first.rstrip().endswith("SlowToDescribe: rank 1 broke on purpose and took long to say so"), msg
+    assert "\nthen rank 0 failed: " in msg, msg  # rank 0 reported its own failure before rank 1 exited
+
+
+def test_worker_output_has_no_runpy_warning():
+    # A rank's output is shown in a failure's message. Running the launcher's
+    # module itself with -m after its package imported it made runpy warn
+    # ("RuntimeWarning: 'opaque_subclass.testing.workers' found in sys.modules
+    # after import of package 'opaque_subclass.testing', ...") in every rank.
+    with pytest.raises(workers.WorkersFailed) as info:
+        workers.run_local_workers(f"{__file__}:noisy_failure", 1, timeout=60)
+    msg = str(info.value)
+    output = msg.split("\noutput of rank 0:\n", 1)[1]
+    assert "rank output starts here" in output, msg  # the rank's output is there
+    assert "found in sys.modules" not in output, output
+    assert "RuntimeWarning" not in output, output
 
 
 TARGETS = str(__import__("pathlib").Path(__file__).with_name("launcher_targets.py"))
@@ -112,30 +175,54 @@ def test_launcher_names_a_rank_killed_mid_run_and_its_signal():
     assert "rank 0 failed" not in msg.splitlines()[0]
 
 
+#: What a rank's command line holds: ``PYTHON -m ENTRY TARGET RANK ...``.
+WORKER_COMMAND = "-m opaque_subclass.testing._worker_main "
+
+
 def _workers_alive(marker: str) -> list[str]:
     """Command lines of this process's child processes that are launcher
     workers whose target contains ``marker`` (other test processes on the
     machine may run the same targets)."""
-    import os
-    import pathlib
-
     alive = []
-    for proc in pathlib.Path("/proc").glob("[0-9]*"):
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
             parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
             args = (proc / "cmdline").read_bytes().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue
         text = b" ".join(args).decode(errors="replace")
-        if parent == os.getpid() and "--worker" in text and marker in text:
+        if parent == os.getpid() and WORKER_COMMAND in text and marker in text:
             alive.append(text)
     return alive
 
 
+def _run_watching_workers(target: str, marker: str) -> set[str]:
+    """Run 2 ranks of ``target`` in a thread, expecting WorkersFailed, and
+    return the command lines that :func:`_workers_alive` saw while they ran."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            workers.run_local_workers(target, 2, timeout=100)
+        except BaseException as e:
+            raised.append(e)
+
+    seen: set[str] = set()
+    thread = threading.Thread(target=run)
+    thread.start()
+    while thread.is_alive():
+        seen.update(_workers_alive(marker))
+        time.sleep(0.005)
+    thread.join()
+    assert len(raised) == 1 and isinstance(raised[0], workers.WorkersFailed), raised
+    return seen
+
+
 @pytest.mark.parametrize("target", ["die_at_import", "killed_mid_run"])
 def test_launcher_leaves_no_process_behind(target):
-    with pytest.raises(workers.WorkersFailed):
-        workers.run_local_workers(f"{TARGETS}:{target}", 2, timeout=100)
+    seen = _run_watching_workers(f"{TARGETS}:{target}", f"launcher_targets.py:{target}")
+    # both ranks were found while they ran, so finding none afterwards means none is left
+    assert len(seen) == 2, seen
     assert _workers_alive(f"launcher_targets.py:{target}") == []
 
 

@@ -56,6 +56,7 @@ from functools import cache
 
 import torch
 
+from opaque_subclass import _version
 from opaque_subclass.releases import v2_10, v2_11, v2_12, v2_13, v2_14, v2_15
 from opaque_subclass.releases.schema import (
     CUSTOM_CLASS_API,
@@ -67,8 +68,9 @@ from opaque_subclass.releases.schema import (
     ReleaseSupport,
 )
 
-#: This library's version (``opaque_subclass.__version__``), recorded in saved archives.
-LIBRARY_VERSION = "0.1.0"
+#: This library's version (``opaque_subclass.__version__``), recorded in saved archives;
+#: written once, in ``opaque_subclass/_version.py`` (the distribution's metadata reads it too).
+LIBRARY_VERSION: str = _version.__version__
 
 __all__ = [
     "CUSTOM_CLASS_API",

@@ -13,17 +13,29 @@ group and training goes on with the same compiled function. It must not
 recompile, it must still match, and the collectives must run on the new group
 (recorded by :func:`~opaque_subclass.sharded.record_collectives` as they run).
 
-:func:`~opaque_subclass.testing.run_local_workers` is the launcher underneath.
+:func:`run_demo` starts the ranks with
+:func:`~opaque_subclass.testing.run_local_workers`. Run as a module, the demo
+also works under torchrun, one rank per process::
+
+    python -m opaque_subclass.sharded.demo                          # its own 2 local workers
+    torchrun --nproc-per-node 2 -m opaque_subclass.sharded.demo     # torchrun's ranks
+
+With torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``) each rank joins a gloo group by env:// rendezvous and runs
+:func:`train_worker` (:func:`run_rank`); rank 0 gathers the results, checks them
+and prints the report.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from opaque_subclass.core.checks import require_module
@@ -42,6 +54,7 @@ __all__ = [
     "DemoError",
     "DemoReport",
     "run_demo",
+    "run_rank",
     "shard_module",
     "train_worker",
 ]
@@ -130,7 +143,8 @@ def _train(
 
 
 def train_worker(rank: int, world_size: int, payload: Mapping[str, Any]) -> dict[str, Any]:
-    """One rank of the demo (see the module docstring); runs inside :func:`run_local_workers`."""
+    """One rank of the demo (see the module docstring), in a process group already joined:
+    run by :func:`run_local_workers` for :func:`run_demo`, and by :func:`run_rank` under torchrun."""
     import torch
     import torch._dynamo
     import torch._dynamo.testing
@@ -256,6 +270,52 @@ class DemoReport:
         ]
 
 
+def _check_arguments(caller: str, steps: int, world_size: int) -> None:
+    if steps < 2:
+        raise ValueError(f"{caller}: steps must be at least 2 (the first compiled step is not timed), got {steps}")
+    if world_size < 1 or 8 % world_size:
+        raise ValueError(
+            f"{caller}: world_size {world_size} does not divide the layer widths 32 and 8; use 1, 2, 4 or 8"
+        )
+
+
+def _report(
+    results: Sequence[Mapping[str, Any]], *, steps: int, backend: str, tolerance: float, seconds: float
+) -> DemoReport:
+    """The report of the ranks' results (by rank); raises :class:`DemoError` if it breaks a requirement."""
+    first = results[0]
+    report = DemoReport(
+        torch_version=first["torch_version"],
+        mode=first["mode"],
+        world_size=len(results),
+        steps=steps,
+        backend=backend,
+        compilations_mesh_a=max(r["frames_a"] for r in results),
+        compilations_mesh_b=max(r["frames_b"] for r in results),
+        loss_error=max(r["loss_error"] for r in results),
+        eager_loss_error=max(r["eager_loss_error"] for r in results),
+        weight_error=max(r["weight_error"] for r in results),
+        compiled_step_s=statistics.mean(r["compiled_step_s"] for r in results),
+        eager_step_s=statistics.mean(r["eager_step_s"] for r in results),
+        first_step_s=max(r["first_step_s"] for r in results),
+        groups_mesh_a=tuple(sorted({g for r in results for g in r["groups_a"]})),
+        groups_mesh_b=tuple(sorted({g for r in results for g in r["groups_b"]})),
+        collectives_per_step=first["collectives_per_step"],
+        first_loss=first["losses"][0],
+        last_loss=first["losses"][-1],
+        seconds=seconds,
+    )
+    problems = report.failures(tolerance)
+    wrong_group = [i for i, r in enumerate(results) if list(r["groups_b"]) != [r["group_b"]]]
+    if wrong_group:
+        problems.append(f"rank(s) {wrong_group}: collectives on mesh B did not all run on mesh B's process group")
+    if any(r["losses"] != first["losses"] for r in results[1:]):
+        problems.append("the ranks saw different losses; a replicated value diverged between ranks")
+    if problems:
+        raise DemoError("demo failed: " + "; ".join(problems) + "\n" + "\n".join(report.lines()), report)
+    return report
+
+
 def run_demo(
     steps: int = 5,
     world_size: int = 2,
@@ -294,12 +354,7 @@ def run_demo(
         If a rank failed or timed out, or the report breaks a requirement (its
         ``report`` attribute then holds the report).
     """
-    if steps < 2:
-        raise ValueError(f"run_demo: steps must be at least 2 (the first compiled step is not timed), got {steps}")
-    if 8 % world_size:
-        raise ValueError(
-            f"run_demo: world_size {world_size} does not divide the layer widths 32 and 8; use 1, 2, 4 or 8"
-        )
+    _check_arguments("run_demo", steps, world_size)
     t0 = time.perf_counter()
     payload = {"steps": steps, "backend": backend, "lr": lr, "seed": seed}
     try:
@@ -308,59 +363,142 @@ def run_demo(
         )
     except WorkersFailed as e:
         raise DemoError(f"demo failed: {e}") from e
-    first = results[0]
-    report = DemoReport(
-        torch_version=first["torch_version"],
-        mode=first["mode"],
-        world_size=world_size,
-        steps=steps,
-        backend=backend,
-        compilations_mesh_a=max(r["frames_a"] for r in results),
-        compilations_mesh_b=max(r["frames_b"] for r in results),
-        loss_error=max(r["loss_error"] for r in results),
-        eager_loss_error=max(r["eager_loss_error"] for r in results),
-        weight_error=max(r["weight_error"] for r in results),
-        compiled_step_s=statistics.mean(r["compiled_step_s"] for r in results),
-        eager_step_s=statistics.mean(r["eager_step_s"] for r in results),
-        first_step_s=max(r["first_step_s"] for r in results),
-        groups_mesh_a=tuple(sorted({g for r in results for g in r["groups_a"]})),
-        groups_mesh_b=tuple(sorted({g for r in results for g in r["groups_b"]})),
-        collectives_per_step=first["collectives_per_step"],
-        first_loss=first["losses"][0],
-        last_loss=first["losses"][-1],
-        seconds=time.perf_counter() - t0,
+    return _report(results, steps=steps, backend=backend, tolerance=tolerance, seconds=time.perf_counter() - t0)
+
+
+#: The variables of an env:// rendezvous; torchrun sets them in every rank.
+RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _launched_by_torchrun() -> bool:
+    return all(name in os.environ for name in RENDEZVOUS_ENV)
+
+
+def run_rank(
+    steps: int = 5,
+    *,
+    backend: str = "aot_eager",
+    lr: float = 0.1,
+    seed: int = 0,
+    tolerance: float = 1e-5,
+    timeout: float = 60.0,
+) -> DemoReport | None:
+    """Run this process's rank of the demo under torchrun (or another launcher
+    that sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``).
+
+    Joins a gloo process group by env:// rendezvous, runs :func:`train_worker`,
+    gathers every rank's result on rank 0 and destroys the process group (also
+    when the rank fails). The arguments are those of :func:`run_demo`, except
+    ``timeout``: the seconds the rendezvous and each collective may wait, so
+    that a rank whose peer died fails instead of hanging. An error of
+    :func:`train_worker` or of the gather is written to torchrun's error file
+    for this rank (``torch.distributed.elastic``'s ``record``) before the
+    process group is destroyed, so that torchrun's failure summary shows it
+    even when torchrun stops this rank after a peer failed on losing its
+    connection to it.
+
+    Returns
+    -------
+    DemoReport or None
+        The report on rank 0; ``None`` on the other ranks.
+
+    Raises
+    ------
+    DemoError
+        On rank 0, if the report breaks a requirement. An error of this rank
+        (in :func:`train_worker`, or a collective timing out) propagates.
+    """
+    import torch.distributed as dist
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    missing = [name for name in RENDEZVOUS_ENV if name not in os.environ]
+    if missing:
+        raise RuntimeError(f"run_rank: {', '.join(missing)} not set; launch with torchrun (or use run_demo)")
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _check_arguments("run_rank", steps, world_size)
+    t0 = time.perf_counter()
+    payload = {"steps": steps, "backend": backend, "lr": lr, "seed": seed}
+    dist.init_process_group(
+        "gloo", init_method="env://", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout)
     )
-    problems = report.failures(tolerance)
-    wrong_group = [i for i, r in enumerate(results) if r["groups_b"] != [r["group_b"]]]
-    if wrong_group:
-        problems.append(f"rank(s) {wrong_group}: collectives on mesh B did not all run on mesh B's process group")
-    if any(r["losses"] != first["losses"] for r in results[1:]):
-        problems.append("the ranks saw different losses; a replicated value diverged between ranks")
-    if problems:
-        raise DemoError("demo failed: " + "; ".join(problems) + "\n" + "\n".join(report.lines()), report)
-    return report
+
+    def train_and_gather() -> list[Any] | None:
+        result = train_worker(rank, world_size, payload)
+        results: list[Any] | None = [None] * world_size if rank == 0 else None
+        dist.gather_object(result, results, dst=0)
+        return results
+
+    try:
+        results = record(train_and_gather)()
+    finally:
+        dist.destroy_process_group()
+    if results is None:
+        return None
+    return _report(results, steps=steps, backend=backend, tolerance=tolerance, seconds=time.perf_counter() - t0)
+
+
+def _print_report(report: DemoReport) -> None:
+    lines = report.lines()
+    print("[PASS] " + lines[0])
+    for line in lines[1:]:
+        print("       " + line)
+
+
+def _main_torchrun(steps: int, backend: str) -> int:
+    """One torchrun rank; rank 0 prints the report."""
+    try:
+        report = run_rank(steps, backend=backend)
+    except DemoError as e:
+        print("[FAIL] " + str(e), file=sys.stderr)
+        return 1
+    if report is not None:
+        _print_report(report)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m opaque_subclass.sharded.demo [--steps N] [--world-size N] [--backend B]``."""
+    """``python -m opaque_subclass.sharded.demo [--steps N] [--world-size N] [--backend B]``,
+    or under ``torchrun --nproc-per-node N``."""
     import argparse
 
     args = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
-        prog="python -m opaque_subclass.sharded.demo", description=(__doc__ or "").split("\n\n")[0]
+        prog="python -m opaque_subclass.sharded.demo",
+        description=(__doc__ or "").split("\n\n")[0],
+        epilog="Under torchrun (its RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set) every process runs one "
+        "rank and the world size is torchrun's.",
     )
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--world-size", type=int, default=None, help="local processes to start (default: 2)")
     parser.add_argument("--backend", default="aot_eager")
     ns = parser.parse_args(args)
+    torchrun = _launched_by_torchrun()
+    world_size = int(os.environ["WORLD_SIZE"]) if torchrun else 2 if ns.world_size is None else ns.world_size
+    if torchrun and ns.world_size not in (None, world_size):
+        parser.error(f"--world-size {ns.world_size}, but torchrun started {world_size} ranks")
     try:
-        report = run_demo(ns.steps, ns.world_size, backend=ns.backend)
+        _check_arguments("demo", ns.steps, world_size)
+    except ValueError as e:
+        parser.error(str(e))
+    if torchrun:
+        return _main_torchrun(ns.steps, ns.backend)
+    try:
+        report = run_demo(ns.steps, world_size, backend=ns.backend)
     except DemoError as e:
-        print(e, file=sys.stderr)
+        print("[FAIL] " + str(e), file=sys.stderr)
         return 1
-    print("\n".join(report.lines()))
+    _print_report(report)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if _launched_by_torchrun():
+        # The report is printed and the process group destroyed. Skip interpreter
+        # teardown, as the local workers do: background threads of gloo and
+        # torch.compile can abort it after the work is done, and torchrun would
+        # report the abort as this rank's failure.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

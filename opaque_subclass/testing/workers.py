@@ -12,8 +12,10 @@ tests::
 
     results = run_local_workers("my_module:train", world_size=2, timeout=100)
 
-A rank runs ``python -m opaque_subclass.testing.workers TARGET RANK WORLD PORT
-WORKDIR PG_TIMEOUT``; the parent reads each rank's JSON result from ``WORKDIR``.
+A rank runs ``python -m opaque_subclass.testing._worker_main TARGET RANK WORLD
+PORT WORKDIR PG_TIMEOUT`` (a module of its own: run with ``-m``, this module,
+which ``opaque_subclass.testing`` imports, would be executed a second time and
+make runpy warn); the parent reads each rank's JSON result from ``WORKDIR``.
 """
 
 from __future__ import annotations
@@ -67,9 +69,20 @@ def _load_target(target: str) -> Callable[..., Any]:
     return function
 
 
-def _worker_main(target: str, rank: int, world_size: int, port: int, workdir: str, pg_timeout: float) -> int:
-    """One rank: join the group, run the target, write the result, leave the group."""
+#: The module each rank runs with ``python -m``.
+_ENTRY_MODULE = "opaque_subclass.testing._worker_main"
+
+
+def _run_rank(target: str, rank: int, world_size: int, port: int, workdir: str, pg_timeout: float) -> int:
+    """One rank: join the group, run the target, write the result, leave the group.
+
+    A failure's report carries ``failed_at``, the system-wide monotonic clock
+    (:func:`time.monotonic`, the clock the launcher reads) when the exception
+    reached this function: for an exception of the target, before the rank
+    leaves the group, so before any peer can lose its connection to this rank.
+    """
     result: dict[str, Any] = {"rank": rank}
+    failed_at: float | None = None
     try:
         import torch.distributed as dist
 
@@ -84,11 +97,15 @@ def _worker_main(target: str, rank: int, world_size: int, port: int, workdir: st
         )
         try:
             result["value"] = fn(rank, world_size, payload)
+        except BaseException:
+            failed_at = time.monotonic()
+            raise
         finally:
             dist.destroy_process_group()
         result["ok"] = True
     except BaseException:
         result["ok"] = False
+        result["failed_at"] = time.monotonic() if failed_at is None else failed_at
         result["error"] = traceback.format_exc()
     path = Path(workdir, f"result{rank}.json")
     path.with_suffix(".tmp").write_text(json.dumps(result))
@@ -139,7 +156,8 @@ def run_local_workers(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     with tempfile.TemporaryDirectory(prefix="opaque_subclass_workers_") as workdir:
         Path(workdir, "payload.json").write_text(json.dumps(dict(payload or {})))
         port = _free_port()
@@ -157,7 +175,7 @@ def run_local_workers(
                             [
                                 sys.executable,
                                 "-m",
-                                "opaque_subclass.testing.workers",
+                                _ENTRY_MODULE,
                                 target,
                                 str(rank),
                                 str(world_size),
@@ -170,8 +188,9 @@ def run_local_workers(
                             env=env,
                         )
                     )
-            exited_at = _watch(
+            ran_until, exited_at = _watch(
                 procs,
+                started,
                 deadline,
                 on_timeout=lambda: WorkersFailed(
                     f"{target}: {world_size} workers did not finish within {timeout:.0f} s" + _logs_text(procs, logs)
@@ -192,16 +211,16 @@ def run_local_workers(
             if report is None or not report["ok"] or proc.returncode != 0
         ]
         if failed:
-            # The first rank seen to exit is the cause; its peers often only lost
-            # their connection to it. Ranks still running when the launcher
-            # stopped them come last.
-            order = sorted(failed, key=lambda r: (exited_at.get(r, float("inf")), reports[r] is not None, r))
+            # The rank that failed first is the cause; its peers often only lost
+            # their connection to it, and may exit before it does.
+            order = sorted(failed, key=lambda r: (_failed_when(reports[r], ran_until.get(r)), r))
             first = order[0]
 
             def how(r: int, brief: bool) -> str:
-                if r not in exited_at:
+                report = reports[r]
+                if r not in exited_at and (report is None or report["ok"]):
                     return "was still running and was stopped by the launcher"
-                return _how_it_ended(procs[r], reports[r], brief=brief)
+                return _how_it_ended(procs[r], report, brief=brief)
 
             others = "".join(f"\nthen rank {r} {how(r, True)}" for r in order[1:])
             raise WorkersFailed(
@@ -218,25 +237,46 @@ _POLL_S = 0.02
 
 
 def _watch(
-    procs: Sequence[subprocess.Popen[bytes]], deadline: float, *, on_timeout: Callable[[], Exception]
-) -> dict[int, float]:
+    procs: Sequence[subprocess.Popen[bytes]],
+    started: float,
+    deadline: float,
+    *,
+    on_timeout: Callable[[], Exception],
+) -> tuple[dict[int, float], dict[int, float]]:
     """Poll every rank until all have exited, or one failed and the grace period
-    passed; returns when each rank was first seen to have exited. A death is seen
-    within one poll interval, whichever rank it is."""
+    passed. Returns, for each rank that exited, the time of the last poll that
+    saw it running (``started``, read before the first rank started, if none
+    did) and the time of the poll that saw it exited: it exited in between. A
+    death is seen within one poll interval, whichever rank it is."""
+    ran_until: dict[int, float] = {}
     exited_at: dict[int, float] = {}
+    previous = started
     while True:
         now = time.monotonic()
         for rank, p in enumerate(procs):
             if rank not in exited_at and p.poll() is not None:
+                ran_until[rank] = previous
                 exited_at[rank] = now
         if len(exited_at) == len(procs):
-            return exited_at
+            return ran_until, exited_at
         failures = [exited_at[r] for r in exited_at if procs[r].returncode != 0]
         if failures and now - min(failures) > _GRACE_S:
-            return exited_at
+            return ran_until, exited_at
         if now > deadline:
             raise on_timeout()
+        previous = now
         time.sleep(_POLL_S)
+
+
+def _failed_when(report: Mapping[str, Any] | None, ran_until: float | None) -> float:
+    """When a failed rank failed, on the clock of :func:`time.monotonic`: a rank
+    that raised, when its exception reached the worker (before its peers could
+    lose their connection to it); any other rank that exited, the last poll that
+    saw it running, the earliest it can have ended; a rank the launcher stopped,
+    after all of those."""
+    if report is not None and not report["ok"]:
+        return float(report["failed_at"])
+    return float("inf") if ran_until is None else ran_until
 
 
 def _how_it_ended(proc: subprocess.Popen[bytes], report: Mapping[str, Any] | None, *, brief: bool) -> str:
@@ -264,16 +304,12 @@ def _logs_text(procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path]) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """One rank: ``python -m opaque_subclass.testing.workers TARGET RANK WORLD PORT WORKDIR PG_TIMEOUT``."""
+    """One rank: ``python -m opaque_subclass.testing._worker_main TARGET RANK WORLD PORT WORKDIR PG_TIMEOUT``."""
     target, rank, world_size, port, workdir, pg_timeout = list(sys.argv[1:] if argv is None else argv)[:6]
-    code = _worker_main(target, int(rank), int(world_size), int(port), workdir, float(pg_timeout))
+    code = _run_rank(target, int(rank), int(world_size), int(port), workdir, float(pg_timeout))
     # The result is on disk and the process group destroyed. Skip interpreter
     # teardown: background threads of gloo and torch.compile can abort it
     # ("terminate called without an active exception") after the work is done.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
