@@ -15,6 +15,8 @@ created" for an identity-compared object in a flatten context) is recorded in
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +24,11 @@ from typing import Any
 import torch
 
 from .backend import GraphCheck, checking_backend
+from .context import lint_contexts
 from .findings import Finding
 from .guards import translate_guard
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["Explanation", "Recompile", "explain"]
 
@@ -58,19 +63,23 @@ class Explanation:
         self.recompiles: list[Recompile] = []
         self.errors: list[str] = []
         self.outputs: Any = None
+        self._fn = fn
+        #: Findings on the arguments of a call whose compilation failed before any graph (the
+        #: flatten contexts' lint, OSC001, run on the arguments themselves).
+        self._argument_findings: list[Finding] = []
         self._compiled = torch.compile(fn, backend=checking_backend("eager", "record", on_check=self.graphs.append))
 
     @property
     def findings(self) -> list[Finding]:
-        """Every graph's findings, each reported once."""
+        """Every graph's findings, then those on the arguments of a call that
+        failed to compile, each reported once."""
         seen: set[tuple[str, str, str]] = set()
         out = []
-        for graph in self.graphs:
-            for f in graph.findings:
-                key = (f.code, f.path, f.message)
-                if key not in seen:
-                    seen.add(key)
-                    out.append(f)
+        for f in [*(f for graph in self.graphs for f in graph.findings), *self._argument_findings]:
+            key = (f.code, f.path, f.message)
+            if key not in seen:
+                seen.add(key)
+                out.append(f)
         return out
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
@@ -79,6 +88,7 @@ class Explanation:
         from torch._dynamo.utils import guard_failures
 
         before = {code: len(reasons) for code, reasons in guard_failures.items()}
+        graphs_before = len(self.graphs)
         try:
             self.outputs = self._compiled(*args, **kwargs)
         except Exception as error:
@@ -86,6 +96,8 @@ class Explanation:
                 f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
             )
             self.outputs = None
+            if len(self.graphs) == graphs_before:  # no graph to lint: lint what the call was given
+                self._argument_findings.extend(_argument_findings(self._fn, args, kwargs))
         for code, reasons in list(guard_failures.items()):
             for reason in reasons[before.get(code, 0) :]:
                 text = str(reason)
@@ -118,6 +130,37 @@ class Explanation:
             lines.append("errors")
             lines.extend(f"  {e}" for e in self.errors)
         return "\n".join(lines)
+
+
+def _named_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(name, value)`` of a call's arguments, named as ``fn``'s parameters
+    (``xs[0]`` for a ``*xs``), or ``args[i]`` when ``fn`` has no signature."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return [(f"args[{i}]", a) for i, a in enumerate(args)] + list(kwargs.items())
+    named: list[tuple[str, Any]] = []
+    for name, value in bound.arguments.items():
+        kind = inspect.signature(fn).parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            named.extend((f"{name}[{i}]", v) for i, v in enumerate(value))
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            named.extend(value.items())
+        else:
+            named.append((name, value))
+    return named
+
+
+def _argument_findings(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Finding]:
+    """OSC001 on the subclass arguments of a call that produced no graph (its
+    compilation failed, for example on a flatten context torch cannot guard)."""
+    findings: list[Finding] = []
+    for name, value in _named_arguments(fn, args, kwargs):
+        try:
+            findings.extend(lint_contexts(value, name))
+        except Exception as error:  # a report must not fail on what it reports about
+            _log.debug("explain: no context lint for %s: %s", name, error)
+    return findings
 
 
 def _short(value: Any, limit: int = 80) -> str:

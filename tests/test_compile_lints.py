@@ -219,6 +219,27 @@ def test_member_recompiles_are_translated_on_every_release(fn, first, second, ex
     assert recompile.reason.startswith(expected), recompile.reason
 
 
+def test_a_compilation_that_fails_on_a_context_is_explained_by_its_finding():
+    """#26 item 6: a real communicator in a flatten context stops the
+    compilation (the library's named error, recorded in ``errors``); the
+    OSC001 finding that explains it is reported next to it, from the
+    arguments, though no graph was made."""
+    from subclasses import fake_world
+
+    with fake_world(2) as world:
+
+        def double(x):
+            return x * 2
+
+        report = cp.explain(double, ShardLike(torch.ones(2), ctx=ShardSpec(world, 0)))
+        assert report.graphs == []
+        (error,) = report.errors
+        assert error.startswith("OpaqueTypeError:") and "ProcessGroup" in error
+        (finding,) = report.findings
+        assert (finding.code, finding.path) == ("OSC001", "x.<context>.mesh")
+        assert "findings" in str(report) and "errors" in str(report)
+
+
 # ------------------------------------------------------------------ OSC005
 
 
