@@ -27,7 +27,7 @@ from opaque_subclass.core.errors import qualified_name
 
 from .baked import baked_findings, baked_objects
 from .collectives import lint_collectives
-from .context import context_findings, subclass_contexts
+from .context import context_findings, subclass_levels
 from .findings import Finding, emit
 from .guards import graph_input_name, lint_sharing, sharing_report
 from .inputs import InputReport
@@ -96,9 +96,11 @@ def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
     """Run every lint on a Dynamo graph."""
     require_module(gm, "compile_passes.check_graph", graph=True)
     named = graph_inputs(gm)
-    contexts = tuple(c for name, value in named for c in subclass_contexts(value, name))
+    levels = [level for name, value in named for level in subclass_levels(value, name)]
+    contexts = tuple((path, type(owner), ctx) for path, owner, ctx in levels)
     baked = tuple(baked_objects(gm))
-    findings = [*context_findings(contexts), *baked_findings(baked, f"graph {index}")]
+    owners = {path: owner for path, owner, _ in levels}
+    findings = [*context_findings(contexts, owners), *baked_findings(baked, f"graph {index}")]
     findings.extend(lint_collectives(gm, f"graph {index}"))
     try:
         report: InputReport | None = sharing_report(named)

@@ -30,7 +30,7 @@ input check uses, so both spell an object's path alike.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from opaque_subclass import OpaqueSubclass
@@ -41,7 +41,15 @@ from opaque_subclass.core.walk import Level, walk
 
 from .findings import Finding, make
 
-__all__ = ["PLAIN_TYPES", "ContextItem", "context_findings", "lint_contexts", "reference_reason", "subclass_contexts"]
+__all__ = [
+    "PLAIN_TYPES",
+    "ContextItem",
+    "context_findings",
+    "lint_contexts",
+    "reference_reason",
+    "subclass_contexts",
+    "subclass_levels",
+]
 
 
 def _distributed_types() -> tuple[tuple[type, str], ...]:
@@ -115,16 +123,47 @@ def subclass_contexts(value: object, name: str) -> Iterator[tuple[str, type, Any
     """``(path, subclass, context)`` for ``value`` and every subclass nested in
     it, outermost first, from the library's flatten walk (``path`` is the
     instance's path). Nothing for a value that is not a traceable subclass."""
+    for path, owner, ctx in subclass_levels(value, name):
+        yield path, type(owner), ctx
+
+
+def subclass_levels(value: object, name: str) -> Iterator[tuple[str, object, Any]]:
+    """``(path, instance, context)`` for ``value`` and every subclass nested in it."""
     for path, slot in walk(value, name):
         if isinstance(slot, Level):
-            yield path, type(slot.owner), slot.ctx
+            yield path, slot.owner, slot.ctx
 
 
-def _fix(cls: type, item: ContextItem, attr: str | None) -> str:
+#: Attribute names a fix proposes for an object the instance does not hold as an attribute.
+_CONVENTIONAL = {"DeviceMesh": "_mesh", "ProcessGroup": "_group"}
+
+
+def _holder_name(owner: object | None, obj: object) -> str:
+    """The instance attribute holding ``obj`` (by identity), or a name to give it."""
+    for name, value in vars(owner).items() if owner is not None and hasattr(owner, "__dict__") else ():
+        if value is obj and not name.startswith("__"):
+            return name
+    cls_name = opaque_type_of(obj).__name__
+    return _CONVENTIONAL.get(
+        cls_name, "_" + "".join(f"_{c.lower()}" if c.isupper() else c for c in cls_name).lstrip("_")
+    )
+
+
+def _listed_names(owner: object | None) -> list[str] | None:
+    """What ``owner.__tensor_flatten__()`` lists, or ``None``."""
+    try:
+        names = owner.__tensor_flatten__()[0]  # type: ignore[union-attr]  # a subclass instance
+    except Exception:  # an error message must never fail on what it reports about
+        return None
+    return [str(n) for n in names] if isinstance(names, (list, tuple)) else None
+
+
+def _fix(cls: type, item: ContextItem, attr: str | None, owner: object | None = None) -> str:
     obj_type = opaque_type_of(item.obj)
     register = ""
     if opaque_kind(item.obj) is None:
         register = " Register its class first: " + import_fix(obj_type, "opaque_subclass.register_opaque({cls})") + "."
+    holder = _holder_name(owner, item.obj)
     if isinstance(cls, type) and issubclass(cls, OpaqueSubclass) and attr is not None:
         if item.path.count("[") == 1 and item.path.endswith("]"):  # the metadata attribute itself
             return (
@@ -133,13 +172,16 @@ def _fix(cls: type, item: ContextItem, attr: str | None) -> str:
             )
         return (
             f"take the {obj_type.__qualname__} out of the metadata attribute {attr!r}: declare it as an opaque "
-            f"attribute of its own, {cls.__qualname__}.opaque_attrs = {{'_mesh': {obj_type.__qualname__}}}, and keep "
-            f"only values in {attr!r}, so that it is a graph input guarded by identity.{register}"
+            f"attribute of its own, {cls.__qualname__}.opaque_attrs = {{{holder!r}: {obj_type.__qualname__}}}, and "
+            f"keep only values in {attr!r}, so that it is a graph input guarded by identity.{register}"
         )
+    listed = _listed_names(owner)
+    names = [*listed, holder] if listed is not None and holder not in listed else (listed or ["_data", holder])
     return (
-        f"list it among the attributes: return its attribute name from {cls.__qualname__}.__tensor_flatten__ "
-        f"(e.g. `return ['_local', '_mesh'], ctx_without_it`) and read it from inner_tensors in "
-        f"__tensor_unflatten__, so that it is a graph input guarded by identity.{register}"
+        f"list it among the attributes: hold it as self.{holder}, return {names!r} from "
+        f"{cls.__qualname__}.__tensor_flatten__ with a context that no longer holds it "
+        f"(`return {names!r}, ctx_without_it`), and read inner_tensors[{holder!r}] in __tensor_unflatten__, so "
+        f"that it is a graph input guarded by identity.{register}"
     )
 
 
@@ -157,11 +199,17 @@ def _meta_attr(cls: type, suffix: str) -> str | None:
 
 def lint_contexts(value: object, name: str) -> list[Finding]:
     """OSC001 findings for ``value`` (a subclass instance, at any nesting depth)."""
-    return context_findings(subclass_contexts(value, name))
+    levels = list(subclass_levels(value, name))
+    return context_findings(
+        ((path, type(owner), ctx) for path, owner, ctx in levels), {path: owner for path, owner, _ in levels}
+    )
 
 
-def context_findings(contexts: Iterable[tuple[str, type, Any]]) -> list[Finding]:
-    """OSC001 findings for ``(path, subclass, context)`` triples (:func:`subclass_contexts`)."""
+def context_findings(
+    contexts: Iterable[tuple[str, type, Any]], owners: Mapping[str, object] | None = None
+) -> list[Finding]:
+    """OSC001 findings for ``(path, subclass, context)`` triples (:func:`subclass_contexts`);
+    ``owners`` (path -> instance) lets each fix use the subclass's own attribute names."""
     findings = []
     for path, cls, ctx in contexts:
         for item in _scan(ctx):
@@ -189,7 +237,7 @@ def context_findings(contexts: Iterable[tuple[str, type, Any]]) -> list[Finding]
                     where,
                     f"the flatten context of {path!r} ({qualified_name(cls)}) holds {describe_type(item.obj)}, "
                     f"{item.reason}{inside}; {consequence}.",
-                    _fix(cls, item, attr),
+                    _fix(cls, item, attr, (owners or {}).get(path)),
                 )
             )
     return findings

@@ -77,14 +77,27 @@ def test_identity_compared_object_in_context_is_found_and_refused_before_tracing
     assert "Guard failed on the same frame it was created" in finding.message  # what stock torch says
     assert "register_opaque(IdentityHandle)" in finding.fix
     # Compiled, the library refuses the input where Dynamo meets it (stock torch
-    # crashed after tracing), so no graph is linted: the report holds the error.
+    # crashed after tracing), so no graph is linted: the report holds the error,
+    # and next to it the finding on the argument that explains it.
     report = cp.explain(lambda x: x + 1, x)
-    assert report.findings == []
+    assert report.graphs == [] and [f.path for f in report.findings] == ["x.<context>[0]"]
     (error,) = report.errors
     assert "ShardLike.__tensor_flatten__() at \"L['x']\" returns a flatten context whose <context>[0] holds " in error
     assert "test_compile_lints.IdentityHandle, which is not equal to a copy of itself" in error and "Fix:" in error, (
         error
     )
+
+
+def test_the_context_fix_uses_the_subclass_attribute_names():
+    """#26 item 5: OSC001's fix lists what the subclass's own __tensor_flatten__
+    returns plus the attribute that holds the object (by identity), not a
+    template's names."""
+    handle = IdentityHandle()
+    x = ShardLike(torch.ones(2), ctx=(handle, 3))
+    x._handle = handle  # held as an attribute too, but listed only in the context
+    (finding,) = cp.lint_contexts(x, "x")
+    assert "hold it as self._handle, return ['_local', '_handle'] from ShardLike.__tensor_flatten__" in finding.fix
+    assert "inner_tensors['_handle']" in finding.fix and "'_mesh'" not in finding.fix
 
 
 def test_input_check_and_lint_name_the_same_object_inside_a_spec():
