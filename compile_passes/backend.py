@@ -97,10 +97,8 @@ def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
     require_module(gm, "compile_passes.check_graph", graph=True)
     named = graph_inputs(gm)
     levels = [level for name, value in named for level in subclass_levels(value, name)]
-    contexts = tuple((path, type(owner), ctx) for path, owner, ctx in levels)
     baked = tuple(baked_objects(gm))
-    owners = {path: owner for path, owner, _ in levels}
-    findings = [*context_findings(contexts, owners), *baked_findings(baked, f"graph {index}")]
+    findings = [*context_findings(levels), *baked_findings(baked, f"graph {index}")]
     findings.extend(lint_collectives(gm, f"graph {index}"))
     try:
         report: InputReport | None = sharing_report(named)
@@ -109,7 +107,7 @@ def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
         report = None
     if report is not None:
         findings.extend(lint_sharing(report))
-    shown = tuple((path, qualified_name(cls), ctx) for path, cls, ctx in contexts)
+    shown = tuple((path, qualified_name(type(owner)), ctx) for path, owner, ctx in levels)
     return GraphCheck(index, report, shown, baked, tuple(findings))
 
 

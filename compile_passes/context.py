@@ -30,7 +30,7 @@ input check uses, so both spell an object's path alike.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from opaque_subclass import OpaqueSubclass
@@ -47,7 +47,6 @@ __all__ = [
     "context_findings",
     "lint_contexts",
     "reference_reason",
-    "subclass_contexts",
     "subclass_levels",
 ]
 
@@ -119,16 +118,10 @@ def _scan(ctx: object) -> Iterator[ContextItem]:
             yield ContextItem(part.path, part.obj, why, part.holder)
 
 
-def subclass_contexts(value: object, name: str) -> Iterator[tuple[str, type, Any]]:
-    """``(path, subclass, context)`` for ``value`` and every subclass nested in
+def subclass_levels(value: object, name: str) -> Iterator[tuple[str, object, Any]]:
+    """``(path, instance, context)`` for ``value`` and every subclass nested in
     it, outermost first, from the library's flatten walk (``path`` is the
     instance's path). Nothing for a value that is not a traceable subclass."""
-    for path, owner, ctx in subclass_levels(value, name):
-        yield path, type(owner), ctx
-
-
-def subclass_levels(value: object, name: str) -> Iterator[tuple[str, object, Any]]:
-    """``(path, instance, context)`` for ``value`` and every subclass nested in it."""
     for path, slot in walk(value, name):
         if isinstance(slot, Level):
             yield path, slot.owner, slot.ctx
@@ -138,9 +131,9 @@ def subclass_levels(value: object, name: str) -> Iterator[tuple[str, object, Any
 _CONVENTIONAL = {"DeviceMesh": "_mesh", "ProcessGroup": "_group"}
 
 
-def _holder_name(owner: object | None, obj: object) -> str:
+def _holder_name(owner: object, obj: object) -> str:
     """The instance attribute holding ``obj`` (by identity), or a name to give it."""
-    for name, value in vars(owner).items() if owner is not None and hasattr(owner, "__dict__") else ():
+    for name, value in vars(owner).items() if hasattr(owner, "__dict__") else ():
         if value is obj and not name.startswith("__"):
             return name
     cls_name = opaque_type_of(obj).__name__
@@ -149,16 +142,16 @@ def _holder_name(owner: object | None, obj: object) -> str:
     )
 
 
-def _listed_names(owner: object | None) -> list[str] | None:
+def _listed_names(owner: object) -> list[str] | None:
     """What ``owner.__tensor_flatten__()`` lists, or ``None``."""
     try:
-        names = owner.__tensor_flatten__()[0]  # type: ignore[union-attr]  # a subclass instance
+        names = owner.__tensor_flatten__()[0]  # type: ignore[attr-defined]  # a subclass instance
     except Exception:  # an error message must never fail on what it reports about
         return None
     return [str(n) for n in names] if isinstance(names, (list, tuple)) else None
 
 
-def _fix(cls: type, item: ContextItem, attr: str | None, owner: object | None = None) -> str:
+def _fix(cls: type, item: ContextItem, attr: str | None, owner: object) -> str:
     obj_type = opaque_type_of(item.obj)
     register = ""
     if opaque_kind(item.obj) is None:
@@ -199,19 +192,15 @@ def _meta_attr(cls: type, suffix: str) -> str | None:
 
 def lint_contexts(value: object, name: str) -> list[Finding]:
     """OSC001 findings for ``value`` (a subclass instance, at any nesting depth)."""
-    levels = list(subclass_levels(value, name))
-    return context_findings(
-        ((path, type(owner), ctx) for path, owner, ctx in levels), {path: owner for path, owner, _ in levels}
-    )
+    return context_findings(subclass_levels(value, name))
 
 
-def context_findings(
-    contexts: Iterable[tuple[str, type, Any]], owners: Mapping[str, object] | None = None
-) -> list[Finding]:
-    """OSC001 findings for ``(path, subclass, context)`` triples (:func:`subclass_contexts`);
-    ``owners`` (path -> instance) lets each fix use the subclass's own attribute names."""
+def context_findings(levels: Iterable[tuple[str, object, Any]]) -> list[Finding]:
+    """OSC001 findings for ``(path, instance, context)`` triples (:func:`subclass_levels`);
+    each fix is written with the instance's own attribute names."""
     findings = []
-    for path, cls, ctx in contexts:
+    for path, owner, ctx in levels:
+        cls = type(owner)
         for item in _scan(ctx):
             attr = _meta_attr(cls, item.path)
             where = f"{path}.<context>{item.path}"
@@ -237,7 +226,7 @@ def context_findings(
                     where,
                     f"the flatten context of {path!r} ({qualified_name(cls)}) holds {describe_type(item.obj)}, "
                     f"{item.reason}{inside}; {consequence}.",
-                    _fix(cls, item, attr, (owners or {}).get(path)),
+                    _fix(cls, item, attr, owner),
                 )
             )
     return findings

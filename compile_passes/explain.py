@@ -136,12 +136,13 @@ def _named_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     """``(name, value)`` of a call's arguments, named as ``fn``'s parameters
     (``xs[0]`` for a ``*xs``), or ``args[i]`` when ``fn`` has no signature."""
     try:
-        bound = inspect.signature(fn).bind(*args, **kwargs)
+        signature = inspect.signature(fn)
+        bound = signature.bind(*args, **kwargs)
     except (TypeError, ValueError):
         return [(f"args[{i}]", a) for i, a in enumerate(args)] + list(kwargs.items())
     named: list[tuple[str, Any]] = []
     for name, value in bound.arguments.items():
-        kind = inspect.signature(fn).parameters[name].kind
+        kind = signature.parameters[name].kind
         if kind is inspect.Parameter.VAR_POSITIONAL:
             named.extend((f"{name}[{i}]", v) for i, v in enumerate(value))
         elif kind is inspect.Parameter.VAR_KEYWORD:

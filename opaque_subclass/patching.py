@@ -111,6 +111,12 @@ class Patch:
         return found  # type: ignore[no-any-return]  # a factory by convention
 
     @property
+    def fingerprinted(self) -> tuple[tuple[str, str], ...]:
+        """``(qualified name, fingerprint)`` of every function the patch is
+        checked against: its target, then its ``depends_on``."""
+        return ((self.target, self.fingerprint), *self.depends_on)
+
+    @property
     def doc(self) -> str:
         return inspect.getdoc(self.factory()) or ""
 
@@ -134,15 +140,21 @@ def _resolve(target: str) -> tuple[Any, str, Any]:
     raise ImportError(f"cannot import any module prefix of {target!r}")
 
 
+def _torch_root() -> str | None:
+    """The directory of the ``torch`` package, found without importing it."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return next(iter(spec.submodule_search_locations))
+
+
 def _module_file(module_name: str) -> str | None:
     """The source file of a torch module, found without importing anything."""
     parts = module_name.split(".")
-    if parts[0] != "torch":
+    root = _torch_root() if parts[0] == "torch" else None
+    if root is None:
         return None
-    torch_spec = importlib.util.find_spec("torch")
-    if torch_spec is None or not torch_spec.submodule_search_locations:
-        return None
-    base = os.path.join(next(iter(torch_spec.submodule_search_locations)), *parts[1:])
+    base = os.path.join(root, *parts[1:])
     for candidate in (base + ".py", os.path.join(base, "__init__.py")):
         if os.path.isfile(candidate):
             return candidate
@@ -236,14 +248,6 @@ def source_fingerprint(module_name: str, path: tuple[str, ...], read: list[str] 
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-def _torch_root() -> str | None:
-    """The directory of the ``torch`` package, found without importing it."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return next(iter(spec.submodule_search_locations))
-
-
 def file_digest(file: str) -> str:
     """A short hash of a file's bytes (what :func:`record_sources` records)."""
     with open(file, "rb") as f:
@@ -265,7 +269,7 @@ def record_sources(patches: Iterable[Patch]) -> tuple[tuple[str, str], ...]:
         raise PatchRefused("torch is not installed")
     read: list[str] = []
     for p in patches:
-        for target, expected in ((p.target, p.fingerprint), *p.depends_on):
+        for target, expected in p.fingerprinted:
             located = _locate(target)
             if located is None:
                 continue  # not a torch source file: always checked on the live object
@@ -282,7 +286,7 @@ _FINGERPRINTS = "<fingerprints>"
 
 def _fingerprints_digest(patches: Iterable[Patch]) -> str:
     """A short hash of every (target, fingerprint) pair of ``patches``, dependencies included."""
-    pairs = [f"{t} {f}" for p in patches for t, f in ((p.target, p.fingerprint), *p.depends_on)]
+    pairs = [f"{t} {f}" for p in patches for t, f in p.fingerprinted]
     return hashlib.sha256("\n".join(pairs).encode()).hexdigest()[:16]
 
 
@@ -409,7 +413,7 @@ class PatchSet:
         waits: dict[str, str] = {}
         unchanged = _unchanged_files(self.sources, self.patches)  # the files the recorded fingerprints were read from
         for p in self.patches:
-            for target, expected in ((p.target, p.fingerprint), *p.depends_on):
+            for target, expected in p.fingerprinted:
                 label = target if target == p.target else f"{target} (relied on by the patch of {p.target})"
                 try:
                     found, module = self._fingerprint_of(target, expected, unchanged)
@@ -466,7 +470,9 @@ class PatchSet:
             # A module imported after its patches were examined and before the hook was in place (a
             # replacement's factory may import a torch module another patch waits for; another
             # thread may import one) was never seen by the hook: apply its patches now. A module
-            # still being initialized is left to the hook, which sees its import finish.
+            # still being initialized (enable() called from within its own import) may not define
+            # its targets yet: it stays waiting, and the hook, which did not see its import start,
+            # will not apply them either (a limit: no torch module imports this library).
             for name in list(deferred):
                 module = sys.modules.get(name)
                 if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):

@@ -264,7 +264,7 @@ def test_source_fingerprints_match_the_imported_definitions():
     assert ps is not None
     compared = 0
     for p in ps.patches:
-        for target, expected in ((p.target, p.fingerprint), *p.depends_on):
+        for target, expected in p.fingerprinted:
             located = _locate(target)
             assert located is not None, target
             assert source_fingerprint(*located) == expected, target

@@ -32,28 +32,11 @@ import torch
 
 from opaque_subclass.core.errors import OpaqueValueError, describe_type, import_fix, subject
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
-from opaque_subclass.core.registry import opaque_kind, opaque_type_of
+from opaque_subclass.core.registry import opaque_kind, opaque_type_of, stored_opaque_leaves
 from opaque_subclass.core.spec import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
 from opaque_subclass.core.walk import ValueOpaqueListedError
 
 __all__ = ["make_init", "make_right_inverse", "make_unwrap_forward", "make_unwrap_right_inverse"]
-
-
-def _opaque_slots(plist: Any) -> frozenset[int]:
-    """Which ``original{i}`` of a ``ParametrizationList`` hold opaques: read
-    from the list itself (the ``__init__`` patch stores an opaque as a plain
-    attribute, neither parameter nor buffer), so nothing of the library's is
-    kept on torch's object."""
-    count = getattr(plist, "ntensors", None)
-    if getattr(plist, "is_tensor", True) or not isinstance(count, int):
-        return frozenset()
-    return frozenset(
-        i
-        for i in range(count)
-        if f"original{i}" not in plist._parameters
-        and f"original{i}" not in plist._buffers
-        and opaque_kind(vars(plist).get(f"original{i}")) == "reference"
-    )
 
 
 def _opaque_error(plist_owner: str, i: int, value: object, kind: str | None) -> ValueError:
@@ -187,7 +170,7 @@ def make_right_inverse(original: Callable[..., Any]) -> Callable[..., Any]:
     from torch.nn.utils.parametrize import _maybe_set
 
     def right_inverse(self: Any, value: Any) -> Any:  # what torch's returns
-        slots = _opaque_slots(self)
+        slots = stored_opaque_leaves(self)
         if not slots:
             return original(self, value)
         owner = subject(type(value))

@@ -18,6 +18,7 @@ __all__ = [
     "import_fix",
     "qualified_name",
     "subject",
+    "submodule_expression",
 ]
 
 
@@ -104,3 +105,14 @@ def import_fix(cls: type, call: str) -> str:
         return f"`import opaque_subclass; {call.format(cls=cls.__name__)}` (with {cls.__name__} in scope)"
     top = qualname.split(".", 1)[0]
     return f"`import opaque_subclass; from {module} import {top}; {call.format(cls=qualname)}`"
+
+
+def submodule_expression(path: str) -> str:
+    """Python, for a fix, naming the submodule at dotted ``path`` (``""`` for
+    the root) of a module named ``module``: ``module.layer``, or
+    ``module.get_submodule('blocks.0')`` when a part is not an identifier."""
+    if not path:
+        return "module"
+    if all(part.isidentifier() for part in path.split(".")):
+        return f"module.{path}"
+    return f"module.get_submodule({path!r})"

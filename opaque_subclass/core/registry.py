@@ -64,6 +64,7 @@ __all__ = [
     "opaque_kind",
     "opaque_type_of",
     "register_opaque",
+    "stored_opaque_leaves",
 ]
 
 log = logging.getLogger(__name__)
@@ -555,3 +556,20 @@ def register_opaque(
         # A class registered now may have subclasses looked up before; they are
         # never cached negatively, so only the class itself needs an entry.
         _KIND_BY_TYPE[cls] = kind
+
+
+def stored_opaque_leaves(plist: Any) -> frozenset[int]:
+    """Which ``original{i}`` of a ``torch.nn.utils.parametrize.ParametrizationList``
+    hold reference opaques: those stored as plain attributes (neither parameter
+    nor buffer), as torch 2.12+ and the 2.11 backport store them, read from the
+    list itself so that nothing of the library's is kept on torch's object."""
+    count = getattr(plist, "ntensors", None)
+    if getattr(plist, "is_tensor", True) or not isinstance(count, int):
+        return frozenset()
+    return frozenset(
+        i
+        for i in range(count)
+        if f"original{i}" not in plist._parameters
+        and f"original{i}" not in plist._buffers
+        and opaque_kind(vars(plist).get(f"original{i}")) == "reference"
+    )

@@ -21,8 +21,10 @@ from typing import Any
 
 import torch
 
-from opaque_subclass.core.errors import OpaqueSubclassError, qualified_name, subject
+from opaque_subclass.core.errors import OpaqueSubclassError, qualified_name, subject, submodule_expression
+from opaque_subclass.core.registry import stored_opaque_leaves
 from opaque_subclass.core.spec import OpaqueMeta, SubclassCreationMeta, iter_slots
+from opaque_subclass.fixes.tangent_attributes import opaque_slot_types
 
 __all__ = ["make_forward"]
 
@@ -39,7 +41,7 @@ def _torch_meta_opaques(meta: Any, path: str, at: int) -> tuple[list[tuple[int, 
     found: list[tuple[int, str, type | None]] = []
     if meta is None:
         return found, at + 1
-    if type(meta).__name__ in ("OpaqueMeta", "OpaqueSlotMeta") or isinstance(meta, OpaqueMeta):
+    if isinstance(meta, (OpaqueMeta, *opaque_slot_types())):
         return [(at, path, getattr(meta, "opaque_type", None))], at + 1
     attrs = getattr(meta, "attrs", None)
     if not isinstance(attrs, dict):
@@ -92,28 +94,14 @@ def _deleted_leaf_error(plist: Any, missing: list[int]) -> OpaqueSubclassError |
     full = getattr(first, "path", None)  # the library's UnwrapSubclass: "layer.w" from the root module
     name = full.rpartition(".")[2] if isinstance(full, str) and full else _caller_tensor_name()
     opaques = {index: (path, cls, owner) for index, path, cls, owner in _opaque_leaves(plist, name)}
-    # a leaf stored as a plain attribute (neither parameter nor buffer) is an opaque: torch 2.12+
-    # and the 2.11 backport store nothing else that way
-    present = [
-        i
-        for i in range(plist.ntensors)
-        if f"original{i}" in vars(plist)
-        and f"original{i}" not in plist._parameters
-        and f"original{i}" not in plist._buffers
-    ]
-    if not any(i in opaques for i in missing) and not present:
+    if not any(i in opaques for i in missing) and not stored_opaque_leaves(plist):
         return None
     i = next((i for i in missing if i in opaques), missing[0])
     leaf = f"original{i}"
     path, cls, owner = opaques.get(i, (None, None, None))
     if isinstance(full, str) and full:
         holder, _, attr = full.rpartition(".")
-        if not holder:
-            where = f"module.parametrizations.{attr}"
-        elif all(part.isidentifier() for part in holder.split(".")):
-            where = f"module.{holder}.parametrizations.{attr}"
-        else:
-            where = f"module.get_submodule({holder!r}).parametrizations.{attr}"
+        where = f"{submodule_expression(holder)}.parametrizations.{attr}"
         module = "the module unwrap_tensor_subclass_parameters was called on"
     else:
         where = f"module.parametrizations.{name}" if name else "module.parametrizations[name]"

@@ -20,10 +20,10 @@ from typing import Any
 from opaque_subclass.core.checks import check_tangent_structure
 from opaque_subclass.core.walk import is_wrapper_subclass, read_level
 
-__all__ = ["make_process_runtime_tangent"]
+__all__ = ["make_process_runtime_tangent", "opaque_slot_types"]
 
 
-def _opaque_slot_types() -> tuple[type, ...]:
+def opaque_slot_types() -> tuple[type, ...]:
     """The classes of torch's metas for an opaque slot: ``OpaqueMeta`` (torch
     2.12+), the backport's ``OpaqueSlotMeta`` (torch 2.11)."""
     found: list[type] = []
@@ -71,7 +71,7 @@ def make_process_runtime_tangent(original: Callable[..., Any]) -> Callable[..., 
     from torch._functorch._aot_autograd.schemas import SubclassCreationMeta
     from torch._subclasses.fake_tensor import FakeTensor
 
-    opaque_slots = _opaque_slot_types()
+    opaque_slots = opaque_slot_types()
     paths = _Paths()
     compiling = torch.compiler.is_dynamo_compiling
 

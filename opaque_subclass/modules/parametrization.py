@@ -24,7 +24,13 @@ from torch.nn.utils import parametrize
 
 from opaque_subclass.core.checks import require_module
 from opaque_subclass.core.codegen import compiled_wrap
-from opaque_subclass.core.errors import OpaqueSubclassError, OpaqueTypeError, describe_type, qualified_name
+from opaque_subclass.core.errors import (
+    OpaqueSubclassError,
+    OpaqueTypeError,
+    describe_type,
+    qualified_name,
+    submodule_expression,
+)
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
 from opaque_subclass.core.spec import SubclassCreationMeta, iter_subclasses
 
@@ -115,15 +121,6 @@ def is_exportable_constructor(cls: type) -> bool:
     return False
 
 
-def _owner_expression(owner: str) -> str:
-    """Python for the submodule at ``owner`` of a module named ``module``."""
-    if not owner:
-        return "module"
-    if all(part.isidentifier() for part in owner.split(".")):
-        return f"module.{owner}"
-    return f"module.get_submodule({owner!r})"
-
-
 def _export_error(spec: SubclassCreationMeta, path: str | None) -> str | None:
     """The message for exporting a rebuild of ``spec`` that torch cannot record,
     or ``None`` when every subclass level has an exportable constructor."""
@@ -142,7 +139,7 @@ def _export_error(spec: SubclassCreationMeta, path: str | None) -> str | None:
         "the class's __init__ is marked with torch._export.wrappers.mark_subclass_constructor_exportable_experimental "
         "(without it, torch fails later with 'RuntimeError: Unable to cast NotImplemented to Tensor'). "
         f"Fix: export the subclass parameter itself, which torch.export handles: "
-        f"`torch.nn.utils.parametrize.remove_parametrizations({_owner_expression(owner)}, {attr!r})` "
+        f"`torch.nn.utils.parametrize.remove_parametrizations({submodule_expression(owner)}, {attr!r})` "
         f"(module being the exported module); or make {first} recordable: derive it from "
         "opaque_subclass.OpaqueSubclass, or decorate its __init__ with @torch._disable_dynamo and "
         "@mark_subclass_constructor_exportable_experimental (its arguments must then be tensors, opaques, "
