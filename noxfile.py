@@ -346,7 +346,8 @@ def package(session: nox.Session) -> None:
 @nox.parametrize("torch", TORCH_VERSIONS)
 def bench(session: nox.Session, torch: str) -> None:
     """Benchmarks (not run by default): run-time wrap/unwrap against torch's helpers,
-    and compiled-call overhead against plain tensors, on each torch leg."""
+    compiled-call overhead against plain tensors, and simulated jobs of up to 8192 ranks
+    (compilations and cache hits per job), on each torch leg."""
     _install_torch(session, torch)
     _install_project(session, torch)
     session.run("python", "benchmarks/bench_runtime.py")
@@ -354,6 +355,7 @@ def bench(session: nox.Session, torch: str) -> None:
     session.run("python", "benchmarks/bench_compile_checks.py")
     session.run("python", "benchmarks/bench_export.py")
     session.run("python", "benchmarks/bench_opaque_check.py")
+    session.run("python", "benchmarks/bench_job_compile.py")
 
 
 # Run with the gpu session's python: one line, "cuda=<is_available> build=<torch.version.cuda>".

@@ -57,6 +57,7 @@ GUIDE = [
     "authoring",
     "export",
     "distributed",
+    "large_jobs",
     "compile_passes",
     "backport",
     "compatibility",

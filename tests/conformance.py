@@ -775,6 +775,35 @@ entry("members/device-mesh-eight-rank-lists")(
 )
 
 
+@entry("members/device-mesh-coordinate-below-dynamo")
+def _mesh_read_below_dynamo() -> Observation:
+    """A subclass's dispatch reads its mesh's coordinate while AOTAutograd
+    traces: only the guard on the whole rank map protects the value compiled
+    in (opaque_subclass.fixes.mesh_guards keeps it for such a mesh)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    class CoordT(OpaqueSubclass):
+        tensor_attrs = ("_data",)
+        opaque_attrs = {"_mesh": DeviceMesh}
+
+    @CoordT.implements(torch.ops.aten.mul.Tensor)
+    def _mul(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        t = args[0]
+        return CoordT(t._data * args[1] + t._mesh.get_coordinate()[0], t._mesh)
+
+    def run() -> Observation:
+        with fake_world(8), fresh():
+            count = counter("aot_eager")
+            compiled = torch.compile(lambda t: t * 2, backend=count, fullgraph=True)
+            outs = [describe(compiled(CoordT(torch.zeros(2), DeviceMesh("cpu", r)))) for r in ([0, 1], [1, 0], [0, 2])]
+            return {"outs": outs, "compilations": count.frame_count}
+
+    try:
+        return run()
+    except Exception as e:  # torch 2.11: its fake mesh answers no member while AOTAutograd traces
+        return error(e, "get_coordinate")
+
+
 opaque_subclass.register_opaque(torch.distributed.ProcessGroup)  # before a schema names it
 
 

@@ -143,3 +143,36 @@ def fsdp2_tp_train(rank: int, world_size: int, payload: dict[str, Any]) -> dict[
     result["mesh_listed"] = "device_mesh" in weight.__tensor_flatten__()[0]
     result["weight_mesh_ndim"] = weight.device_mesh.ndim
     return result
+
+
+def job_cache_numerics(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """The benchmark's tensor-parallel step (benchmarks/bench_job_compile.py) on
+    a real (dp=2, tp=2) gloo mesh, compiled with the artifacts another process
+    left in ``TORCHINDUCTOR_CACHE_DIR``, then eagerly from the same weights:
+    the losses, the largest difference of the trained weights, the AOTAutograd
+    cache counters and the groups the compiled collectives used."""
+    from torch._dynamo.utils import counters
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from opaque_subclass.sharded import record_collectives
+
+    sys.path.insert(0, payload["benchmarks"])
+    import bench_job_compile as job
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    compiled_model, eager_model = job.sharded_model(mesh), job.sharded_model(mesh)
+    with record_collectives() as seen:
+        compiled = job.train(compiled_model, mesh, 3, lambda g: g.local_tensor(), compiled=True)
+    eager = job.train(eager_model, mesh, 3, lambda g: g.local_tensor(), compiled=False)
+    diff = max(
+        float((a.full_tensor() - b.full_tensor()).abs().max())
+        for a, b in zip(compiled_model.parameters(), eager_model.parameters(), strict=True)
+    )
+    return {
+        "compiled": compiled,
+        "eager": eager,
+        "weight_diff": diff,
+        "aot": [counters["aot_autograd"]["autograd_cache_hit"], counters["aot_autograd"]["autograd_cache_miss"]],
+        "groups": sorted({r.group_name for r in seen}),
+        "own_group": str(mesh["tp"].get_group().group_name),
+    }

@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
-import io
 import keyword
-import pickle
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -51,8 +48,7 @@ from opaque_subclass.core.registry import (
     opaque_type_of,
     register_opaque,
 )
-from opaque_subclass.core.walk import Attr, walk
-from opaque_subclass.releases import LIBRARY_VERSION
+from opaque_subclass.core.stable_hash import stable_subclass_hash
 
 __all__ = ["OpaqueAttr", "OpaqueSubclass"]
 
@@ -575,8 +571,9 @@ class OpaqueSubclass(torch.Tensor):
         one with symbolic sizes is never cached, because that hash pickles the
         sizes with plain ``pickle``, which fails on a ``SymInt`` (torch logs
         ``Bypassing autograd cache due to: Failed to pickle cache key``).
-        torch 2.11 never asks (its key pickles each input's attributes, opaques
-        by value).
+        torch 2.11 never asks (its key pickles each input whole, opaques by
+        value); the library's 2.11 key asks for it instead
+        (``opaque_subclass.fixes.autograd_cache.stable_subclass_inputs``).
 
         Hashed, for this instance and every subclass nested in it (in walk
         order, by attribute path): the qualified class name and the flatten
@@ -596,16 +593,7 @@ class OpaqueSubclass(torch.Tensor):
         ``pickle.PicklingError``, ``TypeError`` or ``AttributeError``, on which
         torch bypasses its cache for the program.
         """
-        parts: list[tuple[Any, ...]] = [("opaque-subclass", LIBRARY_VERSION)]
-        for path, slot in walk(self):
-            if not isinstance(slot, Attr):  # a Level: a subclass, this one first
-                owner = slot.owner
-                parts.append((path, qualified_name(type(owner)), _tensor_key(owner), _stable_dumps(slot.ctx)))
-            elif slot.kind == "opaque":
-                parts.append((path, "opaque", qualified_name(opaque_type_of(slot.value))))
-            else:
-                parts.append((path, "tensor", _tensor_key(slot.value)))
-        return hashlib.blake2b(pickle.dumps(parts, 4), digest_size=16).hexdigest()
+        return stable_subclass_hash(self)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -676,39 +664,6 @@ def _wrap_like_error(cls: Any, tensors: Mapping[str, Any]) -> OpaqueSubclassErro
         f"instance's own where the op leaves it unchanged, e.g. `{fix}` with x the "
         f"{cls.__qualname__} (and the op's results in place of the tensors it computes). To change an "
         f"opaque or metadata, build a new {cls.__qualname__}(...) instead."
-    )
-
-
-class _SetsSortedPickler(pickle._Pickler):  # the Python pickler: asks reducer_override for every object
-    """Pickles sets and frozensets with their elements sorted (by their own
-    pickle), so the bytes do not follow ``hash()``, which differs per process."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, (set, frozenset)):
-            return type(obj), (sorted(obj, key=_stable_dumps),)
-        return NotImplemented
-
-
-def _stable_dumps(value: Any) -> bytes:
-    """``pickle.dumps(value, 4)``, the same in every process (see :class:`_SetsSortedPickler`)."""
-    stream = io.BytesIO()
-    _SetsSortedPickler(stream, 4).dump(value)
-    return stream.getvalue()
-
-
-def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
-    """What a compiled program depends on of one tensor, as text: never its data,
-    storage or identity. A symbolic size is its symbol (``s0``)."""
-    return (
-        tuple(str(s) for s in t.shape),
-        tuple(str(s) for s in t.stride()) if t.layout == torch.strided else (),
-        str(t.dtype),
-        str(t.device),
-        str(t.layout),
-        t.requires_grad,
-        t.is_conj(),
-        t.is_neg(),
-        t.is_inference(),
     )
 
 

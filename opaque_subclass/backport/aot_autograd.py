@@ -226,5 +226,11 @@ def make_autograd_cache_key(original: Callable[..., Any]) -> Callable[..., Any]:
     it up; graphs without opaques keep torch's key. torch 2.12 needs no
     backport entries (pytorch/pytorch#176457), but gets the same suffix from
     its own fix.
+
+    It also keys each subclass input that holds opaques by the input's stable
+    hash (``opaque_subclass.fixes.autograd_cache.stable_subclass_inputs``), as
+    torch 2.12 - 2.15 do: torch 2.11 pickles such an input whole, its shards'
+    data and its ``DeviceMesh`` (this rank's coordinate, group names) included,
+    so without it every rank of a job missed the cache for the same program.
     """
-    return _native_autograd_cache.make_autograd_cache_key(original)
+    return _native_autograd_cache.make_autograd_cache_key(original, key_subclasses_by_hash=True)

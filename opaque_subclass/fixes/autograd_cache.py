@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from opaque_subclass.core.aliasing import opaque_alias_pattern
 from opaque_subclass.core.flatten import append_leaves
+from opaque_subclass.core.stable_hash import stable_subclass_hash
+from opaque_subclass.core.walk import is_wrapper_subclass
 
-__all__ = ["make_autograd_cache_key", "sharing_key"]
+__all__ = ["StableSubclassKey", "make_autograd_cache_key", "sharing_key", "stable_subclass_inputs"]
 
 _TARGET = "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key"
 
@@ -36,7 +39,49 @@ def sharing_key(example_inputs: Sequence[Any]) -> str | None:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-def make_autograd_cache_key(original: Callable[..., Any]) -> Callable[..., Any]:
+@dataclass(frozen=True)
+class StableSubclassKey:
+    """What the key of AOTAutograd's cache holds in place of a subclass input
+    that carries opaques, under :func:`make_autograd_cache_key` with
+    ``key_subclasses_by_hash`` (torch 2.11): the hash
+    :func:`stable_subclass_inputs` computes for it."""
+
+    digest: str
+
+
+def stable_subclass_inputs(example_inputs: Sequence[Any]) -> Sequence[Any]:
+    """``example_inputs`` with each wrapper-subclass input that holds an opaque
+    replaced by its :class:`StableSubclassKey`; the same sequence when none does.
+    The key is the subclass's own ``_stable_hash_for_caching()`` where it has
+    one (an :class:`~opaque_subclass.OpaqueSubclass` has), as torch 2.12 - 2.15
+    ask for it, else :func:`~opaque_subclass.core.stable_hash.stable_subclass_hash`;
+    an exception of the method (a context that cannot be pickled) makes torch
+    bypass its cache for the program, as on those releases.
+
+    torch 2.11's key pickles such an input whole: its inner tensors' data and
+    each opaque by value (a ``DeviceMesh`` with this rank's coordinate and
+    process-group names), so every rank of a job computes another key for the
+    same program. torch 2.12 - 2.15 ask the subclass for a stable hash instead
+    (``_stable_hash_for_caching``), which hashes an opaque by its class.
+    """
+    replaced: list[Any] | None = None
+    for i, value in enumerate(example_inputs):
+        if not is_wrapper_subclass(value):
+            continue
+        leaves: list[Any] = []
+        append_leaves(value, leaves, f"example_inputs[{i}]")
+        if not opaque_alias_pattern(leaves).slots:
+            continue
+        if replaced is None:
+            replaced = list(example_inputs)
+        own = getattr(value, "_stable_hash_for_caching", None)  # what torch 2.12+ asks a subclass for
+        replaced[i] = StableSubclassKey(own() if callable(own) else stable_subclass_hash(value))
+    return example_inputs if replaced is None else replaced
+
+
+def make_autograd_cache_key(
+    original: Callable[..., Any], *, key_subclasses_by_hash: bool = False
+) -> Callable[..., Any]:
     """Replaces ``torch._functorch._aot_autograd.autograd_cache.autograd_cache_key``
     (torch 2.12, 2.13, 2.14 and 2.15: each release's own fingerprint).
 
@@ -50,10 +95,16 @@ def make_autograd_cache_key(original: Callable[..., Any]) -> Callable[..., Any]:
     so graphs compiled for different sharing never share an entry; graphs
     without opaques keep torch's key unchanged. No torch release has fixed it
     yet (upstream ``_stable_hash_for_cache_value`` hashes an opaque by type).
+
+    With ``key_subclasses_by_hash`` (the 2.11 backport's replacement), each
+    subclass input holding opaques is keyed by its stable hash
+    (:func:`stable_subclass_inputs`), as torch 2.12 - 2.15 key it, so that every
+    rank of a job computes one key for one program.
     """
 
     def autograd_cache_key(mod: Any, example_inputs: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
-        key, debug_lines = original(mod, example_inputs, *args, **kwargs)
+        keyed = stable_subclass_inputs(example_inputs) if key_subclasses_by_hash else example_inputs
+        key, debug_lines = original(mod, keyed, *args, **kwargs)
         sharing = sharing_key(example_inputs)
         if sharing is None:
             return key, debug_lines

@@ -21,9 +21,10 @@ from opaque_subclass.releases.shared import ATTRIBUTE_GUARD_TEXT, FOREIGN_ISINST
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
 SOURCES = (
     # recorded on torch 2.11.0+cu130 by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "e8deb01fd98f4b89"),
+    ("<fingerprints>", "a0bae0d7a1cacab6"),
     ("_dynamo/convert_frame.py", "83a2b7a0b709d79c"),
     ("_dynamo/functional_export.py", "557d63f060bb5192"),
+    ("_dynamo/guards.py", "da50f73d94d9ef5f"),
     ("_dynamo/variables/builder.py", "f9714c573735ac21"),
     ("_dynamo/variables/builtin.py", "9ac22d634bb45205"),
     ("_dynamo/variables/distributed.py", "979c7d560fbd250e"),
@@ -301,8 +302,23 @@ RELEASE = ReleaseSupport(
             "59226a39f4519094",
             "opaque_subclass.fixes.parametrize_originals:make_forward",
         ),
+        # a DeviceMesh guarded on its rank map only when the program read it: one compilation per
+        # mesh shape (opaque_subclass/fixes/mesh_guards.py)
+        Patch(
+            "torch._dynamo.guards.GuardBuilder.OPAQUE_OBJ_GUARD_FN_MATCH",
+            "7ddb4420a2dd7a39",
+            "opaque_subclass.fixes.mesh_guards:make_opaque_guard",
+        ),
     ),
     differences=(
+        Difference(
+            "a member of an opaque read while AOTAutograd traces (a subclass's __torch_dispatch__ or a "
+            "custom op's fake kernel calling mesh.get_coordinate()) fails the compilation "
+            "(BackendCompilerFailed naming the member): torch 2.11's fake wrapper of an opaque answers "
+            "no member. 2.12 and newer bind the declared members onto it and compile in the real "
+            "object's value; the library then keeps the guard on such a mesh's whole rank map",
+            ("members/device-mesh-coordinate-below-dynamo",),
+        ),
         Difference(
             "torch 2.11 does not register enum.Enum as a value opaque (2.12 and newer do): "
             "opaque_kind(AnEnum) is None until register_opaque(AnEnum, kind='value')",

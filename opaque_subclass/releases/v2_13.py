@@ -17,8 +17,9 @@ from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
 SOURCES = (
     # recorded on torch 2.13.0+cpu by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "46373e18f5a3258f"),
+    ("<fingerprints>", "43129aada8356f63"),
     ("_dynamo/convert_frame.py", "ca21a952feec8255"),
+    ("_dynamo/guards.py", "882940c8d52d7e16"),
     ("_dynamo/variables/builder.py", "d05d046e77ed7fab"),
     ("_dynamo/variables/script_object.py", "6df0ec30283d4dee"),
     ("_export/non_strict_utils.py", "ffed1b37d143a2b1"),
@@ -99,6 +100,18 @@ RELEASE = ReleaseSupport(
             "torch.nn.utils.parametrize.ParametrizationList.forward",
             "59226a39f4519094",
             "opaque_subclass.fixes.parametrize_originals:make_forward",
+        ),
+        # a DeviceMesh guarded on its rank map only when the program read it: one compilation per
+        # mesh shape (opaque_subclass/fixes/mesh_guards.py)
+        Patch(
+            "torch._dynamo.guards.GuardBuilder.OPAQUE_OBJ_GUARD_FN_MATCH",
+            "ce589a5f6d7eb104",
+            "opaque_subclass.fixes.mesh_guards:make_opaque_guard",
+        ),
+        Patch(
+            "torch._library.fake_class_registry.FakeScriptObject.__getattribute__",
+            "765589c7fad5ec5c",
+            "opaque_subclass.fixes.below_dynamo:make_fake_object_getattribute",
         ),
     ),
     limits=(FOREIGN_ISINSTANCE,),

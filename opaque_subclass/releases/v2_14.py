@@ -21,8 +21,9 @@ from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
 SOURCES = (
     # recorded on torch 2.14.1+cu130 by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "b39be4c6e6c2e2b2"),
+    ("<fingerprints>", "951110ff47b520d4"),
     ("_dynamo/convert_frame.py", "b453c9d88aae46cf"),
+    ("_dynamo/guards.py", "3ec7dc00edbf6156"),
     ("_dynamo/variables/builder.py", "900e23d3fad56363"),
     ("_dynamo/variables/script_object.py", "3894339cc3431945"),
     ("_export/non_strict_utils.py", "a61b9fa9a90bbac9"),
@@ -112,6 +113,18 @@ RELEASE = ReleaseSupport(
             "torch.nn.utils.parametrize.ParametrizationList.forward",
             "59226a39f4519094",
             "opaque_subclass.fixes.parametrize_originals:make_forward",
+        ),
+        # a DeviceMesh guarded on its rank map only when the program read it: one compilation per
+        # mesh shape (opaque_subclass/fixes/mesh_guards.py)
+        Patch(
+            "torch._dynamo.guards.GuardBuilder.OPAQUE_OBJ_GUARD_FN_MATCH",
+            "cb54e6ae28a93091",
+            "opaque_subclass.fixes.mesh_guards:make_opaque_guard",
+        ),
+        Patch(
+            "torch._library.fake_class_registry.FakeScriptObject.__getattribute__",
+            "69c7eeaeeb47cd95",
+            "opaque_subclass.fixes.below_dynamo:make_fake_object_getattribute",
         ),
     ),
     limits=(FOREIGN_ISINSTANCE,),

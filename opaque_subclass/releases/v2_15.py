@@ -19,8 +19,9 @@ from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
 SOURCES = (
     # recorded on torch 2.15.0+cu132 by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "53af798fb6dff476"),
+    ("<fingerprints>", "ea929bc9b9de827b"),
     ("_dynamo/convert_frame.py", "1c445cae3b8c8f23"),
+    ("_dynamo/guards.py", "e88ae5570b4e3ed4"),
     ("_dynamo/variables/builder.py", "d9190f45e0b7a111"),
     ("_dynamo/variables/script_object.py", "330c7f0e039b8bd1"),
     ("_export/non_strict_utils.py", "943da6a25c871e33"),
@@ -110,6 +111,18 @@ RELEASE = ReleaseSupport(
             "torch.nn.utils.parametrize.ParametrizationList.forward",
             "59226a39f4519094",
             "opaque_subclass.fixes.parametrize_originals:make_forward",
+        ),
+        # a DeviceMesh guarded on its rank map only when the program read it: one compilation per
+        # mesh shape (opaque_subclass/fixes/mesh_guards.py)
+        Patch(
+            "torch._dynamo.guards.GuardBuilder.OPAQUE_OBJ_GUARD_FN_MATCH",
+            "cb54e6ae28a93091",
+            "opaque_subclass.fixes.mesh_guards:make_opaque_guard",
+        ),
+        Patch(
+            "torch._library.fake_class_registry.FakeScriptObject.__getattribute__",
+            "69c7eeaeeb47cd95",
+            "opaque_subclass.fixes.below_dynamo:make_fake_object_getattribute",
         ),
     ),
     limits=(FOREIGN_ISINSTANCE,),

@@ -1,0 +1,186 @@
+"""Compile once per job? Simulated jobs of up to 8192 ranks, on one machine.
+
+For each world size and mesh (1-D: ``(W,)``; 2-D: ``(W // 8, 8)`` named
+``("dp", "tp")``), :func:`opaque_subclass.testing.simulate_job` runs a
+tensor-parallel MLP training step (forward and backward under
+``torch.compile(backend="inductor")``, then an eager gradient all-reduce over
+``dp`` and an SGD update, two steps) in one fresh process per sampled rank
+(4 ranks spread over the mesh, no two in one dp or tp group), joined to torch's
+fake process group, all sharing one ``TORCHINDUCTOR_CACHE_DIR``; then the same
+model with torch's ``DTensor`` (``parallelize_module`` with
+``ColwiseParallel`` / ``RowwiseParallel``). It prints, per job, the
+compilations, AOTAutograd cache hits/misses/bypasses, FX graph cache misses and
+summed compile seconds, and, for the library's step, whether every rank's
+compiled collectives ran on that rank's own tensor-parallel group.
+
+"1 miss per job" is the goal: the first rank compiles, every other rank loads
+the artifact. Usage::
+
+    python benchmarks/bench_job_compile.py [--world 64 8192] [--meshes 1d 2d] [--models sharded dtensor]
+                                           [--ranks 4] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent.parent))
+
+
+def _model(tp: int) -> Any:
+    import torch.nn as nn
+
+    hidden = 4 * tp  # every rank holds 4 rows of the first layer, 4 columns of the second
+    return nn.Sequential(nn.Linear(16, hidden), nn.ReLU(), nn.Linear(hidden, 8))
+
+
+def _tp_dp(mesh: Any) -> tuple[Any, Any]:
+    if mesh.ndim == 1:
+        return mesh, None
+    return mesh["tp"], mesh["dp"]
+
+
+def train(model: Any, mesh: Any, steps: int, local_grads: Any, compiled: bool = True) -> list[float]:
+    """``steps`` SGD steps (the same data on every rank); returns the losses.
+    The forward and backward are compiled; the data-parallel gradient
+    all-reduce runs eagerly after backward, as DDP and FSDP run it."""
+    import torch
+    import torch.distributed as dist
+
+    _, dp = _tp_dp(mesh)
+
+    def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return ((model(x) - y) ** 2).mean()
+
+    step = torch.compile(loss_fn, backend="inductor") if compiled else loss_fn
+    losses = []
+    for i in range(steps):
+        data = torch.Generator().manual_seed(i)
+        x, y = torch.randn(4, 16, generator=data), torch.randn(4, 8, generator=data)
+        loss = step(x, y)
+        loss.backward()
+        losses.append(float(loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()))
+        with torch.no_grad():
+            for p in model.parameters():
+                if dp is not None:  # data parallel: sum the gradients over dp, as DDP / FSDP do
+                    dist.all_reduce(local_grads(p.grad), group=dp.get_group())
+                p.sub_(p.grad, alpha=0.01)
+                p.grad = None
+    return losses
+
+
+PLAN = {"0.weight": 0, "0.bias": 0, "2.weight": 1, "2.bias": None}  # column-, then row-parallel
+
+
+def sharded_model(mesh: Any) -> Any:
+    """The MLP with ``ShardedTensor`` weights over the mesh's tp dimension (the same weights on every rank)."""
+    import torch
+
+    from opaque_subclass.sharded.demo import shard_module
+
+    tp, _ = _tp_dp(mesh)
+    torch.manual_seed(0)
+    return shard_module(_model(tp.size()), tp, PLAN)
+
+
+def sharded_step(mesh: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """The library's ``ShardedTensor``: weights sharded over the tp mesh, whose
+    collectives are custom ops taking the mesh as a graph input."""
+    from opaque_subclass.sharded import record_collectives
+
+    tp, _ = _tp_dp(mesh)
+    with record_collectives() as seen:
+        losses = train(sharded_model(mesh), mesh, payload.get("steps", 2), lambda g: g.local_tensor())
+    own = str(tp.get_group().group_name)
+    return {"own_tp_group": own, "collective_groups": sorted({r.group_name for r in seen}), "losses": losses}
+
+
+def dtensor_step(mesh: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """torch's ``DTensor`` tensor parallelism on the same model."""
+    import torch
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp, _ = _tp_dp(mesh)
+    torch.manual_seed(0)
+    model = parallelize_module(_model(tp.size()), tp, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    train(model, mesh, payload.get("steps", 2), lambda g: g.to_local())
+    return {}
+
+
+STEPS = {"sharded": "sharded_step", "dtensor": "dtensor_step"}
+
+
+def _mesh(world: int, kind: str) -> tuple[tuple[int, ...], tuple[str, ...] | None]:
+    if kind == "1d":
+        return (world,), ("tp",)
+    return (world // 8, 8), ("dp", "tp")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from opaque_subclass.testing import simulate_job, spread_ranks
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world", type=int, nargs="+", default=[64, 8192])
+    parser.add_argument("--meshes", nargs="+", default=["1d", "2d"], choices=["1d", "2d"])
+    parser.add_argument("--models", nargs="+", default=["sharded", "dtensor"], choices=sorted(STEPS))
+    parser.add_argument("--ranks", type=int, default=4, help="sampled ranks per job")
+    parser.add_argument("--json", help="write the reports here")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    print(f"torch {torch.__version__}, python {sys.version.split()[0]}")
+    rows: list[dict[str, Any]] = []
+    for world in args.world:
+        for kind in args.meshes:
+            shape, names = _mesh(world, kind)
+            ranks = spread_ranks(shape, args.ranks)
+            for model in args.models:
+                started = time.monotonic()
+                report = simulate_job(f"{HERE}:{STEPS[model]}", world, shape, names, ranks=ranks)
+                own_group = all(
+                    r.value.get("collective_groups") == [r.value.get("own_tp_group")]
+                    for r in report.ranks
+                    if "own_tp_group" in r.value
+                )
+                print(f"\n[{model} {kind}] {report.table()}")
+                if model == "sharded":
+                    print(f"  every rank's collectives ran on its own tp group: {own_group}")
+                print(f"  ({time.monotonic() - started:.0f} s wall)")
+                rows.append(
+                    {
+                        "torch": torch.__version__,
+                        "model": model,
+                        "mesh": kind,
+                        "world": world,
+                        "ranks": [r.rank for r in report.ranks],
+                        "aot_hits": report.aot_hits,
+                        "aot_misses": report.aot_misses,
+                        "aot_bypasses": report.aot_bypasses,
+                        "fx_misses": report.fx_misses,
+                        "compilations": report.compilations,
+                        "compile_seconds": round(report.compile_seconds, 2),
+                        "own_group": own_group if model == "sharded" else None,
+                        "bypass_reasons": sorted({x for r in report.ranks for x in r.bypass_reasons}),
+                    }
+                )
+    print("\n| model | mesh | W | sampled ranks | AOT hit/miss/bypass | FX misses | compile s (sum) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        print(
+            f"| {row['model']} | {row['mesh']} | {row['world']} | {len(row['ranks'])} | "
+            f"{row['aot_hits']}/{row['aot_misses']}/{row['aot_bypasses']} | {row['fx_misses']} | {row['compile_seconds']} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""What a compilation reads from opaques below Dynamo (torch 2.12 - 2.15).
+
+While AOTAutograd traces a compiled graph, a subclass's ``__torch_dispatch__``
+and a custom op's fake implementation see each opaque input as torch's
+``FakeScriptObject``, onto which torch binds the members the opaque's class
+declares (``DeviceMesh.get_coordinate``, ``ProcessGroup.size`` ...). A member
+read there runs on the real object and its value is compiled into the graph,
+but Dynamo never saw the read: no guard compares it, and torch's compile
+caches do not key on it. DTensor's sharding propagation reads its mesh this
+way; so does a subclass that computes with its group's size in its dispatch.
+
+The replacement of ``FakeScriptObject.__getattribute__`` below records each
+such read for the compilation in progress (keyed by its ``TracingContext``,
+under a lock, never on torch's or the user's objects), so that a
+``DeviceMesh`` from which the compilation read something rank-dependent keeps
+torch's guard on its whole rank map (:mod:`opaque_subclass.fixes.mesh_guards`).
+torch's compile caches do not see these reads either: AOTAutograd's key holds
+an opaque's class, so another process may load such a program
+(docs/large_jobs.md, "Limits").
+
+torch 2.11's fake object answers no member (a read there fails the
+compilation), so there is nothing to record on 2.11.
+
+Not seen: code that unwraps the fake object's ``real_obj`` itself and reads
+the real object (torch's submesh reconstruction does, to find a mesh's root
+while tracing; it reads the dimension names).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Read", "make_fake_object_getattribute", "reads_of"]
+
+# The FakeScriptObject's own slots, which torch reads all the time: not members.
+_OWN = frozenset({"real_obj", "wrapped_obj", "script_class_name", "__class__", "__dict__"})
+
+#: One object's members read below Dynamo: its class and the members' names.
+Read = tuple[type, frozenset[str]]
+
+# Per compilation in progress (its TracingContext, a weak key: a context that is
+# gone takes its reads with it): id() of each real object read -> (class, names).
+_READS: weakref.WeakKeyDictionary[object, dict[int, tuple[type, set[str]]]] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def _tracing_context() -> object | None:
+    from torch._guards import TracingContext
+
+    return TracingContext.try_get()
+
+
+def reads_of(context: object | None = None) -> dict[int, Read]:
+    """The members read below Dynamo by the compilation whose ``TracingContext``
+    is ``context`` (by default the one in progress on this thread), by
+    ``id()`` of the real object read."""
+    context = _tracing_context() if context is None else context
+    if context is None:
+        return {}
+    with _LOCK:
+        return {key: (cls, frozenset(names)) for key, (cls, names) in _READS.get(context, {}).items()}
+
+
+class _RecordingGetattribute:
+    """``FakeScriptObject.__getattribute__`` as a descriptor that is not a plain
+    function: CPython binds and calls it like the method it replaces, and
+    Dynamo, which traces a class's ``__getattribute__`` only when it is a
+    Python function, reads the fake object's members as it reads any object's
+    (the members torch binds onto it are in its ``__dict__``) instead of
+    tracing this recording code."""
+
+    __slots__ = ("original",)
+
+    def __init__(self, original: Callable[..., Any]) -> None:
+        self.original = original
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return functools.partial(self, obj)
+
+    def __call__(self, obj: Any, name: str) -> Any:
+        value = self.original(obj, name)
+        if name in _OWN:
+            return value
+        context = _tracing_context()
+        if context is None:
+            return value
+        real = object.__getattribute__(obj, "real_obj")
+        with _LOCK:
+            _READS.setdefault(context, {}).setdefault(id(real), (type(real), set()))[1].add(name)
+        return value
+
+
+def make_fake_object_getattribute(original: Callable[..., Any]) -> Any:
+    """Replaces ``torch._library.fake_class_registry.FakeScriptObject.__getattribute__``
+    (torch 2.12 - 2.15).
+
+    Runs torch's method unchanged, and records each member it answers while a
+    compilation traces (:func:`reads_of`). The replacement is a callable
+    descriptor (:class:`_RecordingGetattribute`), not a function, so Dynamo
+    reads the fake object's members from its ``__dict__`` as it reads any
+    object's instead of tracing the recording code (on torch 2.12 its recompile
+    reason on an attribute member then reads ``t._gauge.offset``, as on 2.13
+    and newer, where it read ``object.__getattribute__(t._gauge, 'offset')``).
+    """
+    return _RecordingGetattribute(original)
