@@ -7,10 +7,14 @@
 * Lints with stable codes (``findings.py``): OSC001 reference-like objects in a
   flatten context (``context.py``), OSC002 reference-like objects baked into a
   graph (``baked.py``), OSC003 inputs whose opaque sharing is guarded
-  (``guards.py``, which also translates recompile reasons), OSC005 collectives
-  on a process group the graph names by a constant (``collectives.py``).
+  (``guards.py``, which also translates recompile reasons), OSC004 values read
+  from an opaque while tracing and compiled in (``reads.py``: Dynamo's reads,
+  recorded by the library's member fix, and reads below Dynamo, watched while
+  the inner backend compiles), OSC005 collectives on a process group the graph
+  names by a constant (``collectives.py``).
 * :func:`checking_backend` / ``backend="opaque_check"`` (``backend.py``) - the
-  lints on every graph, then an inner backend.
+  lints on every graph, then an inner backend (watched for reads below Dynamo
+  with ``watch_reads=True``, as ``explain`` does).
 * :func:`explain_flat_inputs` (``inputs.py``) - the flat inputs of an argument list.
 
 This package depends on :mod:`opaque_subclass`; the reverse never holds.

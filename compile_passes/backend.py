@@ -3,7 +3,10 @@
 It runs the lints on every graph Dynamo gives it, reports the findings, then
 hands the graph to an inner backend (``"inductor"`` by default). It works at
 compile time only: the compiled callable is the inner backend's, unchanged, so
-a compiled call costs nothing more.
+a compiled call costs nothing more. With ``watch_reads=True`` it also watches
+the inner backend's compilation for opaque members read below Dynamo (OSC004,
+:mod:`compile_passes.reads`) and reports after it, findings of both kinds
+together (before any error of the inner compilation propagates).
 
 The name ``opaque_check`` is registered through the ``torch_dynamo_backends``
 entry point of the installed package (``pyproject.toml``), so torch finds it by
@@ -15,6 +18,7 @@ settings::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +35,7 @@ from .context import context_findings, subclass_levels
 from .findings import Finding, emit
 from .guards import graph_input_name, lint_sharing, sharing_report
 from .inputs import InputReport
+from .reads import BakedRead, ReadWatcher, lint_reads, traced_reads
 
 __all__ = ["GraphCheck", "check_graph", "checking_backend", "graph_inputs", "opaque_check"]
 
@@ -83,6 +88,10 @@ class GraphCheck:
         The non-tensor objects the graph uses without taking them as inputs.
     findings
         Every finding of the lints for this graph.
+    reads
+        The members of opaques evaluated on the real object while the graph
+        was traced (:class:`~compile_passes.reads.BakedRead`): by Dynamo, and,
+        when the backend watched its inner compilation, below Dynamo.
     """
 
     index: int
@@ -90,15 +99,20 @@ class GraphCheck:
     contexts: tuple[tuple[str, str, Any], ...]
     baked: tuple[Any, ...]
     findings: tuple[Finding, ...] = field(default=())
+    reads: tuple[BakedRead, ...] = field(default=())
 
 
 def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
-    """Run every lint on a Dynamo graph."""
+    """Run every lint on a Dynamo graph. Called by a backend while Dynamo
+    compiles, it also reports the member values Dynamo read while tracing
+    this graph (OSC004, taken from the compilation's record)."""
     require_module(gm, "compile_passes.check_graph", graph=True)
     named = graph_inputs(gm)
     levels = [level for name, value in named for level in subclass_levels(value, name)]
     baked = tuple(baked_objects(gm))
+    reads = tuple(traced_reads(named))
     findings = [*context_findings(levels), *baked_findings(baked, f"graph {index}")]
+    findings.extend(lint_reads(reads, f"graph {index}"))
     findings.extend(lint_collectives(gm, f"graph {index}"))
     try:
         report: InputReport | None = sharing_report(named)
@@ -108,7 +122,7 @@ def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
     if report is not None:
         findings.extend(lint_sharing(report))
     shown = tuple((path, qualified_name(type(owner)), ctx) for path, owner, ctx in levels)
-    return GraphCheck(index, report, shown, baked, tuple(findings))
+    return GraphCheck(index, report, shown, baked, tuple(findings), reads)
 
 
 def checking_backend(
@@ -116,6 +130,7 @@ def checking_backend(
     on_finding: str = "warn",
     *,
     on_check: Callable[[GraphCheck], None] | None = None,
+    watch_reads: bool = False,
 ) -> Callable[..., Any]:
     """A backend that lints each graph, then compiles it with ``inner``.
 
@@ -131,6 +146,14 @@ def checking_backend(
         ``"record"``: report nothing (``on_check`` receives the findings).
     on_check
         Called with each graph's :class:`GraphCheck` (``compile_passes.explain`` records them).
+    watch_reads
+        Also watch the inner backend's compilation for members of the graph's
+        opaques read on the real object below Dynamo (a subclass's
+        ``__torch_dispatch__``, a custom op's fake implementation: OSC004),
+        with a ``sys.setprofile`` hook on this thread; it makes an
+        ``aot_eager`` compilation 1.7 to 1.8 times as long, so it is off by
+        default (``explain`` turns it on). Findings are then reported after the
+        inner compilation, also when it fails.
     """
     if on_finding not in _ON_FINDING:
         raise ValueError(
@@ -138,20 +161,31 @@ def checking_backend(
         )
     count = [0]
 
-    def opaque_check(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], **kwargs: Any) -> Any:
-        require_module(gm, "compile_passes.opaque_check", graph=True)
-        check = check_graph(gm, count[0])
-        count[0] += 1
+    def report(check: GraphCheck) -> None:
         if on_check is not None:
             on_check(check)
         if on_finding != "record":
             emit(check.findings, on_finding, _log)
+
+    def opaque_check(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], **kwargs: Any) -> Any:
+        require_module(gm, "compile_passes.opaque_check", graph=True)
+        check = check_graph(gm, count[0])
+        count[0] += 1
         compiler = inner
         if isinstance(compiler, str):
             from torch._dynamo.backends.registry import lookup_backend
 
             compiler = lookup_backend(compiler)
-        return compiler(gm, example_inputs, **kwargs)
+        if not watch_reads:
+            report(check)
+            return compiler(gm, example_inputs, **kwargs)
+        watcher = ReadWatcher(graph_inputs(gm))
+        try:
+            with watcher:
+                return compiler(gm, example_inputs, **kwargs)
+        finally:
+            below = lint_reads(watcher.reads, f"graph {check.index}")
+            report(dataclasses.replace(check, findings=(*check.findings, *below), reads=(*check.reads, *watcher.reads)))
 
     return opaque_check
 

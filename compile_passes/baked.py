@@ -11,7 +11,9 @@ that did not.
 
 from __future__ import annotations
 
+import ast
 import functools
+import linecache
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -49,6 +51,13 @@ class BakedObject:
         Why it is reference-like, or ``None`` for a value (a value opaque, a spec).
     obj
         The object itself.
+    variable
+        For ``"closure"``: the name the called function captured it under, when
+        it is a closure variable; else ``None``.
+    function
+        For ``"closure"``: the called function; else ``None``.
+    code
+        The user's source line of the call, ``""`` when unknown.
     """
 
     node: str
@@ -57,9 +66,22 @@ class BakedObject:
     origin: str
     reason: str | None
     obj: Any
+    variable: str | None = None
+    function: Any = None
+    code: str = ""
 
 
 _LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n\s*(?P<code>[^\n]*)')
+
+
+def _user_frame(node: torch.fx.Node) -> re.Match[str] | None:
+    trace = node.meta.get("stack_trace") or ""
+    found = list(_LINE.finditer(trace))
+    if not found:
+        return None
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    outside = [m for m in found if not os.path.abspath(m["file"]).startswith(torch_dir)]
+    return (outside or found)[-1]
 
 
 def node_origin(node: torch.fx.Node) -> str:
@@ -67,14 +89,33 @@ def node_origin(node: torch.fx.Node) -> str:
     stack trace outside torch's own files (a collective traced through
     ``torch.distributed._functional_collectives`` is named by the user's call of
     it), else the innermost frame, else the node's name."""
-    trace = node.meta.get("stack_trace") or ""
-    found = list(_LINE.finditer(trace))
-    if not found:
+    frame = _user_frame(node)
+    if frame is None:
         return f"node {node.name!r}"
-    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-    outside = [m for m in found if not os.path.abspath(m["file"]).startswith(torch_dir)]
-    last = (outside or found)[-1]
-    return f"{last['file']}:{last['line']} in {last['func']}: {last['code'].strip()}"
+    return f"{frame['file']}:{frame['line']} in {frame['func']}: {frame['code'].strip()}"
+
+
+def node_code(node: torch.fx.Node) -> str:
+    """The source line of :func:`node_origin` (``""`` when the node has no stack trace)."""
+    frame = _user_frame(node)
+    return frame["code"].strip() if frame is not None else ""
+
+
+def call_text(code: str, name: str) -> str | None:
+    """The source of the first call of ``name`` (``f(...)``, ``mod.f(...)``) in
+    the line ``code``, or ``None`` when the line does not parse as Python alone."""
+    try:
+        tree = ast.parse(code.strip())
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        if called == name:
+            return ast.get_source_segment(code.strip(), node)
+    return None
 
 
 _HELD_ON_PURPOSE = (*PLAIN_TYPES, torch.Tensor, torch.nn.Module, pytree.TreeSpec)
@@ -93,20 +134,26 @@ def _type_name(obj: object) -> str:
     return cls.__qualname__ if cls.__module__ == "builtins" else qualified_name(cls)
 
 
-def _captured(target: object) -> list[object]:
-    """The objects a call's target carries with it: a ``functools.partial``'s
-    arguments, a function's closure cells (Dynamo builds such targets, e.g.
-    torch 2.11's ``prim_from_local`` closes over the ``DeviceMesh``)."""
-    found: list[object] = []
+def _captured(target: object) -> list[tuple[object, str | None]]:
+    """The objects a call's target carries with it, each with the closure
+    variable it is (``None`` inside a container or a partial): a
+    ``functools.partial``'s arguments, a function's closure cells (Dynamo
+    builds such targets, e.g. torch 2.11's ``prim_from_local`` closes over the
+    ``DeviceMesh``)."""
+    found: list[tuple[object, str | None]] = []
     if isinstance(target, functools.partial):
-        found.extend(pytree.tree_leaves((target.args, target.keywords)))
+        found.extend((leaf, None) for leaf in pytree.tree_leaves((target.args, target.keywords)))
         target = target.func
-    for cell in getattr(target, "__closure__", None) or ():
+    code = getattr(target, "__code__", None)
+    names = code.co_freevars if code is not None else ()
+    for i, cell in enumerate(getattr(target, "__closure__", None) or ()):
         try:
             contents = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-        found.extend(pytree.tree_leaves(contents))
+        leaves = pytree.tree_leaves(contents)
+        plain = len(leaves) == 1 and leaves[0] is contents and i < len(names)
+        found.extend((leaf, names[i] if plain else None) for leaf in leaves)
     return found
 
 
@@ -127,16 +174,30 @@ def _baked_objects(gm: torch.fx.GraphModule) -> Iterator[BakedObject]:
                     node.name, "attribute", _type_name(obj), f"attribute {node.target!r}", reference_reason(obj), obj
                 )
         elif node.op in ("call_function", "call_method", "call_module"):
-            for obj in _captured(node.target):
+            for obj, variable in _captured(node.target):
                 if _interesting(obj):
                     yield BakedObject(
-                        node.name, "closure", _type_name(obj), node_origin(node), reference_reason(obj), obj
+                        node.name,
+                        "closure",
+                        _type_name(obj),
+                        node_origin(node),
+                        reference_reason(obj),
+                        obj,
+                        variable,
+                        node.target,
+                        node_code(node),
                     )
             for leaf in pytree.tree_leaves((node.args, node.kwargs)):
                 if isinstance(leaf, torch.fx.Node) or not _interesting(leaf):
                     continue
                 yield BakedObject(
-                    node.name, "argument", _type_name(leaf), node_origin(node), reference_reason(leaf), leaf
+                    node.name,
+                    "argument",
+                    _type_name(leaf),
+                    node_origin(node),
+                    reference_reason(leaf),
+                    leaf,
+                    code=node_code(node),
                 )
 
 
@@ -146,6 +207,46 @@ def lint_baked(gm: torch.fx.GraphModule, graph_name: str = "graph") -> list[Find
     return baked_findings(baked_objects(gm), graph_name)
 
 
+def _def_line(function: Any) -> tuple[str, int, str] | None:
+    """``(file, line, text)`` of the ``def`` statement of ``function`` (after its decorators)."""
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return None
+    pattern = re.compile(rf"^\s*(?:async\s+)?def\s+{re.escape(code.co_name)}\s*\(")
+    for line in range(code.co_firstlineno, code.co_firstlineno + 20):
+        text = linecache.getline(code.co_filename, line)
+        if pattern.match(text):
+            return code.co_filename, line, text.strip()
+    return None
+
+
+def _closure_fix(baked: BakedObject) -> str | None:
+    """For an object a called function captured as a closure variable: the
+    function's ``def`` and its call in the graph's line, each with that
+    variable added as a parameter / an argument."""
+    if baked.how != "closure" or baked.variable is None:
+        return None
+    found = _def_line(baked.function)
+    name = getattr(baked.function, "__name__", None)
+    if found is None or name is None:
+        return None
+    file, line, text = found
+    match = re.match(rf"^(?:async\s+)?def\s+{re.escape(name)}\s*\((?P<params>.*)\)\s*(?:->.*)?:$", text)
+    call = call_text(baked.code, name)
+    if match is None or call is None:
+        return None
+    params = match["params"]
+    old_def = f"def {name}({params})"
+    new_def = f"def {name}({params}{', ' if params.strip() else ''}{baked.variable})"
+    new_call = call[:-1].rstrip() + (", " if not call[:-1].rstrip().endswith("(") else "") + f"{baked.variable})"
+    return (
+        f"pass it to {name} as an argument instead of capturing it: at {file}:{line} replace `{old_def}` with "
+        f"`{new_def}`, and at {baked.origin.split(': ', 1)[0]} replace `{call}` with `{new_call}` (with "
+        f"`{baked.variable}` an argument or a global of the compiled function, so that the graph takes it as an "
+        "input)"
+    )
+
+
 def baked_findings(baked_list: Iterable[BakedObject], graph_name: str = "graph") -> list[Finding]:
     """OSC002 findings for already listed :class:`BakedObject` s."""
     findings = []
@@ -153,18 +254,18 @@ def baked_findings(baked_list: Iterable[BakedObject], graph_name: str = "graph")
         if baked.reason is None:
             continue
         cls = opaque_type_of(baked.obj)
+        register = ""
         if opaque_kind(baked.obj) is None:
-            fix = (
-                "make it a graph input: register its class as a reference opaque, "
+            register = (
+                "register its class as a reference opaque, "
                 + import_fix(cls, "opaque_subclass.register_opaque({cls})")
-                + ", and pass it as an argument (or an opaque attribute of a subclass argument) rather than "
-                "reading it from a closure or global"
+                + ", and "
             )
-        else:
-            fix = (
-                "pass it as an argument of the compiled function, or as an opaque attribute of a subclass argument, "
-                "rather than from a closure, a global or a flatten context"
-            )
+        fix = f"make it a graph input: {register}" + (
+            _closure_fix(baked)
+            or "pass it as an argument of the compiled function, or as an opaque attribute of a subclass argument, "
+            "rather than from a closure, a global or a flatten context"
+        )
         what = {
             "attribute": "holds it as an attribute",
             "argument": "passes it as a constant argument",

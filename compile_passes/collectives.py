@@ -15,6 +15,7 @@ the opaque").
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 
 from opaque_subclass.core.checks import require_module
 
-from .baked import node_origin
+from .baked import call_text, node_code, node_origin
 from .findings import Finding, make
 
 __all__ = ["BakedGroup", "baked_groups", "lint_collectives"]
@@ -51,6 +52,10 @@ class BakedGroup:
         group here; ``None`` otherwise.
     origin
         The user code line the collective was traced from (or the node's name).
+    reduce_op
+        For an all-reduce, its reduction (``"sum"``, ``"max"``, ...); else ``None``.
+    code
+        The source line of ``origin`` (``""`` when the node has no stack trace).
     """
 
     node: str
@@ -58,6 +63,8 @@ class BakedGroup:
     group_name: str
     ranks: tuple[int, ...] | None
     origin: str
+    reduce_op: str | None = None
+    code: str = ""
 
 
 def _ranks(group_name: str) -> tuple[int, ...] | None:
@@ -105,7 +112,71 @@ def baked_groups(gm: torch.fx.GraphModule) -> Iterator[BakedGroup]:
         op, at = found
         value = node.args[at] if at < len(node.args) else node.kwargs.get("group_name")
         if isinstance(value, str):
-            yield BakedGroup(node.name, op, value, _ranks(value), node_origin(node))
+            reduce_op = node.args[1] if op.endswith(".all_reduce") and len(node.args) > 1 else None
+            yield BakedGroup(
+                node.name,
+                op,
+                value,
+                _ranks(value),
+                node_origin(node),
+                reduce_op if isinstance(reduce_op, str) else None,
+                node_code(node),
+            )
+
+
+#: The reductions of ``torch.distributed.ReduceOp`` a functional all-reduce names in lower case.
+_REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
+
+
+def _all_reduce_fix(baked: BakedGroup) -> str | None:
+    """For an all-reduce written ``funcol.all_reduce(x, "max", group)`` or
+    ``dist.all_reduce(x, op=..., group=group)`` on the user's line: a custom op
+    taking the group and the call that replaces the user's."""
+    if baked.reduce_op not in _REDUCE_OPS:
+        return None
+    call = call_text(baked.code, "all_reduce")
+    if call is None:
+        return None
+    node = ast.parse(call).body[0]
+    if not isinstance(node, ast.Expr) or not isinstance(node.value, ast.Call):
+        return None
+    args = [ast.get_source_segment(call, a) for a in node.value.args]
+    keywords = {k.arg: ast.get_source_segment(call, k.value) for k in node.value.keywords if k.arg is not None}
+    # funcol.all_reduce(self, reduceOp: str, group) returns the result; dist.all_reduce(tensor, op=ReduceOp, group)
+    # reduces in place
+    second = node.value.args[1] if len(node.value.args) > 1 else None
+    functional = "reduceOp" in keywords or (isinstance(second, ast.Constant) and isinstance(second.value, str))
+    tensor = args[0] if args else keywords.get("self", keywords.get("tensor"))
+    group = args[2] if len(args) > 2 else keywords.get("group")
+    if tensor is None or group is None:
+        return None
+    op = f"all_reduce_{baked.reduce_op}"
+    code = "\n".join(
+        [
+            "import torch",
+            "import torch.distributed as dist",
+            "from torch.distributed.distributed_c10d import ProcessGroup",
+            "",
+            "",
+            f'@torch.library.custom_op("opaque_fix::{op}", mutates_args=())',
+            f"def {op}(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:",
+            "    out = x.clone()",
+            f"    dist.all_reduce(out, op=dist.ReduceOp.{baked.reduce_op.upper()}, group=group)  # this call's group",
+            "    return out",
+            "",
+            "",
+            f"@{op}.register_fake",
+            "def _(x, group):",
+            "    return torch.empty_like(x)",
+        ]
+    )
+    replacement = f"{op}({tensor}, {group})" if functional else f"{tensor}.copy_({op}({tensor}, {group}))"
+    return (
+        "issue the collective through a custom op that takes the group as an opaque input, so one graph serves "
+        f"every group ({_RECIPE}):\n```\n{code}\n```\n"
+        f"and at {baked.origin.split(': ', 1)[0]} replace `{call}` with `{replacement}` ({group} must be a "
+        "ProcessGroup; for a DeviceMesh, take `mesh: DeviceMesh` in the op and call `mesh.get_group()` in its body)."
+    )
 
 
 def lint_collectives(gm: torch.fx.GraphModule, graph_name: str = "graph") -> list[Finding]:
@@ -123,7 +194,8 @@ def lint_collectives(gm: torch.fx.GraphModule, graph_name: str = "graph") -> lis
                 f"the graph ({baked.origin}). The graph is that group's program: a call with another group "
                 "compiles again (Dynamo guards the name), and ranks in other groups compile graphs of their own, "
                 "so no compile cache entry is shared across them.",
-                "issue the collective through a custom op whose schema takes the group (or its DeviceMesh) as an "
+                _all_reduce_fix(baked)
+                or "issue the collective through a custom op whose schema takes the group (or its DeviceMesh) as an "
                 "opaque input, and pass the subclass's group attribute to it, so one graph serves every group: "
                 f"see {_RECIPE}.",
             )

@@ -1,10 +1,11 @@
 """``explain(fn, *args, **kwargs)``: what torch.compile does with a call's opaques.
 
 It compiles ``fn`` through a recording backend (the lints of
-:mod:`compile_passes.backend`, then Dynamo's ``eager``), runs it once, and
-returns an :class:`Explanation`: per graph the flat inputs with their paths and
-sharing, the flatten contexts torch guards on, the objects baked into it, and
-the findings. :meth:`Explanation.call` runs another call through the same
+:mod:`compile_passes.backend`, then ``aot_eager``, watched for opaque members
+read below Dynamo), runs it once, and returns an :class:`Explanation`: per
+graph the flat inputs with their paths and sharing, the flatten contexts torch
+guards on, the objects baked into it, the member values read while tracing,
+and the findings. :meth:`Explanation.call` runs another call through the same
 compiled function and records the recompilations it causes, with Dynamo's
 reasons translated into opaque terms. ``str(explanation)`` is a readable report.
 
@@ -67,7 +68,8 @@ class Explanation:
         #: Findings on the arguments of a call whose compilation failed before any graph (the
         #: flatten contexts' lint, OSC001, run on the arguments themselves).
         self._argument_findings: list[Finding] = []
-        self._compiled = torch.compile(fn, backend=checking_backend("eager", "record", on_check=self.graphs.append))
+        backend = checking_backend("aot_eager", "record", on_check=self.graphs.append, watch_reads=True)
+        self._compiled = torch.compile(fn, backend=backend)
 
     @property
     def findings(self) -> list[Finding]:
@@ -118,11 +120,12 @@ class Explanation:
             for baked in graph.baked:
                 note = f" - {baked.reason}" if baked.reason else ""
                 lines.append(f"  baked {baked.how}: {baked.type_name} ({baked.origin}){note}")
+            lines.extend(f"  read: {read}" for read in graph.reads)
         if self.findings:
             lines.append("findings")
             for f in self.findings:
                 lines.append(f"  {f.code} ({f.severity}) {f.path}: {f.message}")
-                lines.append(f"    fix: {f.fix}")
+                lines.append("    fix: " + f.fix.replace("\n", "\n      "))
         if self.recompiles:
             lines.append("recompilations")
             lines.extend(f"  {r.function}: {r.reason}  [{r.guard}]" for r in self.recompiles)

@@ -9,6 +9,8 @@ code     severity what
 OSC001   error    a reference-like object in a subclass's flatten context
 OSC002   warning  a reference-like object baked into a graph as a constant
 OSC003   info     inputs whose opaque sharing the graph is guarded on
+OSC004   error    a value read from an opaque while tracing, compiled in with
+                  no guard (``info`` when a guard protects it)
 OSC005   warning  a collective on a process group named by a graph constant
 ======== ======== ==========================================================
 """
@@ -30,6 +32,7 @@ CODES: dict[str, tuple[Severity, str]] = {
     "OSC001": ("error", "reference-like object in a flatten context"),
     "OSC002": ("warning", "reference-like object baked into the graph"),
     "OSC003": ("info", "inputs share an opaque: identity guard"),
+    "OSC004": ("error", "value read from an opaque while tracing, baked into the graph"),
     "OSC005": ("warning", "collective on a process group baked in by name"),
 }
 
@@ -85,9 +88,12 @@ class Finding:
         return f"{self.code} ({self.severity}) {self.path}: {self.message} Fix: {self.fix}"
 
 
-def make(code: str, subclass: str | None, path: str, message: str, fix: str) -> Finding:
-    """A finding with the severity its code has."""
-    return Finding(code, CODES[code][0], subclass, path, message, fix)
+def make(
+    code: str, subclass: str | None, path: str, message: str, fix: str, *, severity: Severity | None = None
+) -> Finding:
+    """A finding with the severity its code has, or ``severity`` for a code
+    whose findings differ (OSC004: ``info`` when a guard protects the value)."""
+    return Finding(code, severity or CODES[code][0], subclass, path, message, fix)
 
 
 def emit(findings: Iterable[Finding], on_finding: str, logger: logging.Logger | None = None) -> None:

@@ -15,6 +15,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from opaque_subclass.core.errors import qualified_name
+
 from .findings import Finding, make
 from .inputs import InputReport, explain_flat_inputs
 
@@ -42,7 +44,8 @@ def lint_sharing(report: InputReport) -> list[Finding]:
     by_index = {i.index: i for i in report.inputs}
     for group in report.alias_pattern.shared:
         paths = list(dict.fromkeys(by_index[s].path for s in group if s in by_index))
-        type_name = by_index[group[0]].type_name if group[0] in by_index else "opaque"
+        first = by_index.get(group[0])
+        type_name = first.type_name if first is not None else "opaque"
         for a, b in itertools.combinations(paths, 2):
             findings.append(
                 make(
@@ -52,10 +55,48 @@ def lint_sharing(report: InputReport) -> list[Finding]:
                     f"inputs {a} and {b} hold one {type_name} object; the graph is compiled for that sharing and "
                     f"guarded on it ({a} is {b}): a call where they hold different objects recompiles.",
                     f"nothing, if the sharing is intended: each sharing pattern gets one graph, so calls where {a} "
-                    f"and {b} sometimes hold one object and sometimes two compile twice in all, not once per call.",
+                    f"and {b} sometimes hold one object and sometimes two compile twice in all, not once per call. "
+                    + _own_object_fix(b, first.value_type if first is not None else None),
                 )
             )
     return findings
+
+
+#: Paths a fix can assign to as written: ``y._mesh``, ``args[1]._data._mesh``.
+_ASSIGNABLE = re.compile(r"[A-Za-z_]\w*(?:\[\d+\])*(?:\.[A-Za-z_]\w*)+")
+
+
+def _own_object_fix(path: str, cls: type | None) -> str:
+    """How to give the input at ``path`` an object of its own, in code where
+    the type allows one: a new communicator over the same ranks for a
+    ``ProcessGroup``, a copy for a class using Python's default copy."""
+    root = path.split(".", 1)[0].split("[", 1)[0]
+    if cls is None or not _ASSIGNABLE.fullmatch(path):
+        return f"If {path} should be an object of its own, pass it one."
+    if qualified_name(cls) == "torch.distributed.distributed_c10d.ProcessGroup":
+        code = f"import torch.distributed as dist; {path} = dist.new_group(dist.get_process_group_ranks({path}))"
+        note = " (a new communicator over the same ranks: every rank of the group runs it)"
+    elif _default_copy(cls):
+        code = f"import copy; {path} = copy.copy({path})"
+        note = ""
+    else:
+        return f"If {path} should be an object of its own, build it with a {cls.__qualname__} of its own."
+    return f"If {path} should be an object of its own, give it one before the call: `{code}`{note} ({root}: the argument passed as {root})."
+
+
+def _default_copy(cls: type) -> bool:
+    """Whether ``copy.copy`` of a ``cls`` instance is Python's default for a
+    plain class (no copy hooks of its own or of a C base): a new object with
+    the same attributes."""
+    if not hasattr(cls, "__dict__") or "__slots__" in vars(cls):
+        return False
+    hooks = ("__copy__", "__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__getnewargs_ex__")
+    for klass in cls.__mro__[:-1]:
+        if any(h in vars(klass) for h in hooks):
+            return False
+        if klass.__flags__ & (1 << 9) == 0:  # not a heap type: a C class, copied its own way
+            return False
+    return True
 
 
 _SHARE = re.compile(r"^(?P<a>[\w.\[\]']+) is (?P<not>not )?(?P<b>[\w.\[\]']+)$")

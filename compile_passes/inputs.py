@@ -57,6 +57,8 @@ class FlatInput:
         Qualified name of the value's type.
     shares_with
         For an opaque, the other slots holding the very same object.
+    value_type
+        The value's type (seen through torch's fake wrapper of an opaque).
     """
 
     index: int
@@ -64,6 +66,7 @@ class FlatInput:
     path: str
     type_name: str
     shares_with: tuple[int, ...] = ()
+    value_type: type | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,5 +136,5 @@ def explain_flat_inputs(args: Sequence[Any], names: Sequence[str] | None = None)
             else:
                 kind = "value"
             shares = tuple(s for s in groups.get(slot.unwrapped_idx, ()) if s != slot.unwrapped_idx)
-            rows.append(FlatInput(slot.unwrapped_idx, kind, path, _type_name(value), shares))
+            rows.append(FlatInput(slot.unwrapped_idx, kind, path, _type_name(value), shares, opaque_type_of(value)))
     return InputReport(tuple(rows), pattern)

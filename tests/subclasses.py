@@ -273,6 +273,26 @@ class GroupTensor(_Wrapper):
     OPAQUES = ("_group",)
 
 
+class GroupScaled(_Wrapper):
+    """A Float8-like tensor whose ``__torch_dispatch__`` scales every result by
+    the size of its amax-reduction group, read on the real group while
+    AOTAutograd traces: the unguarded baked ``size()`` of issue #26 (on torch
+    2.12 - 2.15, compiled for a group of 2, a call with a group of 4 still
+    divides by 2; torch 2.11 fails to compile it). ``ProcessGroup`` must be
+    registered (:func:`fake_world`)."""
+
+    INNER = ("_data",)
+    OPAQUES = ("_group",)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        proto = next(a for a in tree_leaves((args, kwargs)) if isinstance(a, cls))
+        g = proto._group
+        n = g.size()
+        out = func(*tree_map_only(cls, lambda t: t._data, args), **tree_map_only(cls, lambda t: t._data, kwargs or {}))
+        return tree_map_only(torch.Tensor, lambda t: cls(t / n, g), out)
+
+
 @contextlib.contextmanager
 def fake_world(world_size: int, rank: int = 0) -> Iterator[Any]:
     """torch's fake process group (``torch.testing._internal.distributed.fake_pg``:

@@ -30,19 +30,114 @@ and a type's own ``guard`` covers its value equality), ``__setattr__`` (a
 mutation, not a value), and a member of an opaque that has no source (one
 produced inside the graph by an ``INLINED`` member: torch cannot guard it
 either, and its result derives from the guarded object it came from).
+
+Recorded: each value a ``USE_REAL`` member gives while Dynamo traces (a method's
+result or an attribute's value, guarded or not) is a :class:`MemberRead` kept
+for the compilation in progress (keyed by its ``TracingContext``, under a lock,
+never on torch's or the user's objects); :func:`take_member_reads` hands them to
+a backend (``compile_passes`` reports them as lint OSC004). Recording changes
+nothing in what Dynamo traces or guards.
 """
 
 from __future__ import annotations
 
 import linecache
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from opaque_subclass.core.checks import source_name
 from opaque_subclass.core.errors import OpaqueMemberError, import_fix, qualified_name
 from opaque_subclass.core.registry import Member, is_opaque, opaque_kind, real_object
 
-__all__ = ["make_call_method", "make_getattr", "member_guard_text"]
+__all__ = ["MemberRead", "make_call_method", "make_getattr", "member_guard_text", "take_member_reads"]
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRead:
+    """A ``USE_REAL`` member evaluated on the real object while Dynamo traced,
+    its value compiled into the graph.
+
+    Attributes
+    ----------
+    owner
+        The opaque's class.
+    member
+        The member's name.
+    call
+        Whether it was called (a method) or read (an attribute, a property).
+    args, kwargs
+        The call's arguments (constants); keyword arguments as ``(name, value)`` pairs.
+    value
+        The value compiled in; ``None`` with ``known=False`` when it is not a
+        constant Dynamo can show.
+    known
+        Whether ``value`` is the value compiled in.
+    path
+        Dynamo's name of the opaque (``L['t']._group``), ``None`` for an opaque
+        without a source (made inside the graph).
+    guarded
+        Whether a guard compares the value on every call (the opaque has a source).
+    frames
+        ``(file, line, function)`` of the traced frames, innermost (where the
+        member is used) first.
+    """
+
+    owner: type
+    member: str
+    call: bool
+    args: tuple[object, ...]
+    kwargs: tuple[tuple[str, object], ...]
+    value: object
+    known: bool
+    path: str | None
+    guarded: bool
+    frames: tuple[tuple[str, int, str], ...]
+
+
+# The reads of each compilation in progress, keyed by its TracingContext (a
+# weak key: a context that is gone takes its reads with it).
+_READS: weakref.WeakKeyDictionary[object, list[MemberRead]] = weakref.WeakKeyDictionary()
+_READS_LOCK = threading.Lock()
+
+
+def _tracing_context() -> object | None:
+    from torch._guards import TracingContext
+
+    return TracingContext.try_get()
+
+
+def _traced_frames(tx: Any) -> tuple[tuple[str, int, str], ...]:
+    """``(file, line, function)`` of ``tx`` and the frames that inlined it."""
+    frames = []
+    while tx is not None:
+        code, lineno = getattr(tx, "f_code", None), getattr(tx, "lineno", None)
+        if code is not None and isinstance(lineno, int):
+            frames.append((code.co_filename, lineno, code.co_name))
+        tx = getattr(tx, "parent", None)
+    return tuple(frames)
+
+
+def _record(read: MemberRead) -> None:
+    context = _tracing_context()
+    if context is None:  # traced outside a compilation (torch's own tests of Dynamo pieces)
+        return
+    with _READS_LOCK:
+        _READS.setdefault(context, []).append(read)
+
+
+def take_member_reads(context: object | None = None) -> list[MemberRead]:
+    """The member values recorded while the compilation of ``context`` traced
+    (by default the compilation in progress on this thread, whose backend is
+    running), in tracing order; taken out of the record, so the next graph of
+    the same compilation gets only its own."""
+    context = _tracing_context() if context is None else context
+    if context is None:
+        return []
+    with _READS_LOCK:
+        return _READS.pop(context, [])
 
 
 def _member_type(cls: type, name: str) -> Member | None:
@@ -150,19 +245,18 @@ def make_call_method(original: Callable[..., Any]) -> Callable[..., Any]:
     Dynamo. With it, the baked result is guarded (``L['t']._g.size() == 4``,
     a recompilation when it changes) and an undeclared method is the library's
     ``OpaqueMemberError`` naming the class, the member, the user's line and the
-    fix.
+    fix. Each baked result, guarded or not (an opaque without a source), is
+    recorded as a :class:`MemberRead` of the compilation in progress.
     """
 
     def call_method(self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
         check_declared(self, tx, name)
         result = original(self, tx, name, args, kwargs)
         obj = _real(self)
-        if (
-            obj is None
-            or self.source is None
-            or name == "__setattr__"
-            or _member_type(type(obj), name) != Member.USE_REAL
-        ):
+        if obj is None or name == "__setattr__" or _member_type(type(obj), name) != Member.USE_REAL:
+            return result
+        if self.source is None:
+            _record_sourceless_call(obj, name, args, kwargs, result, tx)
             return result
         args_const = tuple(a.as_python_constant() for a in args)
         kwargs_const = {k: v.as_python_constant() for k, v in kwargs.items()}
@@ -173,9 +267,83 @@ def make_call_method(original: Callable[..., Any]) -> Callable[..., Any]:
         except NotImplementedError:
             value = getattr(obj, name)(*args_const, **kwargs_const)
         _install_member_guard(self, name, args_const, kwargs_const, value)
+        if not name.startswith("__"):
+            read = MemberRead(
+                owner=type(obj),
+                member=name,
+                call=True,
+                args=args_const,
+                kwargs=tuple(kwargs_const.items()),
+                value=value,
+                known=True,
+                path=source_name(self.source),
+                guarded=True,
+                frames=_traced_frames(tx),
+            )
+            _record(read)
         return result
 
     return call_method
+
+
+def _constant(variable: Any) -> tuple[object, bool]:
+    """``(value, True)`` for a Dynamo variable that is a Python constant, else ``(None, False)``."""
+    try:
+        return variable.as_python_constant(), True
+    except Exception:  # not a constant (a tensor, a method): nothing to record
+        return None, False
+
+
+def _record_sourceless_call(obj: object, name: str, args: Any, kwargs: Any, result: Any, tx: Any) -> None:
+    """Record a ``USE_REAL`` method called on an opaque without a source (no
+    guard possible): only what Dynamo already holds as constants is read."""
+    if name.startswith("__"):
+        return
+    consts = [_constant(a) for a in args]
+    named = [(k, *_constant(v)) for k, v in kwargs.items()]
+    if not all(ok for _, ok in consts) or not all(ok for _, _, ok in named):
+        return
+    if any(is_opaque(v) for v, _ in consts) or any(is_opaque(v) for _, v, _ in named):
+        return
+    value, known = _constant(result)
+    read = MemberRead(
+        owner=type(obj),
+        member=name,
+        call=True,
+        args=tuple(v for v, _ in consts),
+        kwargs=tuple((k, v) for k, v, _ in named),
+        value=value,
+        known=known,
+        path=None,
+        guarded=False,
+        frames=_traced_frames(tx),
+    )
+    _record(read)
+
+
+def _record_attribute(variable: Any, tx: Any, name: str, result: Any) -> None:
+    """Record a ``USE_REAL`` attribute or property read on an opaque (Dynamo
+    builds it from its source, and guards it, when the opaque has one)."""
+    obj = _real(variable)
+    if obj is None or name.startswith("__") or _member_type(type(obj), name) != Member.USE_REAL:
+        return
+    value, known = _constant(result)
+    if not known or callable(value):  # a method looked up for a call: call_method records it
+        return
+    source = variable.source
+    read = MemberRead(
+        owner=type(obj),
+        member=name,
+        call=False,
+        args=(),
+        kwargs=(),
+        value=value,
+        known=True,
+        path=source_name(source) if source is not None else None,
+        guarded=source is not None,
+        frames=_traced_frames(tx),
+    )
+    _record(read)
 
 
 def make_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -193,12 +361,16 @@ def make_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
     (2.11: an ``InternalTorchDynamoError``), with a hint naming torch's private
     registration function. With it, the library's ``OpaqueMemberError`` names
     the class, the member, the path (``L['t']._h.scale``), the user's line and
-    a fix that runs. Declared members reach torch's method unchanged.
+    a fix that runs. Declared members reach torch's method unchanged; the
+    value of a ``USE_REAL`` attribute is recorded as a :class:`MemberRead` of
+    the compilation in progress.
     """
 
     def getattr_(self: Any, tx: Any, name: str) -> Any:
         check_declared(self, tx, name)
-        return original(self, tx, name)
+        result = original(self, tx, name)
+        _record_attribute(self, tx, name, result)
+        return result
 
     return getattr_
 

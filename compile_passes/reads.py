@@ -1,0 +1,669 @@
+"""Lint OSC004: values read from an opaque while tracing, compiled into the graph.
+
+Note [Two places a member value is baked]
+-----------------------------------------
+A member of an opaque evaluated on the real object while a graph is traced
+(``size()``, ``rank()``, ``group_name``, a mesh coordinate) gives a Python value
+the graph is built from: ``x / 2`` rather than ``x / g.size()``. It happens in
+two places, and only the first can be guarded:
+
+* **in the compiled function, as Dynamo traces it** (``t._group.size()``): the
+  library's member fix (:mod:`opaque_subclass.fixes.members`) guards the value
+  when the opaque has a source (an input: a call where it differs compiles
+  again, one compilation per distinct value) and records every such read for
+  the compilation in progress. An opaque without a source (made inside the
+  graph) cannot be guarded: its baked value is reused by every later call that
+  passes the other guards.
+* **below Dynamo**, while AOTAutograd traces the graph: a subclass's
+  ``__torch_dispatch__``, its ``__tensor_unflatten__`` or a custom op's fake
+  implementation runs with the real opaque (``x / self._group.size()``).
+  Nothing guards such a value: a graph compiled from it serves every later
+  call, whatever that call's object says. The one exception is an opaque whose
+  type is registered with a guard (``DeviceMesh``: its ranks, layout and
+  names are compared on every call), which covers what is derived from them.
+
+The first kind costs nothing to find (the fix records it while it guards).
+The second is found by :class:`ReadWatcher`: a ``sys.setprofile`` hook (this
+thread only) while the inner backend compiles, which sees each call of a method
+(C or Python) or property of the graph's opaque types, and each attribute read
+through torch's fake wrapper of an opaque, made from code outside torch (and
+outside the library's replacements of torch functions). It
+makes an ``aot_eager`` compilation 1.7 to 1.8 times as long (measured on the
+program of ``benchmarks/bench_opaque_check.py``, torch 2.11 and 2.15), so the
+checking backend watches only when asked (``checking_backend(...,
+watch_reads=True)``); ``explain`` asks.
+An attribute (``pg.group_name``) is seen when read through torch's fake
+wrapper of the opaque, which AOTAutograd's later passes give
+``__torch_dispatch__``; read on the real object alone it fires no profiling
+event and is not seen. Reads made by torch's own code are left out (DTensor's
+dispatch reads its mesh; funcol resolves a group's name): those are torch's,
+not the program's.
+
+Each finding's fix is code with the program's names: a custom op that takes the
+opaque and reads the member when the graph runs (on that call's object), and
+the expression to replace with it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import logging
+import os
+import re
+import sys
+import threading
+import types
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+import opaque_subclass
+from opaque_subclass.core.errors import qualified_name
+from opaque_subclass.core.registry import opaque_kind, real_object
+from opaque_subclass.core.walk import Attr, Level, is_wrapper_subclass, walk
+from opaque_subclass.fixes.members import MemberRead, member_guard_text, take_member_reads
+
+from .findings import Finding, make
+from .guards import graph_input_name
+
+__all__ = ["BakedRead", "ReadWatcher", "lint_reads", "read_fix", "traced_reads"]
+
+_log = logging.getLogger(__name__)
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+#: Where a read happened: in the compiled function as Dynamo traced it, or below Dynamo.
+Stage = Literal["dynamo", "below dynamo"]
+
+_RECIPE = "docs/distributed.md, 'Recipe: your own collective, as a custom op that takes the opaque'"
+
+
+@dataclass(frozen=True, slots=True)
+class BakedRead:
+    """A member of an opaque evaluated on the real object while a graph was traced.
+
+    Attributes
+    ----------
+    stage
+        ``"dynamo"`` (in the compiled function, as Dynamo traced it) or
+        ``"below dynamo"`` (while AOTAutograd traced the graph: a subclass's
+        ``__torch_dispatch__``, a custom op's fake implementation).
+    owner
+        The opaque's class.
+    member
+        The member's name.
+    call
+        Whether it is called (a method) or read (an attribute).
+    args
+        The call's arguments as written in a guard (``"0, dim=1"``), ``""`` for none.
+    value
+        The value compiled in, when ``known``.
+    known
+        Whether ``value`` is known (a read below Dynamo is re-evaluated only for
+        a member declared ``USE_REAL`` and called without arguments).
+    path
+        The opaque's input path (``t._group``), ``None`` when it is not an input.
+    receiver
+        How the code names the opaque at that line (``g``, ``self._group``), or ``None``.
+    subclass
+        Qualified name of the subclass input holding the opaque, or ``None``.
+    file, line, function, code
+        Where the member is used: the innermost frame outside torch.
+    guarded
+        Whether a guard compares the value on every call.
+    guard
+        What guards it (``t._group.size() == 4``, ``DeviceMesh's registered
+        guard``), or ``None``.
+    """
+
+    stage: Stage
+    owner: type
+    member: str
+    call: bool
+    args: str
+    value: object
+    known: bool
+    path: str | None
+    receiver: str | None
+    subclass: str | None
+    file: str
+    line: int
+    function: str
+    code: str
+    guarded: bool
+    guard: str | None
+
+    @property
+    def expression(self) -> str:
+        """The read as the code writes it (``g.size()``), else on its input path."""
+        base = self.receiver or self.path or f"<{self.owner.__name__}>"
+        return f"{base}.{self.member}" + (f"({self.args})" if self.call else "")
+
+    @property
+    def on_input(self) -> str | None:
+        """The read on the opaque's input path (``t._group.size()``), or ``None``."""
+        if self.path is None:
+            return None
+        return f"{self.path}.{self.member}" + (f"({self.args})" if self.call else "")
+
+    @property
+    def origin(self) -> str:
+        """``file:line in function: code``, as the other lints name a line."""
+        return f"{self.file}:{self.line} in {self.function}: {self.code}"
+
+    def __str__(self) -> str:
+        where = "in the compiled function" if self.stage == "dynamo" else "below Dynamo"
+        value = repr(self.value) if self.known else "its result"
+        at = f" ({self.path})" if self.path is not None and self.path != self.receiver else ""
+        guard = f"guarded: {self.guard}" if self.guarded else "not guarded"
+        return f"{self.expression}{at} -> {value}, read {where} at {self.origin}; {guard}"
+
+
+# ------------------------------------------------------------------ the graph's opaque inputs
+
+
+def _opaque_inputs(named: Sequence[tuple[str, Any]]) -> Iterator[tuple[str, object, str | None]]:
+    """``(path, real object, qualified name of the subclass holding it)`` for
+    each reference opaque among a graph's inputs (nested in subclasses too)."""
+    for name, value in named:
+        if is_wrapper_subclass(value):
+            owners: dict[str, str] = {}
+            try:
+                for path, slot in walk(value, name):
+                    if isinstance(slot, Level):
+                        owners[path] = qualified_name(type(slot.owner))
+                    elif isinstance(slot, Attr) and slot.kind == "opaque":
+                        real = real_object(slot.value)
+                        if opaque_kind(real) == "reference":
+                            yield path, real, owners.get(path.rsplit(".", 1)[0])
+            except Exception as error:  # a report must not fail on what it reports about
+                _log.debug("compile_passes: no opaque walk of %s: %s", name, error)
+        elif value is not None and not isinstance(value, torch.Tensor):
+            real = real_object(value)
+            if opaque_kind(real) == "reference":
+                yield name, real, None
+
+
+def _guard_of(cls: type) -> bool:
+    """Whether ``cls`` (or a base) is registered with a ``guard_fn`` (its values
+    are compared on every call: torch's ``DeviceMesh``)."""
+    from torch._library import opaque_object
+
+    table = opaque_object._OPAQUE_TYPES
+    for klass in cls.__mro__:
+        info = table.get(klass)
+        if info is not None:
+            return getattr(info, "guard_fn", None) is not None
+    return False
+
+
+def _use_real(cls: type, member: str) -> bool:
+    from torch._library.opaque_object import MemberType, get_member_type
+
+    return bool(get_member_type(cls, member) == MemberType.USE_REAL)
+
+
+# ------------------------------------------------------------------ kind (a): Dynamo's reads
+
+
+def traced_reads(named: Sequence[tuple[str, Any]], records: Iterable[MemberRead] | None = None) -> list[BakedRead]:
+    """The reads Dynamo made while tracing the compiled function (recorded by
+    the library's member fix; by default those of the compilation in progress,
+    taken from the record), as :class:`BakedRead` s. Reads made by torch's own
+    code (their innermost traced frame is in torch) are left out."""
+    records = take_member_reads() if records is None else list(records)
+    if not records:
+        return []
+    owners = {path: owner for path, _, owner in _opaque_inputs(named)}
+    reads = []
+    for record in records:
+        if not record.frames:
+            continue
+        file, line, function = record.frames[0]
+        if os.path.abspath(file).startswith(_TORCH_DIR):
+            continue
+        path = _input_path(record.path) if record.path is not None else None
+        args = ", ".join([repr(a) for a in record.args] + [f"{k}={v!r}" for k, v in record.kwargs])
+        guard = None
+        if record.guarded and path is not None:
+            kwargs = dict(record.kwargs)
+            guard = (
+                member_guard_text(path, record.member, record.args, kwargs, record.value)
+                if record.call
+                else f"{path}.{record.member} == {record.value!r}"
+            )
+        code = linecache.getline(file, line).strip()
+        reads.append(
+            BakedRead(
+                stage="dynamo",
+                owner=record.owner,
+                member=record.member,
+                call=record.call,
+                args=args,
+                value=record.value,
+                known=record.known,
+                path=path,
+                receiver=_receiver(code, record.member, path) or path,
+                subclass=owners.get(path) if path is not None else None,
+                file=file,
+                line=line,
+                function=function,
+                code=code,
+                guarded=record.guarded,
+                guard=guard,
+            )
+        )
+    return reads
+
+
+_NAME = r"[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*|\[[^\[\]()]*\])*"
+
+
+def _receivers(code: str, member: str) -> list[str]:
+    """The expressions ``code`` reads ``member`` from (``t._group`` in
+    ``t._group.size()``, ``t._mesh["tp"]``), where the line spells them as
+    names with attributes and subscripts."""
+    found = re.finditer(rf"(?<![\w.\])])({_NAME})\s*\.\s*{re.escape(member)}\b", code)
+    return list(dict.fromkeys(re.sub(r"\s*\.\s*", ".", m[1]) for m in found))
+
+
+def _receiver(code: str, member: str, path: str | None) -> str | None:
+    """How ``code`` names the opaque whose ``member`` it reads: the input path
+    itself where the line spells it, else the line's only candidate."""
+    candidates = _receivers(code, member)
+    if path is not None and path in candidates:
+        return path
+    return candidates[0] if len(candidates) == 1 and _uses(code, member) == 1 else None
+
+
+def _uses(code: str, member: str) -> int:
+    """How many times ``code`` reads ``member`` of something."""
+    return len(re.findall(rf"\.\s*{re.escape(member)}\b", code))
+
+
+_GETATTRIBUTE = re.compile(r"object\.__getattribute__\(([^,()]+), '(\w+)'\)")
+
+
+def _input_path(source: str) -> str:
+    """Dynamo's name of a source as the program spells it: ``t._mesh._pg_registry``
+    for ``object.__getattribute__(L['t']._mesh, '_pg_registry')`` (torch 2.11, 2.12)."""
+    path = graph_input_name(source)
+    while True:
+        plain = _GETATTRIBUTE.sub(r"\1.\2", path)
+        if plain == path:
+            return path
+        path = plain
+
+
+# ------------------------------------------------------------------ kind (b): reads below Dynamo
+
+# Per opaque type: its C methods (the function objects a profiler's "c_call"
+# names) and the code objects of its Python methods and properties, by name.
+_MEMBERS: weakref.WeakKeyDictionary[type, tuple[dict[object, str], dict[types.CodeType, str]]] = (
+    weakref.WeakKeyDictionary()
+)
+_MEMBERS_LOCK = threading.Lock()
+
+#: FakeScriptObject's own attributes (not members of the object it stands for).
+_WRAPPER_ATTRIBUTES = frozenset({"real_obj", "wrapped_obj", "script_class_name"})
+
+
+def _members_of(cls: type) -> tuple[dict[object, str], dict[types.CodeType, str]]:
+    with _MEMBERS_LOCK:
+        found = _MEMBERS.get(cls)
+        if found is not None:
+            return found
+    c_functions: dict[object, str] = {}
+    codes: dict[types.CodeType, str] = {}
+    for name in dir(cls):
+        if name.startswith("__"):
+            continue
+        try:
+            static = inspect.getattr_static(cls, name)
+        except AttributeError:
+            continue
+        if isinstance(static, (staticmethod, classmethod)):
+            continue
+        function = static.fget if isinstance(static, property) else getattr(static, "__func__", static)
+        code = getattr(function, "__code__", None)
+        if isinstance(code, types.CodeType):
+            codes[code] = name
+        elif isinstance(function, types.BuiltinFunctionType):  # a pybind11 method's C function
+            c_functions[function] = name
+    with _MEMBERS_LOCK:
+        _MEMBERS[cls] = (c_functions, codes)
+    return c_functions, codes
+
+
+def _fake_getattribute_code() -> types.CodeType | None:
+    """The code of torch's ``FakeScriptObject.__getattribute__``, also where a
+    fix of the library replaced it by a callable that calls torch's function
+    (found among the replacement's attributes)."""
+    try:
+        from torch._library.fake_class_registry import FakeScriptObject
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return None
+    found: object = FakeScriptObject.__dict__.get("__getattribute__")
+    for _ in range(4):  # a replacement of a replacement at most, in practice
+        code = getattr(found, "__code__", None)
+        if isinstance(code, types.CodeType):
+            return code
+        held = [getattr(found, n, None) for n in getattr(type(found), "__slots__", ())]
+        held += [*getattr(found, "__dict__", {}).values(), getattr(found, "__wrapped__", None)]
+        found = next((f for f in held if callable(f)), None)
+        if found is None:
+            return None
+    return None
+
+
+#: The library's replacements of torch functions (its fixes, the 2.11 backport): frames there stand for torch's.
+_PATCH_DIRS = tuple(
+    os.path.join(os.path.dirname(os.path.abspath(opaque_subclass.__file__)), folder) + os.sep
+    for folder in ("fixes", "backport")
+)
+
+
+def _outside_torch(frame: types.FrameType | None) -> types.FrameType | None:
+    """``frame`` or the first frame out of it that is neither torch's nor one
+    of the library's replacements of torch functions."""
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith((_TORCH_DIR, *_PATCH_DIRS)):
+        frame = frame.f_back
+    return frame
+
+
+def _resolve(frame: types.FrameType, receiver: str) -> object | None:
+    """The object ``receiver`` (a dotted name) names in ``frame``, read without
+    running user code (static attribute lookup); ``None`` for a subscript."""
+    if "[" in receiver:
+        return None
+    first, *rest = receiver.split(".")
+    obj: object
+    if first in frame.f_locals:
+        obj = frame.f_locals[first]
+    elif first in frame.f_globals:
+        obj = frame.f_globals[first]
+    else:
+        return None
+    for part in rest:
+        try:
+            obj = inspect.getattr_static(obj, part)
+        except AttributeError:
+            return None
+    return obj
+
+
+class ReadWatcher:
+    """While active (``with watcher:``), watches this thread for members of
+    ``named``'s reference opaques (and of any object of their types) used on
+    the real object from code outside torch; :attr:`reads` holds what it saw,
+    one per member and source line. A no-op when there is nothing to watch or
+    another profiler is set (:attr:`watching` says whether it ran)."""
+
+    def __init__(self, named: Sequence[tuple[str, Any]]) -> None:
+        self.reads: list[BakedRead] = []
+        self.watching = False
+        self._paths: dict[int, tuple[str, str | None]] = {}
+        self._objects: list[object] = []  # kept alive while watched, so that ids stay theirs
+        self._types: dict[type, bool] = {}
+        self._c_functions: dict[object, tuple[type, str]] = {}
+        self._codes: dict[types.CodeType, tuple[type, str]] = {}
+        for path, obj, owner in _opaque_inputs(named):
+            self._paths.setdefault(id(obj), (path, owner))
+            self._objects.append(obj)
+            cls = type(obj)
+            if cls in self._types:
+                continue
+            self._types[cls] = _guard_of(cls)
+            c_functions, codes = _members_of(cls)
+            self._c_functions.update((f, (cls, n)) for f, n in c_functions.items())
+            self._codes.update((c, (cls, n)) for c, n in codes.items())
+        self._fake_getattribute = _fake_getattribute_code()
+        self._seen: set[tuple[type, str, str, int]] = set()
+
+    def __enter__(self) -> ReadWatcher:
+        if not self._types:
+            return self
+        if sys.getprofile() is not None:
+            _log.info("compile_passes: another profiler is active; reads below Dynamo (OSC004) are not watched")
+            return self
+        sys.setprofile(self._make_profile())
+        self.watching = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.watching:
+            sys.setprofile(None)
+            self.watching = False
+        self._objects.clear()
+
+    def _make_profile(self) -> Callable[[types.FrameType, str, Any], None]:
+        """The profile function: called on every call of this thread while
+        watching, so it does the least it can (one membership test) until a hit."""
+        c_functions, codes, wrapper_code = self._c_functions, self._codes, self._fake_getattribute
+        hit = self._hit
+
+        def profile(frame: types.FrameType, event: str, arg: Any) -> None:
+            if event == "call":
+                code = frame.f_code
+                if code in codes or code is wrapper_code:
+                    hit(frame, None)
+            elif event == "c_call" and arg in c_functions:
+                hit(frame, arg)
+
+        return profile
+
+    def _hit(self, frame: types.FrameType, c_function: object) -> None:
+        """A call of a watched member: a C method (``c_function``, called from
+        ``frame``), a Python method or property (``frame`` is its own), or torch's
+        fake wrapper's attribute lookup."""
+        try:
+            if c_function is not None:
+                cls, member = self._c_functions[c_function]
+                self._seen_at(frame, cls, member, None, True)
+                return
+            caller = frame.f_back
+            if caller is None:
+                return
+            code = frame.f_code
+            if code is self._fake_getattribute:
+                outside = _outside_torch(caller)  # through the library's replacement of it, if any
+                if outside is not None:
+                    self._through_wrapper(frame, outside)
+                return
+            cls, member = self._codes[code]
+            first = code.co_varnames[0] if code.co_argcount else None
+            self._seen_at(caller, cls, member, frame.f_locals.get(first) if first else None, True)
+        except Exception as error:  # a profiler that raises is removed by Python: never raise
+            _log.debug("compile_passes: read watcher: %s", error)
+
+    def _through_wrapper(self, frame: types.FrameType, caller: types.FrameType) -> None:
+        """An attribute read through torch's fake wrapper of an opaque."""
+        name = frame.f_locals.get("name")
+        if not isinstance(name, str) or name.startswith("__") or name in _WRAPPER_ATTRIBUTES:
+            return
+        real = object.__getattribute__(frame.f_locals["self"], "real_obj")
+        cls = type(real)
+        if cls not in self._types:
+            return
+        try:
+            static = inspect.getattr_static(real, name)
+        except AttributeError:
+            return
+        if callable(static) or (isinstance(static, property) and hasattr(static.fget, "__code__")):
+            return  # a method, seen when it is called; a Python property, seen when its getter runs
+        self._seen_at(caller, cls, name, real, False)
+
+    def _seen_at(self, caller: types.FrameType, cls: type, member: str, obj: object, call: bool) -> None:
+        code = caller.f_code
+        file = code.co_filename
+        if os.path.abspath(file).startswith((_TORCH_DIR, *_PATCH_DIRS)) or code in self._codes:
+            return  # torch's own code (or the library's in its place), or a member using another member
+        line = caller.f_lineno
+        key = (cls, member, file, line)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        text = linecache.getline(file, line).strip()
+        candidates = _receivers(text, member)
+        receiver = candidates[0] if len(candidates) == 1 and _uses(text, member) == 1 else None
+        for candidate in candidates:  # the one naming this object (or one of its type, for a C method)
+            named = _resolve(caller, candidate)
+            if named is not None and (named is obj if obj is not None else isinstance(real_object(named), cls)):
+                receiver, obj = candidate, named
+                break
+        real = real_object(obj) if obj is not None else None
+        path, subclass = self._paths.get(id(real), (None, None)) if real is not None else (None, None)
+        value: object = None
+        known = False
+        plain_call = call and re.search(rf"\.\s*{re.escape(member)}\s*\(\s*\)", text) is not None
+        if isinstance(real, cls) and (plain_call or not call) and _use_real(cls, member):
+            # torch evaluates USE_REAL members on the real object while tracing; once more here
+            attribute = getattr(real, member)
+            value, known = (attribute() if call else attribute), True
+        guarded = self._types[cls]
+        self.reads.append(
+            BakedRead(
+                stage="below dynamo",
+                owner=cls,
+                member=member,
+                call=call,
+                args="",
+                value=value,
+                known=known,
+                path=path,
+                receiver=receiver,
+                subclass=subclass,
+                file=file,
+                line=line,
+                function=code.co_name,
+                code=text,
+                guarded=guarded,
+                guard=f"{cls.__name__}'s registered guard" if guarded else None,
+            )
+        )
+
+
+# ------------------------------------------------------------------ findings
+
+
+def _op_name(read: BakedRead) -> str:
+    return re.sub(r"\W", "_", f"{read.owner.__name__.lower()}_{read.member.strip('_')}")
+
+
+def _class_import(cls: type) -> str:
+    """The import that puts ``cls`` in scope, or a comment saying it must be."""
+    module, qualname = cls.__module__, cls.__qualname__
+    if "<locals>" in qualname or module in ("__main__", "builtins"):
+        return f"# with {cls.__name__} in scope"
+    top = qualname.split(".", 1)[0]
+    return f"from {module} import {top}"
+
+
+def read_fix(read: BakedRead) -> str:
+    """The fix of a baked read, with the program's names: for an opaque the
+    graph takes as an input, a custom op that reads the member when the graph
+    runs and the expression it replaces (where the value is a number); for an
+    opaque made inside the graph, making it an input; else where to read it."""
+    where = f"{read.function} ({read.file}:{read.line})"
+    receiver = read.receiver or read.on_input
+    if read.stage == "dynamo" and not read.guarded:
+        made = read.receiver or f"the {read.owner.__name__}"
+        return (
+            f"make {made} an input: compute it before the call and pass it to the compiled function as an "
+            f"argument (or hold it as an opaque attribute of the subclass), and read `.{read.member}` on that "
+            f"argument in {where}: Dynamo then guards the value (one compilation per distinct value)."
+        )
+    numeric = read.known and isinstance(read.value, (bool, int, float)) and not read.args
+    if numeric and receiver is not None:
+        dtype = (
+            "torch.bool"
+            if isinstance(read.value, bool)
+            else "torch.int64"
+            if isinstance(read.value, int)
+            else "torch.float64"
+        )
+        op = _op_name(read)
+        use = f"obj.{read.member}()" if read.call else f"obj.{read.member}"
+        code = "\n".join(
+            [
+                "import torch",
+                _class_import(read.owner),
+                "",
+                "",
+                f'@torch.library.custom_op("opaque_fix::{op}", mutates_args=())',
+                f"def {op}(obj: {read.owner.__qualname__}) -> torch.Tensor:",
+                f"    return torch.tensor({use}, dtype={dtype})  # read when the graph runs, on this call's object",
+                "",
+                "",
+                f"@{op}.register_fake",
+                "def _(obj):",
+                f"    return torch.empty((), dtype={dtype})",
+            ]
+        )
+        number = (
+            f"read `{read.on_input}` in the compiled function instead, where it is guarded"
+            if read.stage == "below dynamo" and read.on_input is not None
+            else "keep the guarded read"
+        )
+        return (
+            f"read it when the graph runs, through a custom op that takes the {read.owner.__name__} ({_RECIPE}):\n"
+            f"```\n{code}\n```\n"
+            f"and in {where} replace `{read.expression}` with `{op}({receiver})`: a 0-d tensor holding the value, "
+            f"for where it meets tensors (`x / n`); where a Python number is needed, such as a shape, {number}."
+        )
+    if read.stage == "below dynamo":
+        return (
+            f"read `{read.on_input or read.member}` in the compiled function, where Dynamo guards it, and pass the "
+            f"value to {where} (as an argument or a tensor), or compute with the {read.owner.__name__} inside a "
+            f"custom op that takes it ({_RECIPE}), so that the value is read when the graph runs."
+        )
+    return (
+        f"nothing, if `{read.expression}` takes few values across calls (one compilation each); else compute with "
+        f"the {read.owner.__name__} inside a custom op that takes it ({_RECIPE}), so that the value is read when "
+        "the graph runs."
+    )
+
+
+def lint_reads(reads: Iterable[BakedRead], graph_name: str = "graph") -> list[Finding]:
+    """OSC004 findings: ``error`` for a read nothing guards, ``info`` for a
+    guarded read made in the compiled function (one compilation per distinct
+    value). A read below Dynamo covered by its type's registered guard costs
+    nothing more than that guard: no finding."""
+    findings = []
+    for read in reads:
+        owner = read.owner.__name__
+        value = repr(read.value) if read.known else "its result"
+        at = f" ({read.path})" if read.path is not None and read.path != read.receiver else ""
+        path = read.on_input or f"{graph_name}:{owner}.{read.member}" + ("()" if read.call else "")
+        if read.stage == "dynamo" and read.guarded:
+            severity: Literal["error", "info"] = "info"
+            message = (
+                f"`{read.expression}`{at} is evaluated on the real {owner} while Dynamo traces the compiled function "
+                f"({read.origin}) and compiled in as {value}; a guard protects it ({read.guard}): a call where it "
+                "differs compiles again, one compilation per distinct value."
+            )
+        elif read.stage == "dynamo":
+            severity = "error"
+            message = (
+                f"`{read.expression}` is evaluated on the real {owner} while Dynamo traces the compiled function "
+                f"({read.origin}) and compiled in as {value} with no guard of its own: the {owner} was made inside "
+                "the graph, so Dynamo has no source to guard it by, and a later call where it differs reuses "
+                f"{value} (a wrong result) unless a guard on what it was made from fails first."
+            )
+        elif read.guarded:
+            continue
+        else:
+            severity = "error"
+            input_note = "" if read.path is not None else f" (a {owner} that is not an input of the graph)"
+            message = (
+                f"`{read.expression}`{at}{input_note} is evaluated on the real {owner} while the graph is traced "
+                f"below Dynamo (AOTAutograd running {read.function}, {read.origin}), and {value} is compiled into "
+                f"the graph with no guard: the compiled graph serves every later call, whatever that call's {owner} "
+                "returns (a wrong result)."
+            )
+        findings.append(make("OSC004", read.subclass, path, message, read_fix(read), severity=severity))
+    return findings
