@@ -646,3 +646,58 @@ def parametrization_names_a_deleted_opaque_leaf() -> None:
 #: Stock torch: the leaf's AttributeError is raised inside the property ``w``, so
 #: Python reports the property itself missing.
 DELETED_LEAF_FAILURE = StockFailure(AttributeError, r"^'ParametrizedModule' object has no attribute 'w'$")
+
+
+def meshes_of_one_shape_compile_once() -> None:
+    """Four 4-rank ``DeviceMesh`` objects over other ranks (a fake world of
+    16), held by a subclass whose compiled program reads nothing of the ranks:
+    one compilation, each output on its own mesh (issue #25, one compilation
+    per mesh shape)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from opaque_subclass import OpaqueSubclass
+
+    class OnMesh(OpaqueSubclass):
+        tensor_attrs = ("_data",)
+        opaque_attrs = {"_mesh": DeviceMesh}
+
+    with fake_world(16):
+        meshes = [DeviceMesh("cpu", ranks) for ranks in ([0, 1, 2, 3], [4, 0, 5, 6], [0, 7, 8, 9], [10, 0, 11, 12])]
+        counter = CompileCounterWithBackend("aot_eager")
+        f = torch.compile(lambda t: t * 2, backend=counter, fullgraph=True)
+        outs = [f(OnMesh(torch.ones(2), m)) for m in meshes]
+        assert all(o._mesh is m for o, m in zip(outs, meshes, strict=True)), "an output carries another mesh"
+        assert counter.frame_count == 1, f"compilations: {counter.frame_count}"
+
+
+MESH_RECOMPILED_FAILURE = StockFailure(AssertionError, r"^compilations: 4$")
+
+
+def mesh_read_below_dynamo_keeps_its_guard() -> None:
+    """A subclass's dispatch reads its mesh's coordinate while AOTAutograd
+    traces: each rank map compiles anew and every call adds its own
+    coordinate (0, 1, 0, 1), never the first mesh's (issue #25)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from opaque_subclass import OpaqueSubclass
+
+    class CoordOnMesh(OpaqueSubclass):
+        tensor_attrs = ("_data",)
+        opaque_attrs = {"_mesh": DeviceMesh}
+
+    @CoordOnMesh.implements(torch.ops.aten.mul.Tensor)
+    def _mul(func: object, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+        t = args[0]
+        return CoordOnMesh(t._data * args[1] + t._mesh.get_coordinate()[0], t._mesh)  # type: ignore[attr-defined]
+
+    with fake_world(16):
+        meshes = [DeviceMesh("cpu", ranks) for ranks in ([0, 1, 2, 3], [4, 0, 5, 6], [0, 7, 8, 9], [10, 0, 11, 12])]
+        counter = CompileCounterWithBackend("aot_eager")
+        f = torch.compile(lambda t: t * 2, backend=counter, fullgraph=True)
+        values = [float(f(CoordOnMesh(torch.zeros(2), m))._data[0]) for m in meshes]
+        assert values == [0.0, 1.0, 0.0, 1.0], f"coordinates compiled in: {values}"
+
+
+MESH_READ_UNSEEN_FAILURE = StockFailure(AssertionError, r"^coordinates compiled in: \[0\.0, 0\.0, 0\.0, 0\.0\]$")

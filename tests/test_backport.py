@@ -24,6 +24,7 @@ from scenarios import (
     LOAD_CONSTANT_FAILURE,
     MALFORMED_NAMES_FAILURE,
     MEMBER_UNGUARDED_FAILURE,
+    MESH_RECOMPILED_FAILURE,
     SAVE_CONSTANT_FAILURE,
     TANGENT_LIST_FAILURE,
     UNDECLARED_MEMBER_FAILURE,
@@ -41,6 +42,7 @@ from scenarios import (
     export_names_malformed_flatten_names,
     fsdp1_module_state_sync_keeps_opaques,
     member_method_result_is_guarded,
+    meshes_of_one_shape_compile_once,
     parametrization_names_a_deleted_opaque_leaf,
     program_on_groups_compiles_once,
     save_and_load_opaque_constant,
@@ -713,6 +715,11 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         # the opaque leaf's AttributeError hidden by the property: the property is reported missing
         parametrization_names_a_deleted_opaque_leaf,
         DELETED_LEAF_FAILURE,
+    ),
+    "torch._dynamo.guards.GuardBuilder.OPAQUE_OBJ_GUARD_FN_MATCH": (
+        # torch's guard on the whole rank map: one compilation per mesh of one shape
+        meshes_of_one_shape_compile_once,
+        MESH_RECOMPILED_FAILURE,
     ),
     "torch._dynamo.variables.script_object.TorchScriptObjectVariable.call_method": (
         member_method_result_is_guarded,

@@ -386,7 +386,7 @@ def test_the_hash_changes_with_a_nested_subclass_and_the_library_version(monkeyp
     inner = NestedTensor(_mesh_tensor(), CacheMesh("o"))._stable_hash_for_caching()
     assert NestedTensor(_mesh_tensor(_tag="u"), CacheMesh("o"))._stable_hash_for_caching() != inner
     base = _mesh_tensor()._stable_hash_for_caching()
-    monkeypatch.setattr("opaque_subclass.authoring.base.LIBRARY_VERSION", "0.0.0-other")
+    monkeypatch.setattr("opaque_subclass.core.stable_hash.LIBRARY_VERSION", "0.0.0-other")
     assert _mesh_tensor()._stable_hash_for_caching() != base
 
 

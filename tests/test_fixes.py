@@ -18,6 +18,8 @@ from scenarios import (
     LOAD_CONSTANT_FAILURE,
     MALFORMED_NAMES_FAILURE,
     MEMBER_UNGUARDED_FAILURE,
+    MESH_READ_UNSEEN_FAILURE,
+    MESH_RECOMPILED_FAILURE,
     SAVE_CONSTANT_FAILURE,
     TANGENT_LIST_FAILURE,
     UNDECLARED_MEMBER_FAILURE,
@@ -31,6 +33,8 @@ from scenarios import (
     export_names_a_wrong_unflatten,
     export_names_malformed_flatten_names,
     member_method_result_is_guarded,
+    mesh_read_below_dynamo_keeps_its_guard,
+    meshes_of_one_shape_compile_once,
     parametrization_names_a_deleted_opaque_leaf,
     save_and_load_opaque_constant,
     undeclared_member_is_named,
@@ -208,6 +212,16 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[in
         # the opaque leaf's AttributeError hidden by the property: the property is reported missing
         parametrization_names_a_deleted_opaque_leaf,
         DELETED_LEAF_FAILURE,
+    ),
+    "torch._dynamo.guards.GuardBuilder.OPAQUE_OBJ_GUARD_FN_MATCH": (  # also 2.11's patch
+        # torch's guard on the whole rank map: one compilation per mesh of one shape
+        meshes_of_one_shape_compile_once,
+        MESH_RECOMPILED_FAILURE,
+    ),
+    "torch._library.fake_class_registry.FakeScriptObject.__getattribute__": (  # 2.12 - 2.15
+        # a read below Dynamo unrecorded: the narrow guard serves the first mesh's coordinate
+        mesh_read_below_dynamo_keeps_its_guard,
+        MESH_READ_UNSEEN_FAILURE,
     ),
     "torch._subclasses.fake_tensor.get_plain_tensors": (
         export_names_malformed_flatten_names,

@@ -98,10 +98,14 @@ class _RecordingGetattribute:
 
 def make_fake_object_getattribute(original: Callable[..., Any]) -> Any:
     """Replaces ``torch._library.fake_class_registry.FakeScriptObject.__getattribute__``
-    (torch 2.12 - 2.15).
+    (torch 2.12, 2.13, 2.14 and 2.15: each release's fingerprint).
 
-    Runs torch's method unchanged, and records each member it answers while a
-    compilation traces (:func:`reads_of`). The replacement is a callable
+    Without it, nothing tells a member read below Dynamo from no read at all:
+    a mesh whose coordinate a subclass's dispatch compiled in would get the
+    narrow guard of :mod:`opaque_subclass.fixes.mesh_guards`, and another mesh
+    of the shape would run with the first one's coordinate. With it, torch's
+    method runs unchanged and each member it answers while a compilation
+    traces is recorded (:func:`reads_of`). The replacement is a callable
     descriptor (:class:`_RecordingGetattribute`), not a function, so Dynamo
     reads the fake object's members from its ``__dict__`` as it reads any
     object's instead of tracing the recording code (on torch 2.12 its recompile

@@ -73,14 +73,17 @@ def _shape_identity(mesh: Any) -> list[object]:
 
 def make_opaque_guard(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._dynamo.guards.GuardBuilder.OPAQUE_OBJ_GUARD_FN_MATCH``
-    (torch 2.11 - 2.15).
+    (torch 2.11, 2.12, 2.13, 2.14 and 2.15: each release's fingerprint), the
+    guard Dynamo builds from a registered opaque's ``guard_fn``.
 
-    Without it, a ``DeviceMesh`` input is guarded on its whole rank map: one
-    program over 8 meshes of one shape on different ranks compiles 8 times
-    although it never reads the ranks. With it, a mesh from which the
-    compilation read nothing rank-dependent below Dynamo
-    (:func:`rank_dependent_reads`; the compilation is told by the output
-    graph whose guards are built: when it cannot be told, torch's guard) is guarded on its layout, device type,
+    Without it, a ``DeviceMesh`` input is guarded on its whole rank map (the
+    ``guard_fn`` torch registers for it with its native opaques since 2.12,
+    pytorch/pytorch#176457, and the library registers on 2.11): one program
+    over 4 meshes of one shape on other ranks compiles 4 times although it
+    never reads the ranks. With it, a mesh from which the compilation read
+    nothing rank-dependent below Dynamo (:func:`rank_dependent_reads`; the
+    compilation is told by the output graph whose guards are built, and when
+    it cannot be told, torch's guard) is guarded on its layout, device type,
     dimension names and thread only; what the compiled function itself read
     from the mesh is guarded where it was read (a member's value, an
     attribute). Any other mesh, and every other opaque class, keeps torch's
