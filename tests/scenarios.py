@@ -22,6 +22,7 @@ import pytest
 import torch
 from subclasses import (
     Anything,
+    CoordinateShifted,
     Gauge,
     GaugeTensor,
     GroupTensor,
@@ -656,17 +657,11 @@ def meshes_of_one_shape_compile_once() -> None:
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch.distributed.device_mesh import DeviceMesh
 
-    from opaque_subclass import OpaqueSubclass
-
-    class OnMesh(OpaqueSubclass):
-        tensor_attrs = ("_data",)
-        opaque_attrs = {"_mesh": DeviceMesh}
-
     with fake_world(16):
         meshes = [DeviceMesh("cpu", ranks) for ranks in ([0, 1, 2, 3], [4, 0, 5, 6], [0, 7, 8, 9], [10, 0, 11, 12])]
         counter = CompileCounterWithBackend("aot_eager")
         f = torch.compile(lambda t: t * 2, backend=counter, fullgraph=True)
-        outs = [f(OnMesh(torch.ones(2), m)) for m in meshes]
+        outs = [f(MeshTensor(torch.ones(2), m)) for m in meshes]
         assert all(o._mesh is m for o, m in zip(outs, meshes, strict=True)), "an output carries another mesh"
         assert counter.frame_count == 1, f"compilations: {counter.frame_count}"
 
@@ -676,27 +671,16 @@ MESH_RECOMPILED_FAILURE = StockFailure(AssertionError, r"^compilations: 4$")
 
 def mesh_read_below_dynamo_keeps_its_guard() -> None:
     """A subclass's dispatch reads its mesh's coordinate while AOTAutograd
-    traces: each rank map compiles anew and every call adds its own
-    coordinate (0, 1, 0, 1), never the first mesh's (issue #25)."""
+    traces (``CoordinateShifted``): each rank map compiles anew and every call
+    adds its own coordinate (0, 1, 0, 1), never the first mesh's (issue #25)."""
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch.distributed.device_mesh import DeviceMesh
-
-    from opaque_subclass import OpaqueSubclass
-
-    class CoordOnMesh(OpaqueSubclass):
-        tensor_attrs = ("_data",)
-        opaque_attrs = {"_mesh": DeviceMesh}
-
-    @CoordOnMesh.implements(torch.ops.aten.mul.Tensor)
-    def _mul(func: object, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
-        t = args[0]
-        return CoordOnMesh(t._data * args[1] + t._mesh.get_coordinate()[0], t._mesh)  # type: ignore[attr-defined]
 
     with fake_world(16):
         meshes = [DeviceMesh("cpu", ranks) for ranks in ([0, 1, 2, 3], [4, 0, 5, 6], [0, 7, 8, 9], [10, 0, 11, 12])]
         counter = CompileCounterWithBackend("aot_eager")
         f = torch.compile(lambda t: t * 2, backend=counter, fullgraph=True)
-        values = [float(f(CoordOnMesh(torch.zeros(2), m))._data[0]) for m in meshes]
+        values = [float(f(CoordinateShifted(torch.zeros(2), m))._data[0]) for m in meshes]
         assert values == [0.0, 1.0, 0.0, 1.0], f"coordinates compiled in: {values}"
 
 

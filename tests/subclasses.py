@@ -293,6 +293,24 @@ class GroupScaled(_Wrapper):
         return tree_map_only(torch.Tensor, lambda t: cls(t / n, g), out)
 
 
+class CoordinateShifted(_Wrapper):
+    """A tensor and its ``DeviceMesh`` whose ``__torch_dispatch__`` adds the
+    mesh's coordinate (of this rank, on dim 0) to every result, read on the
+    mesh while AOTAutograd traces: a rank-dependent value read below Dynamo
+    (issue #25; torch 2.11 fails to compile it, its fake mesh answers no member)."""
+
+    INNER = ("_data",)
+    OPAQUES = ("_mesh",)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        proto = next(a for a in tree_leaves((args, kwargs)) if isinstance(a, cls))
+        mesh = proto._mesh
+        shift = mesh.get_coordinate()[0]
+        out = func(*tree_map_only(cls, lambda t: t._data, args), **tree_map_only(cls, lambda t: t._data, kwargs or {}))
+        return tree_map_only(torch.Tensor, lambda t: cls(t + shift, mesh), out)
+
+
 @contextlib.contextmanager
 def fake_world(world_size: int, rank: int = 0) -> Iterator[Any]:
     """torch's fake process group (``torch.testing._internal.distributed.fake_pg``:

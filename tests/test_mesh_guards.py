@@ -18,11 +18,10 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo.testing
-from subclasses import fake_world
+from subclasses import CoordinateShifted, fake_world
 from torch.distributed.device_mesh import DeviceMesh
 
 import opaque_subclass
-from opaque_subclass import OpaqueSubclass
 from opaque_subclass.sharded import ShardedTensor, record_collectives
 from opaque_subclass.sharded.collectives import define_ops
 
@@ -30,19 +29,6 @@ _MINOR = int(torch.__version__.split(".")[1])
 
 # every list holds rank 0 (the fake world's rank): its coordinate is 0, 1, 0, 1, 0, 1
 RANK_LISTS = ([0, 1, 2, 3], [4, 0, 5, 6], [0, 7, 8, 9], [10, 0, 11, 12], [0, 13, 14, 15], [16, 0, 17, 18])
-
-
-class MeshDispatchTensor(OpaqueSubclass):
-    """A subclass whose multiplication reads its mesh's coordinate while it is traced."""
-
-    tensor_attrs = ("_data",)
-    opaque_attrs = {"_mesh": DeviceMesh}
-
-
-@MeshDispatchTensor.implements(torch.ops.aten.mul.Tensor)
-def _mul(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    t = args[0]
-    return MeshDispatchTensor(t._data * args[1] + t._mesh.get_coordinate()[0], t._mesh)
 
 
 @pytest.fixture(autouse=True)
@@ -108,7 +94,7 @@ def test_a_read_below_dynamo_keeps_the_guard_on_the_rank_map():
     nothing but the rank-map guard protects the value compiled in, so each
     rank map compiles anew and every call gets its own coordinate."""
     with fake_world(32):
-        make = lambda m: MeshDispatchTensor(torch.zeros(2), m)  # noqa: E731
+        make = lambda m: CoordinateShifted(torch.zeros(2), m)  # noqa: E731
         if _MINOR == 11:
             # torch 2.11's fake mesh answers no member while AOTAutograd traces: the read fails
             with pytest.raises(Exception, match="get_coordinate"):

@@ -280,7 +280,6 @@ def _run_rank(spec_file: str) -> int:
     """One rank: join a fake world, build the mesh, run the step, print the counters."""
     import logging
 
-    import torch
     import torch.distributed as dist
     from torch._dynamo.utils import compilation_time_metrics, counters
     from torch.distributed.device_mesh import init_device_mesh
@@ -338,5 +337,4 @@ def _run_rank(spec_file: str) -> int:
     }
     sys.stdout.write(_RESULT_MARK + json.dumps(result) + "\n")
     sys.stdout.flush()
-    del torch
     return 0
