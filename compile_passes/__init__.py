@@ -11,10 +11,15 @@
   from an opaque while tracing and compiled in (``reads.py``: Dynamo's reads,
   recorded by the library's member fix, and reads below Dynamo, watched while
   the inner backend compiles), OSC005 collectives on a process group the graph
-  names by a constant (``collectives.py``).
+  names by a constant (``collectives.py``: in Dynamo's graph, and issued below
+  Dynamo, such as DTensor's, seen by the same watcher).
 * :func:`checking_backend` / ``backend="opaque_check"`` (``backend.py``) - the
-  lints on every graph, then an inner backend (watched for reads below Dynamo
-  with ``watch_reads=True``, as ``explain`` does).
+  lints on every graph, reported before the inner backend compiles it, then an
+  inner backend (watched for reads and collectives below Dynamo with
+  ``watch_reads=True``, as ``explain`` does).
+* ``ordering.py`` - :class:`~compile_passes.ordering.FindingsFirst`: ``explain``
+  logs its findings before torch's first warning or error of a call (a guard
+  torch fails to build), leaving torch's records as they are.
 * :func:`explain_flat_inputs` (``inputs.py``) - the flat inputs of an argument list.
 
 This package depends on :mod:`opaque_subclass`; the reverse never holds.

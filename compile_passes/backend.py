@@ -5,8 +5,14 @@ hands the graph to an inner backend (``"inductor"`` by default). It works at
 compile time only: the compiled callable is the inner backend's, unchanged, so
 a compiled call costs nothing more. With ``watch_reads=True`` it also watches
 the inner backend's compilation for opaque members read below Dynamo (OSC004,
-:mod:`compile_passes.reads`) and reports after it, findings of both kinds
-together (before any error of the inner compilation propagates).
+:mod:`compile_passes.reads`) and reports those after it (before any error of
+the inner compilation propagates).
+
+Findings come first: what the graph shows is reported before the inner backend
+compiles, so a finding that explains a failure of torch's (a process group in
+a flatten context: ``cannot pickle ... ProcessGroup`` from the compile caches
+and from the guards Dynamo builds after the backend returns) is on stderr
+before torch's messages about it.
 
 The name ``opaque_check`` is registered through the ``torch_dynamo_backends``
 entry point of the installed package (``pyproject.toml``), so torch finds it by
@@ -28,11 +34,12 @@ import torch
 
 from opaque_subclass.core.checks import require_module
 from opaque_subclass.core.errors import qualified_name
+from opaque_subclass.fixes.autograd_cache import sharing_across_ranks
 
 from .baked import baked_findings, baked_objects
-from .collectives import lint_collectives
+from .collectives import group_findings, lint_collectives
 from .context import context_findings, subclass_levels
-from .findings import Finding, emit
+from .findings import Finding, OpaqueCheckError, emit
 from .guards import graph_input_name, lint_sharing, sharing_report
 from .inputs import InputReport
 from .reads import BakedRead, ReadWatcher, lint_reads, traced_reads
@@ -152,8 +159,9 @@ def checking_backend(
         ``__torch_dispatch__``, a custom op's fake implementation: OSC004),
         with a ``sys.setprofile`` hook on this thread; it makes an
         ``aot_eager`` compilation 1.7 to 1.8 times as long, so it is off by
-        default (``explain`` turns it on). Findings are then reported after the
-        inner compilation, also when it fails.
+        default (``explain`` turns it on). The findings of the graph are still
+        reported before the inner compilation; those of the reads it saw,
+        after it, also when it fails. ``on_check`` receives them all, after it.
     """
     if on_finding not in _ON_FINDING:
         raise ValueError(
@@ -161,11 +169,14 @@ def checking_backend(
         )
     count = [0]
 
+    def say(findings: Sequence[Finding]) -> None:
+        if on_finding != "record":
+            emit(findings, on_finding, _log)
+
     def report(check: GraphCheck) -> None:
         if on_check is not None:
             on_check(check)
-        if on_finding != "record":
-            emit(check.findings, on_finding, _log)
+        say(check.findings)
 
     def opaque_check(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], **kwargs: Any) -> Any:
         require_module(gm, "compile_passes.opaque_check", graph=True)
@@ -179,13 +190,29 @@ def checking_backend(
         if not watch_reads:
             report(check)
             return compiler(gm, example_inputs, **kwargs)
+        try:  # the graph's findings first, before the inner compilation and anything torch says in it
+            say(check.findings)
+        except OpaqueCheckError:
+            if on_check is not None:
+                on_check(check)
+            raise
         watcher = ReadWatcher(graph_inputs(gm))
+        # under opaque_subclass.dtensor.share_compiles, a joint-graph pass replaces every collective on a
+        # constant group that AOTAutograd traces by one taking its mesh input (or stops the compilation)
+        rewritten = sharing_across_ranks()
         try:
             with watcher:
                 return compiler(gm, example_inputs, **kwargs)
         finally:
-            below = lint_reads(watcher.reads, f"graph {check.index}")
-            report(dataclasses.replace(check, findings=(*check.findings, *below), reads=(*check.reads, *watcher.reads)))
+            below = [
+                *lint_reads(watcher.reads, f"graph {check.index}"),
+                *([] if rewritten else group_findings(watcher.collectives, f"graph {check.index}")),
+            ]
+            if on_check is not None:
+                on_check(
+                    dataclasses.replace(check, findings=(*check.findings, *below), reads=(*check.reads, *watcher.reads))
+                )
+            say(below)
 
     return opaque_check
 

@@ -75,7 +75,13 @@ _LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+
 
 
 def _user_frame(node: torch.fx.Node) -> re.Match[str] | None:
-    trace = node.meta.get("stack_trace") or ""
+    return trace_frame(node.meta.get("stack_trace") or "")
+
+
+def trace_frame(trace: str) -> re.Match[str] | None:
+    """The innermost frame of an FX stack trace outside torch's own files
+    (else the innermost frame; ``None`` for no frame): ``file``, ``line``,
+    ``func`` and ``code`` groups."""
     found = list(_LINE.finditer(trace))
     if not found:
         return None

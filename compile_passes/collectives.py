@@ -11,23 +11,37 @@ every rank compiles for itself. A collective written as a custom op that takes
 the group (or its mesh) as an opaque input has no such constant
 (docs/distributed.md, "Recipe: your own collective, as a custom op that takes
 the opaque").
+
+Such a collective can also be issued below Dynamo, while AOTAutograd traces
+the graph: DTensor's redistributions (``x.redistribute(...)``,
+``x.full_tensor()``; since torch 2.12 Dynamo's graph holds only the DTensor
+ops), or a subclass's ``__torch_dispatch__`` calling a functional collective.
+:func:`collective_below`, called by the checking backend's watcher
+(:class:`compile_passes.reads.ReadWatcher`) for each call of an op packet
+(``torch.ops._c10d_functional.all_reduce(...)``, what the functional
+collectives call) while the inner backend compiles, records those; the replay
+of a collective Dynamo's graph already holds (from ``torch.fx``'s interpreter)
+is not one of them.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import os
+import types
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
+import torch.fx.traceback as fx_traceback
 
 from opaque_subclass.core.checks import require_module
 
-from .baked import call_text, node_code, node_origin
+from .baked import call_text, node_code, node_origin, trace_frame
 from .findings import Finding, make
 
-__all__ = ["BakedGroup", "baked_groups", "lint_collectives"]
+__all__ = ["BakedGroup", "baked_groups", "collective_below", "group_findings", "lint_collectives", "packet_call_code"]
 
 #: The namespaces of torch's functional collectives (forward, and the autograd variants).
 _NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
@@ -56,6 +70,13 @@ class BakedGroup:
         For an all-reduce, its reduction (``"sum"``, ``"max"``, ...); else ``None``.
     code
         The source line of ``origin`` (``""`` when the node has no stack trace).
+    stage
+        ``"dynamo"``: a node of Dynamo's graph; ``"below dynamo"``: issued
+        while AOTAutograd traced it (``node`` is then the op's name).
+    issuer
+        For ``"below dynamo"``: the module whose code called the functional
+        collective (``torch.distributed.tensor._redistribute`` for DTensor);
+        else ``None``.
     """
 
     node: str
@@ -65,6 +86,8 @@ class BakedGroup:
     origin: str
     reduce_op: str | None = None
     code: str = ""
+    stage: Literal["dynamo", "below dynamo"] = "dynamo"
+    issuer: str | None = None
 
 
 def _ranks(group_name: str) -> tuple[int, ...] | None:
@@ -182,22 +205,103 @@ def _all_reduce_fix(baked: BakedGroup) -> str | None:
 def lint_collectives(gm: torch.fx.GraphModule, graph_name: str = "graph") -> list[Finding]:
     """OSC005 findings: one per collective of ``gm`` on a group named by a constant."""
     require_module(gm, "compile_passes.lint_collectives", graph=True)
+    return group_findings(baked_groups(gm), graph_name)
+
+
+def group_findings(groups: Iterable[BakedGroup], graph_name: str = "graph") -> list[Finding]:
+    """OSC005 findings for already listed :class:`BakedGroup` s (of Dynamo's
+    graph, or recorded below Dynamo by the watcher)."""
     findings = []
-    for baked in baked_groups(gm):
+    for baked in groups:
         ranks = f", ranks {list(baked.ranks)} here" if baked.ranks is not None else ""
+        if baked.stage == "dynamo":
+            where = f"the graph runs {baked.op} on process group {baked.group_name!r}{ranks}, named by a constant of "
+            where += f"the graph ({baked.origin})."
+            fix = _all_reduce_fix(baked) or (
+                "issue the collective through a custom op whose schema takes the group (or its DeviceMesh) as an "
+                "opaque input, and pass the subclass's group attribute to it, so one graph serves every group: "
+                f"see {_RECIPE}."
+            )
+        else:
+            where = (
+                f"the graph runs {baked.op} on process group {baked.group_name!r}{ranks}, issued below Dynamo by "
+                f"{baked.issuer} while AOTAutograd traced {baked.origin}, and named by a constant of the graph it "
+                "compiled."
+            )
+            fix = (
+                "where the collective is the program's own, issue it through a custom op whose schema takes the group "
+                f"(or its DeviceMesh) as an opaque input, so one graph serves every group (see {_RECIPE}); where it "
+                f"is torch's ({baked.issuer}), a sharded tensor whose collectives are such custom ops (the library's "
+                "opaque_subclass.sharded.ShardedTensor) has none of these constants."
+            )
+            if (baked.issuer or "").startswith("torch.distributed.tensor"):
+                fix = (
+                    "compile and make the first call inside `with opaque_subclass.dtensor.share_compiles():` "
+                    "(torch 2.12 - 2.15; docs/large_jobs.md): DTensor's collectives then take their group from "
+                    "the mesh graph input when they run, and one graph serves every group and rank."
+                )
         findings.append(
             make(
                 "OSC005",
                 None,
                 f"{graph_name}:{baked.node}",
-                f"the graph runs {baked.op} on process group {baked.group_name!r}{ranks}, named by a constant of "
-                f"the graph ({baked.origin}). The graph is that group's program: a call with another group "
-                "compiles again (Dynamo guards the name), and ranks in other groups compile graphs of their own, "
-                "so no compile cache entry is shared across them.",
-                _all_reduce_fix(baked)
-                or "issue the collective through a custom op whose schema takes the group (or its DeviceMesh) as an "
-                "opaque input, and pass the subclass's group attribute to it, so one graph serves every group: "
-                f"see {_RECIPE}.",
+                f"{where} The graph is that group's program: a call with another group compiles again (Dynamo "
+                "guards the name), and ranks in other groups compile graphs of their own, so no compile cache entry "
+                "is shared across them.",
+                fix,
             )
         )
     return findings
+
+
+def packet_call_code() -> types.CodeType | None:
+    """The code of ``OpOverloadPacket.__call__`` (what ``torch.ops.ns.op(...)`` runs), or ``None``."""
+    code = getattr(torch._ops.OpOverloadPacket.__dict__.get("__call__"), "__code__", None)
+    return code if isinstance(code, types.CodeType) else None
+
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+#: Callers that replay or re-dispatch an op (torch.fx's interpreter running Dynamo's graph, proxy tracing).
+_REPLAYS = (os.path.join(_TORCH_DIR, "fx") + os.sep, os.path.join(_TORCH_DIR, "_subclasses") + os.sep)
+_FUNCOL = os.path.join(_TORCH_DIR, "distributed", "_functional_collectives")
+
+
+def collective_below(frame: types.FrameType) -> BakedGroup | None:
+    """For ``frame``, a running ``OpOverloadPacket.__call__``: the functional
+    collective it issues on a group named by a string, when its caller is not
+    ``torch.fx`` replaying Dynamo's graph (or re-dispatching an op), else ``None``."""
+    packet = frame.f_locals.get("self")
+    if not isinstance(packet, torch._ops.OpOverloadPacket) or packet._qualified_op_name.split("::")[0] not in (
+        _NAMESPACES
+    ):
+        return None
+    caller = frame.f_back
+    if caller is None or os.path.abspath(caller.f_code.co_filename).startswith(_REPLAYS):
+        return None
+    found = _collective(packet)
+    if found is None:
+        return None
+    op, at = found
+    args, kwargs = frame.f_locals.get("args", ()), frame.f_locals.get("kwargs") or {}
+    value = args[at] if at < len(args) else kwargs.get("group_name")
+    if not isinstance(value, str):
+        return None
+    issuer_frame: types.FrameType | None = caller
+    while issuer_frame is not None and os.path.abspath(issuer_frame.f_code.co_filename).startswith(_FUNCOL):
+        issuer_frame = issuer_frame.f_back
+    issuer = str(issuer_frame.f_globals.get("__name__", "?")) if issuer_frame is not None else "?"
+    meta = fx_traceback.get_current_meta() or {}
+    user = trace_frame(str(meta.get("stack_trace") or ""))
+    origin = f"{user['file']}:{user['line']} in {user['func']}: {user['code'].strip()}" if user else "the graph"
+    reduce_op = args[1] if op.endswith(".all_reduce") and len(args) > 1 else None
+    return BakedGroup(
+        op,
+        op,
+        value,
+        _ranks(value),
+        origin,
+        reduce_op if isinstance(reduce_op, str) else None,
+        user["code"].strip() if user else "",
+        "below dynamo",
+        issuer,
+    )

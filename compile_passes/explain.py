@@ -10,8 +10,13 @@ compiled function and records the recompilations it causes, with Dynamo's
 reasons translated into opaque terms. ``str(explanation)`` is a readable report.
 
 A compilation that fails (torch's "Guard failed on the same frame it was
-created" for an identity-compared object in a flatten context) is recorded in
+created" for an identity-compared object in a flatten context, "cannot pickle
+... ProcessGroup" for a process group in one) is recorded in
 :attr:`Explanation.errors` after the graph was linted, so the report says why.
+What torch logs about it on the way (the guard it failed to build: some 30
+lines on stderr) comes after the findings that explain it: before torch's
+first warning or error of a call, the findings known by then are logged on
+this module's logger (:class:`~compile_passes.ordering.FindingsFirst`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from .backend import GraphCheck, checking_backend
 from .context import lint_contexts
 from .findings import Finding
 from .guards import translate_guard
+from .ordering import FindingsFirst
 
 _log = logging.getLogger(__name__)
 
@@ -91,8 +97,15 @@ class Explanation:
 
         before = {code: len(reasons) for code, reasons in guard_failures.items()}
         graphs_before = len(self.graphs)
+        name = getattr(self._fn, "__qualname__", type(self._fn).__qualname__)
+        first = FindingsFirst(
+            lambda: [f for graph in self.graphs[graphs_before:] for f in graph.findings],
+            _log,
+            f"compile_passes.explain: findings on the compilation of {name}, before what torch says about it:",
+        )
         try:
-            self.outputs = self._compiled(*args, **kwargs)
+            with first:
+                self.outputs = self._compiled(*args, **kwargs)
         except Exception as error:
             self.errors.append(
                 f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"

@@ -67,6 +67,7 @@ from opaque_subclass.core.registry import opaque_kind, real_object
 from opaque_subclass.core.walk import Attr, Level, is_wrapper_subclass, walk
 from opaque_subclass.fixes.members import MemberRead, member_guard_text, take_member_reads
 
+from .collectives import BakedGroup, collective_below, packet_call_code
 from .findings import Finding, make
 from .guards import graph_input_name
 
@@ -400,11 +401,15 @@ class ReadWatcher:
     """While active (``with watcher:``), watches this thread for members of
     ``named``'s reference opaques (and of any object of their types) used on
     the real object from code outside torch; :attr:`reads` holds what it saw,
-    one per member and source line. A no-op when there is nothing to watch or
+    one per member and source line. It also records the functional
+    collectives issued below Dynamo on a group named by a string
+    (:attr:`collectives`, OSC005: DTensor's redistributions). A no-op while
     another profiler is set (:attr:`watching` says whether it ran)."""
 
     def __init__(self, named: Sequence[tuple[str, Any]]) -> None:
         self.reads: list[BakedRead] = []
+        self.collectives: list[BakedGroup] = []
+        self._packet_call = packet_call_code()
         self.watching = False
         self._paths: dict[int, tuple[str, str | None]] = {}
         self._objects: list[object] = []  # kept alive while watched, so that ids stay theirs
@@ -425,10 +430,11 @@ class ReadWatcher:
         self._seen: set[tuple[type, str, str, int]] = set()
 
     def __enter__(self) -> ReadWatcher:
-        if not self._types:
-            return self
         if sys.getprofile() is not None:
-            _log.info("compile_passes: another profiler is active; reads below Dynamo (OSC004) are not watched")
+            _log.info(
+                "compile_passes: another profiler is active; reads (OSC004) and collectives (OSC005) below Dynamo are not "
+                "watched"
+            )
             return self
         sys.setprofile(self._make_profile())
         self.watching = True
@@ -444,17 +450,31 @@ class ReadWatcher:
         """The profile function: called on every call of this thread while
         watching, so it does the least it can (one membership test) until a hit."""
         c_functions, codes, wrapper_code = self._c_functions, self._codes, self._fake_getattribute
-        hit = self._hit
+        hit, packet_call, collective = self._hit, self._packet_call, self._collective
 
         def profile(frame: types.FrameType, event: str, arg: Any) -> None:
             if event == "call":
                 code = frame.f_code
                 if code in codes or code is wrapper_code:
                     hit(frame, None)
+                elif code is packet_call:
+                    collective(frame)
             elif event == "c_call" and arg in c_functions:
                 hit(frame, arg)
 
         return profile
+
+    def _collective(self, frame: types.FrameType) -> None:
+        """A call of an op packet: kept when it is a functional collective on a
+        group named by a string, issued below Dynamo (once per op, group and line)."""
+        try:
+            found = collective_below(frame)
+            if found is not None and all(
+                (c.op, c.group_name, c.origin) != (found.op, found.group_name, found.origin) for c in self.collectives
+            ):
+                self.collectives.append(found)
+        except Exception as error:  # a profiler that raises is removed by Python: never raise
+            _log.debug("compile_passes: collective watcher: %s", error)
 
     def _hit(self, frame: types.FrameType, c_function: object) -> None:
         """A call of a watched member: a C method (``c_function``, called from

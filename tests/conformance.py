@@ -804,6 +804,49 @@ def _mesh_read_below_dynamo() -> Observation:
         return error(e, "get_coordinate")
 
 
+@entry("dtensor/share-compiles-runs-on-the-input-meshs-group")
+def _dtensor_share_compiles() -> Observation:
+    """DTensor compiled with inductor under opaque_subclass.dtensor.share_compiles:
+    each call all-gathers on its own mesh's group (a mesh over other ranks, and
+    one over the first one's ranks with its own group, which reuses the first
+    graph); whether AOTAutograd's cache could take the graph at all."""
+    from torch._dynamo.utils import counters
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from opaque_subclass.dtensor import share_compiles
+    from opaque_subclass.sharded import record_collectives
+
+    def gathered(x: Any) -> Any:
+        return (x + 1).redistribute(x.device_mesh, [Replicate()]).to_local()
+
+    with fake_world(8), fresh(), share_compiles():
+        counters.clear()
+        count = counter("inductor")
+        compiled = torch.compile(gathered, backend=count)
+        own = []
+        for ranks in ([0, 2, 4, 6], [0, 1, 3, 5], [0, 2, 4, 6]):
+            mesh = DeviceMesh("cpu", ranks)
+            with record_collectives() as seen:
+                out = compiled(DTensor.from_local(torch.zeros(2, 2), mesh, [Shard(0)], run_check=False))
+            own.append([r.group_name for r in seen] == [str(mesh.get_group().group_name)])
+        bypassed = counters["aot_autograd"]["autograd_cache_bypass"] > 0
+        # Replicate -> Shard picks this rank's chunk while tracing: refused where another rank could load it
+        mesh = DeviceMesh("cpu", [1, 0, 2, 3])
+        x = DTensor.from_local(torch.arange(8.0).reshape(4, 2), mesh, [Replicate()], run_check=False)
+        try:
+            chunk = torch.compile(lambda t: t.redistribute(mesh, [Shard(0)]).to_local() * 1)(x).tolist()
+        except Exception as e:
+            chunk = f"{type(e).__name__}: {str(e)[:60]}"
+        return {
+            "shape": list(out.shape),
+            "each_call_on_its_own_group": own,
+            "compilations": count.frame_count,
+            "aot_cache_bypassed": bypassed,
+            "rank_position_used": chunk,
+        }
+
+
 opaque_subclass.register_opaque(torch.distributed.ProcessGroup)  # before a schema names it
 
 

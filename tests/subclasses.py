@@ -420,3 +420,56 @@ class Anything(OpaqueBase):
 
 
 opaque_subclass.register_opaque(Anything)
+
+
+class Float8Like(_Wrapper):
+    """A Float8-like training tensor (issue #26 item 7): quantized data, its
+    scale (a 0-d tensor) and its amax-reduction ``ProcessGroup``, kept as an
+    opaque attribute. Its op rule computes on the dequantized value
+    (``_data * _scale``) and averages the result over the group, dividing it by
+    the group's size, read on the real group while AOTAutograd traces: a value
+    compiled in with no guard (OSC004). ``ProcessGroup`` must be registered."""
+
+    INNER = ("_data", "_scale")
+    OPAQUES = ("_group",)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        proto = next(a for a in tree_leaves((args, kwargs)) if isinstance(a, cls))
+        group, scale = proto._group, proto._scale
+        n = group.size()
+
+        def dequantized(t: Float8Like) -> torch.Tensor:
+            return t._data * t._scale
+
+        out = func(*tree_map_only(cls, dequantized, args), **tree_map_only(cls, dequantized, kwargs or {}))
+        return tree_map_only(torch.Tensor, lambda t: cls(t / n / scale, scale, group), out)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardTensorSpec:
+    """A PhysicsNeMo-like sharding spec: the mesh, the placements (a shard dim
+    per mesh dim) and the local shape of each rank's shard (uneven sharding).
+    Compared by value, the mesh by ``DeviceMesh.__eq__`` (its ranks and
+    layout, not its process groups)."""
+
+    mesh: Any
+    placements: tuple[int, ...]
+    sharding_shapes: tuple[tuple[int, ...], ...]
+
+
+class PhysicsNeMoLikeShardTensor(_Wrapper):
+    """A PhysicsNeMo-like ``ShardTensor``: a local shard and a
+    :class:`ShardTensorSpec` (holding a ``DeviceMesh``) in the flatten context,
+    with a ``__metadata_guard__`` that compares specs by ``==``, as DTensor's
+    subclasses have (so torch compiles it): OSC001, the stale mesh."""
+
+    INNER = ("_local_tensor",)
+
+    @property
+    def spec(self) -> ShardTensorSpec:
+        return self._ctx  # type: ignore[no-any-return]  # set by _Wrapper
+
+    @classmethod
+    def __metadata_guard__(cls, orig: Any, other: Any) -> bool:
+        return bool(orig == other)

@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "opaque_subclass.export": 2,
     "opaque_subclass.testing": 3,
     "opaque_subclass.sharded": 3,
+    "opaque_subclass.dtensor": 3,
     "opaque_subclass.activation": 3,
     "opaque_subclass": 4,  # the package itself: the public API
     "opaque_subclass.cli": 5,

@@ -334,6 +334,40 @@ def test_a_collective_taking_the_group_as_an_input_is_not_reported():
         assert len(report.graphs) == 1
 
 
+def gathered_twice(x):
+    from torch.distributed.tensor import Replicate
+
+    return x.redistribute(x.device_mesh, [Replicate()]).to_local() * 2
+
+
+def test_a_collective_issued_below_dynamo_is_reported_when_watched():
+    """#26 item 7: DTensor's redistribution issues its all-gather while
+    AOTAutograd traces (Dynamo's graph holds only the DTensor op): OSC005 from
+    the watcher of the inner compilation, naming the issuer and the user's
+    line; the backend that does not watch does not see it."""
+    from subclasses import fake_world
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    with fake_world(2):
+        x = distribute_tensor(torch.arange(4.0), init_device_mesh("cpu", (2,)), [Shard(0)])
+        report = cp.explain(gathered_twice, x)
+        (finding,) = [f for f in report.findings if f.code == "OSC005"]
+        assert finding.path == "graph 0:_c10d_functional.all_gather_into_tensor"
+        assert "process group '0', ranks [0, 1] here, issued below Dynamo by torch.distributed.tensor." in (
+            finding.message
+        )
+        assert "in gathered_twice: return x.redistribute(x.device_mesh, [Replicate()]).to_local() * 2" in (
+            finding.message
+        )
+        assert "the library's opaque_subclass.sharded.ShardedTensor" in finding.fix
+        assert report.errors == [] and len(report.graphs) == 1  # (a fake group gathers nothing real)
+        torch._dynamo.reset()
+        checks = []
+        torch.compile(gathered_twice, backend=cp.checking_backend("aot_eager", "record", on_check=checks.append))(x)
+        assert [f.code for c in checks for f in c.findings if f.code == "OSC005"] == []
+
+
 def amax_over_group(t):
     import torch.distributed._functional_collectives as funcol
 

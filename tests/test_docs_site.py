@@ -29,6 +29,7 @@ PUBLIC = [
     "opaque_subclass",
     "opaque_subclass.export",
     "opaque_subclass.sharded",
+    "opaque_subclass.dtensor",
     "opaque_subclass.testing",
     "compile_passes",
 ]

@@ -17,10 +17,19 @@ from typing import Any
 
 from opaque_subclass.core.aliasing import opaque_alias_pattern
 from opaque_subclass.core.flatten import append_leaves
+from opaque_subclass.core.registry import real_object
 from opaque_subclass.core.stable_hash import stable_subclass_hash
 from opaque_subclass.core.walk import is_wrapper_subclass
 
-__all__ = ["StableSubclassKey", "make_autograd_cache_key", "sharing_key", "stable_subclass_inputs"]
+__all__ = [
+    "MeshShapeKey",
+    "StableSubclassKey",
+    "make_autograd_cache_key",
+    "shared_mesh_inputs",
+    "sharing_across_ranks",
+    "sharing_key",
+    "stable_subclass_inputs",
+]
 
 _TARGET = "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key"
 
@@ -79,6 +88,58 @@ def stable_subclass_inputs(example_inputs: Sequence[Any]) -> Sequence[Any]:
     return example_inputs if replaced is None else replaced
 
 
+@dataclass(frozen=True)
+class MeshShapeKey:
+    """What the key of AOTAutograd's cache holds in place of a ``DeviceMesh``
+    input while compilations share across ranks (:func:`shared_mesh_inputs`):
+    the mesh's shape, dimension names and device type, the same on every rank
+    of a job."""
+
+    shape: tuple[int, ...]
+    dim_names: tuple[str, ...] | None
+    device_type: str
+
+
+def sharing_across_ranks() -> bool:
+    """Whether inductor's joint-graph pass in effect makes every collective take
+    its group from a mesh input (``opaque_subclass.dtensor.MeshGroupPass``, found
+    by its marker: this layer does not import the DTensor module)."""
+    from torch._inductor import config
+
+    configured = config.joint_custom_pre_pass
+    passes = configured if isinstance(configured, (list, tuple)) else [configured]
+    return any(getattr(p, "shares_compiles_across_ranks", False) is True for p in passes)
+
+
+def shared_mesh_inputs(example_inputs: Sequence[Any]) -> Sequence[Any]:
+    """``example_inputs`` with each ``DeviceMesh`` input (torch's fake wrapper of
+    one, as AOTAutograd receives it) replaced by its :class:`MeshShapeKey`
+    while :func:`opaque_subclass.dtensor.share_compiles` is in effect; the same
+    sequence otherwise.
+
+    torch pickles a ``DeviceMesh`` graph input into the key by value, with this
+    rank's coordinate and process-group names, so each rank of a job keys a
+    DTensor program (whose tensor-parallel hooks pass the mesh to ``from_local``)
+    differently. Under ``share_compiles`` no group name is compiled into the
+    graph (the collectives take the mesh input), so the mesh's shape is all the
+    graph depends on.
+    """
+    if not sharing_across_ranks():
+        return example_inputs
+    from torch.distributed.device_mesh import DeviceMesh
+
+    replaced: list[Any] | None = None
+    for i, value in enumerate(example_inputs):
+        mesh = real_object(value)
+        if not isinstance(mesh, DeviceMesh):
+            continue
+        if replaced is None:
+            replaced = list(example_inputs)
+        names = mesh.mesh_dim_names
+        replaced[i] = MeshShapeKey(tuple(mesh.shape), tuple(names) if names else None, mesh.device_type)
+    return example_inputs if replaced is None else replaced
+
+
 def make_autograd_cache_key(
     original: Callable[..., Any], *, key_subclasses_by_hash: bool = False
 ) -> Callable[..., Any]:
@@ -100,10 +161,14 @@ def make_autograd_cache_key(
     subclass input holding opaques is keyed by its stable hash
     (:func:`stable_subclass_inputs`), as torch 2.12 - 2.15 key it, so that every
     rank of a job computes one key for one program.
+
+    Under :func:`opaque_subclass.dtensor.share_compiles`, a ``DeviceMesh``
+    input is keyed by its shape (:func:`shared_mesh_inputs`) on every release.
     """
 
     def autograd_cache_key(mod: Any, example_inputs: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
         keyed = stable_subclass_inputs(example_inputs) if key_subclasses_by_hash else example_inputs
+        keyed = shared_mesh_inputs(keyed)
         key, debug_lines = original(mod, keyed, *args, **kwargs)
         sharing = sharing_key(example_inputs)
         if sharing is None:

@@ -18,6 +18,13 @@ torch's compile caches do not see these reads either: AOTAutograd's key holds
 an opaque's class, so another process may load such a program
 (docs/large_jobs.md, "Limits").
 
+While compilations are shared across ranks
+(``opaque_subclass.dtensor.share_compiles``), a member that says where this
+rank sits in a mesh (:data:`POSITION_MEMBERS`) is also watched for the *use*
+of its value (an element of the coordinate read, the local rank taken):
+:func:`position_uses_of`, which ``share_compiles`` refuses, since such a
+graph computes this rank's part.
+
 torch 2.11's fake object answers no member (a read there fails the
 compilation), so there is nothing to record on 2.11.
 
@@ -34,7 +41,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Read", "make_fake_object_getattribute", "reads_of"]
+from opaque_subclass.fixes.autograd_cache import sharing_across_ranks
+
+__all__ = ["POSITION_MEMBERS", "Read", "make_fake_object_getattribute", "position_uses_of", "reads_of"]
 
 # The FakeScriptObject's own slots, which torch reads all the time: not members.
 _OWN = frozenset({"real_obj", "wrapped_obj", "script_class_name", "__class__", "__dict__"})
@@ -46,6 +55,18 @@ Read = tuple[type, frozenset[str]]
 # gone takes its reads with it): id() of each real object read -> (class, names).
 _READS: weakref.WeakKeyDictionary[object, dict[int, tuple[type, set[str]]]] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
+
+#: Members of ``DeviceMesh`` that say where this rank sits in the mesh. Reading
+#: one is not yet depending on it (DTensor asks ``get_coordinate() is None`` to
+#: learn whether the rank takes part at all); *using* its value is (indexing the
+#: coordinate picks this rank's chunk in a Replicate -> Shard redistribution).
+POSITION_MEMBERS = frozenset(
+    {"get_coordinate", "_coordinate_on_dim", "_sym_get_coordinate", "get_local_rank", "get_rank", "_rank"}
+)
+
+# Per compilation in progress, as _READS: id() of each real object -> the
+# position members whose values the traced code used (while sharing compilations).
+_USES: weakref.WeakKeyDictionary[object, dict[int, set[str]]] = weakref.WeakKeyDictionary()
 
 
 def _tracing_context() -> object | None:
@@ -63,6 +84,75 @@ def reads_of(context: object | None = None) -> dict[int, Read]:
         return {}
     with _LOCK:
         return {key: (cls, frozenset(names)) for key, (cls, names) in _READS.get(context, {}).items()}
+
+
+def position_uses_of(context: object | None = None) -> dict[int, frozenset[str]]:
+    """The :data:`POSITION_MEMBERS` whose values the compilation whose
+    ``TracingContext`` is ``context`` used below Dynamo, by ``id()`` of the real
+    object; recorded only while compilations are shared across ranks
+    (``opaque_subclass.dtensor.share_compiles``)."""
+    context = _tracing_context() if context is None else context
+    if context is None:
+        return {}
+    with _LOCK:
+        return {key: frozenset(names) for key, names in _USES.get(context, {}).items()}
+
+
+def _note_use(context: object, real: object, name: str) -> None:
+    with _LOCK:
+        _USES.setdefault(context, {}).setdefault(id(real), set()).add(name)
+
+
+class _WatchedPosition(list):  # type: ignore[type-arg]
+    """A coordinate (a list of ints) that records its first use: an element
+    read, an iteration, a comparison of values. ``is None`` and ``len()`` are
+    not uses."""
+
+    __slots__ = ("_on_use",)
+
+    def __init__(self, values: Any, on_use: Callable[[], None]) -> None:
+        super().__init__(values)
+        self._on_use = on_use
+
+    def _used(self) -> None:
+        self._on_use()
+
+    def __getitem__(self, index: Any) -> Any:
+        self._used()
+        return super().__getitem__(index)
+
+    def __iter__(self) -> Any:
+        self._used()
+        return super().__iter__()
+
+    def __eq__(self, other: object) -> bool:
+        self._used()
+        return list(self) == other
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None
+
+
+def _watched(value: Any, name: str, on_use: Callable[[], None]) -> Any:
+    """``value`` of the position member ``name``, as the traced code gets it,
+    with its use recorded."""
+    if callable(value):
+
+        def member(*args: Any, **kwargs: Any) -> Any:
+            result = value(*args, **kwargs)
+            if name == "get_coordinate" and isinstance(result, (list, tuple)):
+                return _WatchedPosition(result, on_use)
+            if result is not None:  # an int: the rank, a local rank, one coordinate
+                on_use()
+            return result
+
+        return member
+    if isinstance(value, (list, tuple)):
+        return _WatchedPosition(value, on_use)
+    on_use()
+    return value
 
 
 class _RecordingGetattribute:
@@ -93,6 +183,8 @@ class _RecordingGetattribute:
         real = object.__getattribute__(obj, "real_obj")
         with _LOCK:
             _READS.setdefault(context, {}).setdefault(id(real), (type(real), set()))[1].add(name)
+        if name in POSITION_MEMBERS and sharing_across_ranks():
+            return _watched(value, name, functools.partial(_note_use, context, real, name))
         return value
 
 

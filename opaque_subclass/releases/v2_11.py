@@ -320,6 +320,16 @@ RELEASE = ReleaseSupport(
             ("members/device-mesh-coordinate-below-dynamo",),
         ),
         Difference(
+            "torch 2.11's Dynamo puts DTensor's from_local, redistribute and to_local in a graph as "
+            "closures over the mesh and placements (fn_with_prim_types), which its AOTAutograd cache "
+            "refuses: under opaque_subclass.dtensor.share_compiles the collectives still run on each "
+            "input mesh's own group, but every rank compiles (a cache bypass); 2.12 and newer call "
+            "them by name and the job compiles once. So a graph that uses this rank's position in a mesh "
+            "(a Replicate -> Shard redistribution) compiles on 2.11, where no other rank can load it, and "
+            "is refused (ShareCompilesError) on 2.12 and newer",
+            ("dtensor/share-compiles-runs-on-the-input-meshs-group",),
+        ),
+        Difference(
             "torch 2.11 does not register enum.Enum as a value opaque (2.12 and newer do): "
             "opaque_kind(AnEnum) is None until register_opaque(AnEnum, kind='value')",
             ("api/enum-is-value-opaque",),

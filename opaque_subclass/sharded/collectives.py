@@ -66,6 +66,14 @@ def record_collectives() -> Iterator[list[CollectiveRecord]]:
                 break
 
 
+def note_collective(op: str, group: dist.ProcessGroup, mesh: DeviceMesh) -> None:
+    """Record one collective that runs now on ``group`` (of ``mesh``) in every
+    :func:`record_collectives` block open; also used by :mod:`opaque_subclass.dtensor`'s ops."""
+    log.debug("%s on process group %s", op, group.group_name)
+    for records in _RECORDERS:
+        records.append(CollectiveRecord(op, str(group.group_name), id(group), id(mesh)))
+
+
 def _group_of(op: str, mesh: DeviceMesh, num_chunks: int | None) -> dist.ProcessGroup:
     if mesh.ndim != 1:
         raise OpaqueValueError(
@@ -80,9 +88,7 @@ def _group_of(op: str, mesh: DeviceMesh, num_chunks: int | None) -> dist.Process
             "ranks, or re-shard it with ShardedTensor.from_full(full, mesh, shard_dim)."
         )
     group = mesh.get_group()
-    log.debug("%s on process group %s", op, group.group_name)
-    for records in _RECORDERS:
-        records.append(CollectiveRecord(op, str(group.group_name), id(group), id(mesh)))
+    note_collective(op, group, mesh)
     return group
 
 
