@@ -127,7 +127,8 @@ def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
         _log.debug("opaque_check: no flat-input report for graph %d: %s", index, error)
         report = None
     if report is not None:
-        findings.extend(lint_sharing(report))
+        parameters = frozenset(name for name, value in named if isinstance(value, torch.nn.Parameter))
+        findings.extend(lint_sharing(report, parameters))
     shown = tuple((path, qualified_name(type(owner)), ctx) for path, owner, ctx in levels)
     return GraphCheck(index, report, shown, baked, tuple(findings), reads)
 

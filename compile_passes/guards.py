@@ -35,11 +35,17 @@ def sharing_report(named: Sequence[tuple[str, Any]]) -> InputReport:
     return explain_flat_inputs([v for _, v in named], names=[n for n, _ in named])
 
 
-def lint_sharing(report: InputReport) -> list[Finding]:
+def _under(path: str, roots: frozenset[str]) -> bool:
+    return any(path == r or path.startswith((f"{r}.", f"{r}[")) for r in roots)
+
+
+def lint_sharing(report: InputReport, parameters: frozenset[str] = frozenset()) -> list[Finding]:
     """OSC003 findings: one per pair of distinct input paths holding one opaque
     object. A path listed twice (one attribute that reaches the graph twice,
     say also as an argument of an ``autograd.Function``) is one input, not
-    sharing."""
+    sharing. Two paths inside module parameters (the inputs named in
+    ``parameters``) are not reported: every parameter of a sharded model holds
+    the model's mesh, as module state that is the same on every call."""
     findings = []
     by_index = {i.index: i for i in report.inputs}
     for group in report.alias_pattern.shared:
@@ -47,6 +53,8 @@ def lint_sharing(report: InputReport) -> list[Finding]:
         first = by_index.get(group[0])
         type_name = first.type_name if first is not None else "opaque"
         for a, b in itertools.combinations(paths, 2):
+            if _under(a, parameters) and _under(b, parameters):
+                continue
             findings.append(
                 make(
                     "OSC003",

@@ -183,6 +183,16 @@ def test_sharing_is_reported_per_pair_of_distinct_paths_and_a_repeated_path_is_n
     assert "guarded on it (y._g is z._g)" in findings[2].message
 
 
+def test_module_parameters_sharing_one_mesh_is_not_reported():
+    """Every parameter of a sharded model holds the model's mesh: module state,
+    the same on every call, not reported; an argument sharing it still is."""
+    m = Mesh("shared")
+    report = cp.guards.sharing_report([("self.w1", m), ("self.w2", m), ("x._g", m)])
+    findings = cp.lint_sharing(report, frozenset({"self.w1", "self.w2"}))
+    assert [f.path for f in findings] == ["self.w1, x._g", "self.w2, x._g"]
+    assert len(cp.lint_sharing(report)) == 3
+
+
 def test_the_sharing_fix_runs_as_written():
     """#26 item 5: OSC003's fix gives the second input an object of its own,
     in the program's names; executed as written, the next compilation has no
@@ -360,7 +370,7 @@ def test_a_collective_issued_below_dynamo_is_reported_when_watched():
         assert "in gathered_twice: return x.redistribute(x.device_mesh, [Replicate()]).to_local() * 2" in (
             finding.message
         )
-        assert "the library's opaque_subclass.sharded.ShardedTensor" in finding.fix
+        assert "inside `with opaque_subclass.dtensor.share_compiles():`" in finding.fix  # torch's DTensor issued it
         assert report.errors == [] and len(report.graphs) == 1  # (a fake group gathers nothing real)
         torch._dynamo.reset()
         checks = []
