@@ -151,6 +151,7 @@ def _mesh(world: int, kind: str) -> tuple[tuple[int, ...], tuple[str, ...] | Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    from opaque_subclass.releases import parse_release
     from opaque_subclass.testing import simulate_job, spread_ranks
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n[{model} {kind}] {report.table()}")
                 if model != "dtensor":
                     print(f"  every rank's collectives ran on its own tp group: {own_group}")
-                limit = LIMITS.get((tuple(int(p) for p in torch.__version__.split(".")[:2]), model))
+                limit = LIMITS.get((parse_release(torch.__version__), model))
                 if limit:
                     print(f"  torch limit: {limit}")
                 print(f"  ({time.monotonic() - started:.0f} s wall)")

@@ -409,6 +409,7 @@ class ReadWatcher:
     def __init__(self, named: Sequence[tuple[str, Any]]) -> None:
         self.reads: list[BakedRead] = []
         self.collectives: list[BakedGroup] = []
+        self._collective_keys: set[tuple[str, str, str]] = set()  # (op, group, origin) of each kept
         self._packet_call = packet_call_code()
         self.watching = False
         self._paths: dict[int, tuple[str, str | None]] = {}
@@ -469,9 +470,8 @@ class ReadWatcher:
         group named by a string, issued below Dynamo (once per op, group and line)."""
         try:
             found = collective_below(frame)
-            if found is not None and all(
-                (c.op, c.group_name, c.origin) != (found.op, found.group_name, found.origin) for c in self.collectives
-            ):
+            if found is not None and (key := (found.op, found.group_name, found.origin)) not in self._collective_keys:
+                self._collective_keys.add(key)
                 self.collectives.append(found)
         except Exception as error:  # a profiler that raises is removed by Python: never raise
             _log.debug("compile_passes: collective watcher: %s", error)

@@ -41,6 +41,7 @@ rank still compiles there (docs/large_jobs.md, "Limits").
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import threading
@@ -189,6 +190,14 @@ def _group_ranks(name: str) -> str:
         return "unknown ranks"
 
 
+@functools.cache
+def _own_uuid() -> str:
+    """This module's name, the library's version and a digest of this file:
+    read once, though the cache keys of every compilation ask for it."""
+    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    return f"{__name__}:{__version__}:{digest}"
+
+
 class MeshGroupPass(CustomGraphPass):
     """Inductor joint-graph pass (``torch._inductor.config.joint_custom_pre_pass``)
     that makes every collective of the graph take its group from a ``DeviceMesh``
@@ -209,8 +218,7 @@ class MeshGroupPass(CustomGraphPass):
         return list(self.inner) if isinstance(self.inner, (list, tuple)) else [self.inner]
 
     def uuid(self) -> Any:
-        source = Path(__file__).read_bytes()
-        own = f"{__name__}:{__version__}:{hashlib.sha256(source).hexdigest()[:16]}"
+        own = _own_uuid()
         inner = [p.uuid() if hasattr(p, "uuid") else None for p in self._inner_passes()]
         if any(u is None for u in inner):  # an inner pass torch cannot key: no caching, as torch does
             return None
@@ -323,7 +331,7 @@ def rewrite_collectives(graph: torch.fx.Graph) -> int:
             new = graph.call_function(ops[key], (*node.args[:-1], mesh_node, dim), dict(node.kwargs))
         # the collective's output values and source; not its recorded eager arguments (other args)
         new.meta.update({k: v for k, v in node.meta.items() if k != "eager_input_vals"})
-        for user in list(new.users) + list(node.users):
+        for user in list(node.users):
             if user.op == "call_function" and user.target is torch.ops._c10d_functional.wait_tensor.default:
                 user.replace_all_uses_with(new)
                 graph.erase_node(user)

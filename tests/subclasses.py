@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -92,6 +92,16 @@ class _Wrapper(torch.Tensor):
     def __init__(self, *values: Any, ctx: Any = None, outer: Any = None) -> None:
         pass
 
+    @classmethod
+    def _first_instance(cls, args: Any, kwargs: Any) -> Any:
+        """The first instance among all arguments, also inside lists (aten.cat)."""
+        return next(a for a in tree_leaves((args, kwargs)) if isinstance(a, cls))
+
+    @classmethod
+    def _run_unwrapped(cls, func: Any, args: Any, kwargs: Any, unwrap: Callable[[Any], Any]) -> Any:
+        """``func`` on the arguments with each instance replaced by ``unwrap(instance)``."""
+        return func(*tree_map_only(cls, unwrap, args), **tree_map_only(cls, unwrap, kwargs or {}))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(shape={tuple(self.shape)})"
 
@@ -105,15 +115,14 @@ class _Wrapper(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        # The first instance among all arguments, also inside lists (aten.cat).
-        proto = next(a for a in tree_leaves((args, kwargs)) if isinstance(a, cls))
+        proto = cls._first_instance(args, kwargs)
         opaques = [getattr(proto, n) for n in cls.OPAQUES]
         n_inner = len(cls.INNER)
 
         def unwrap(t: Any) -> Any:
             return getattr(t, cls.INNER[0])
 
-        out = func(*tree_map_only(cls, unwrap, args), **tree_map_only(cls, unwrap, kwargs or {}))
+        out = cls._run_unwrapped(func, args, kwargs, unwrap)
         return tree_map_only(
             torch.Tensor,
             lambda t: cls(*([t] * n_inner), *opaques, ctx=proto._ctx),
@@ -286,10 +295,10 @@ class GroupScaled(_Wrapper):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        proto = next(a for a in tree_leaves((args, kwargs)) if isinstance(a, cls))
+        proto = cls._first_instance(args, kwargs)
         g = proto._group
         n = g.size()
-        out = func(*tree_map_only(cls, lambda t: t._data, args), **tree_map_only(cls, lambda t: t._data, kwargs or {}))
+        out = cls._run_unwrapped(func, args, kwargs, lambda t: t._data)
         return tree_map_only(torch.Tensor, lambda t: cls(t / n, g), out)
 
 
@@ -304,10 +313,10 @@ class CoordinateShifted(_Wrapper):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        proto = next(a for a in tree_leaves((args, kwargs)) if isinstance(a, cls))
+        proto = cls._first_instance(args, kwargs)
         mesh = proto._mesh
         shift = mesh.get_coordinate()[0]
-        out = func(*tree_map_only(cls, lambda t: t._data, args), **tree_map_only(cls, lambda t: t._data, kwargs or {}))
+        out = cls._run_unwrapped(func, args, kwargs, lambda t: t._data)
         return tree_map_only(torch.Tensor, lambda t: cls(t + shift, mesh), out)
 
 
@@ -435,14 +444,14 @@ class Float8Like(_Wrapper):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        proto = next(a for a in tree_leaves((args, kwargs)) if isinstance(a, cls))
+        proto = cls._first_instance(args, kwargs)
         group, scale = proto._group, proto._scale
         n = group.size()
 
         def dequantized(t: Float8Like) -> torch.Tensor:
             return t._data * t._scale
 
-        out = func(*tree_map_only(cls, dequantized, args), **tree_map_only(cls, dequantized, kwargs or {}))
+        out = cls._run_unwrapped(func, args, kwargs, dequantized)
         return tree_map_only(torch.Tensor, lambda t: cls(t / n / scale, scale, group), out)
 
 

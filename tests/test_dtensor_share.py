@@ -25,13 +25,14 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from opaque_subclass.dtensor import MeshGroupPass, ShareCompilesError, compile_options, share_compiles
 from opaque_subclass.fixes.autograd_cache import MeshShapeKey, shared_mesh_inputs
+from opaque_subclass.releases import parse_release
 from opaque_subclass.sharded import record_collectives
 from opaque_subclass.testing import run_local_workers, simulate_job, spread_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks" / "bench_job_compile.py"
 WORKERS = Path(__file__).resolve().parent / "dist_workers.py"
-TORCH_2_11 = torch.__version__.startswith("2.11.")
+TORCH_2_11 = parse_release(torch.__version__) == (2, 11)
 
 
 def gathered(x: DTensor) -> torch.Tensor:

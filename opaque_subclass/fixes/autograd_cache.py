@@ -73,18 +73,31 @@ def stable_subclass_inputs(example_inputs: Sequence[Any]) -> Sequence[Any]:
     same program. torch 2.12 - 2.15 ask the subclass for a stable hash instead
     (``_stable_hash_for_caching``), which hashes an opaque by its class.
     """
-    replaced: list[Any] | None = None
-    for i, value in enumerate(example_inputs):
+
+    def key_of(i: int, value: Any) -> StableSubclassKey | None:
         if not is_wrapper_subclass(value):
-            continue
+            return None
         leaves: list[Any] = []
         append_leaves(value, leaves, f"example_inputs[{i}]")
         if not opaque_alias_pattern(leaves).slots:
+            return None
+        own = getattr(value, "_stable_hash_for_caching", None)  # what torch 2.12+ asks a subclass for
+        return StableSubclassKey(own() if callable(own) else stable_subclass_hash(value))
+
+    return _keyed(example_inputs, key_of)
+
+
+def _keyed(example_inputs: Sequence[Any], key_of: Callable[[int, Any], object | None]) -> Sequence[Any]:
+    """``example_inputs`` with each input for which ``key_of(index, value)``
+    gives a key replaced by it; the same sequence when it gives none."""
+    replaced: list[Any] | None = None
+    for i, value in enumerate(example_inputs):
+        key = key_of(i, value)
+        if key is None:
             continue
         if replaced is None:
             replaced = list(example_inputs)
-        own = getattr(value, "_stable_hash_for_caching", None)  # what torch 2.12+ asks a subclass for
-        replaced[i] = StableSubclassKey(own() if callable(own) else stable_subclass_hash(value))
+        replaced[i] = key
     return example_inputs if replaced is None else replaced
 
 
@@ -128,16 +141,14 @@ def shared_mesh_inputs(example_inputs: Sequence[Any]) -> Sequence[Any]:
         return example_inputs
     from torch.distributed.device_mesh import DeviceMesh
 
-    replaced: list[Any] | None = None
-    for i, value in enumerate(example_inputs):
+    def key_of(i: int, value: Any) -> MeshShapeKey | None:
         mesh = real_object(value)
         if not isinstance(mesh, DeviceMesh):
-            continue
-        if replaced is None:
-            replaced = list(example_inputs)
+            return None
         names = mesh.mesh_dim_names
-        replaced[i] = MeshShapeKey(tuple(mesh.shape), tuple(names) if names else None, mesh.device_type)
-    return example_inputs if replaced is None else replaced
+        return MeshShapeKey(tuple(mesh.shape), tuple(names) if names else None, mesh.device_type)
+
+    return _keyed(example_inputs, key_of)
 
 
 def make_autograd_cache_key(

@@ -114,19 +114,16 @@ class _WatchedPosition(list):  # type: ignore[type-arg]
         super().__init__(values)
         self._on_use = on_use
 
-    def _used(self) -> None:
-        self._on_use()
-
     def __getitem__(self, index: Any) -> Any:
-        self._used()
+        self._on_use()
         return super().__getitem__(index)
 
     def __iter__(self) -> Any:
-        self._used()
+        self._on_use()
         return super().__iter__()
 
     def __eq__(self, other: object) -> bool:
-        self._used()
+        self._on_use()
         return list(self) == other
 
     def __ne__(self, other: object) -> bool:
