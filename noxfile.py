@@ -61,6 +61,9 @@ import nox
 
 TORCH_VERSIONS = ["2.11.0", "2.12.0", "2.13.0", "2.14.1", "2.15.0"]
 
+# pytest-xdist workers a test session starts at most (one per CPU below that).
+TEST_WORKERS_MAX = 4
+
 # The lint session's pins: the tools' versions make results reproducible, and
 # mypy checks calls into torch against this release's annotations.
 RUFF_VERSION = "0.17.6"
@@ -151,10 +154,25 @@ def tests(session: nox.Session, torch: str) -> None:
     # -v: one line per test as it finishes (the default prints a dot per test,
     # and one long file can go minutes without a new line); the summary line
     # "N passed ... in X.XXs" is the same. Arguments after -- come after it
-    # (-q there gives the default dots back). Any non-zero exit fails the
-    # session, including 5 (no tests collected).
+    # (-q there gives the default dots back; -n 0 runs in this process). Any
+    # non-zero exit fails the session, including 5 (no tests collected).
     with _fresh_inductor_cache() as env:
-        session.run("python", "-m", "pytest", "-v", *session.posargs, env=env)
+        session.run("python", "-m", "pytest", "-v", *_workers(), *session.posargs, env=env)
+
+
+def _workers() -> list[str]:
+    """pytest-xdist's options: one worker process per CPU, at most
+    ``TEST_WORKERS_MAX`` (``$OPAQUE_SUBCLASS_TEST_WORKERS`` sets the number; 0
+    runs the tests in pytest's own process). Much of a test's time is one Python
+    thread compiling, so on 2 cores two workers take about three quarters of
+    the time of one. Each worker is its own process, and gets its own inductor
+    cache directory under the session's (tests/conftest.py): a cache is never
+    shared between processes that did not choose to share it. Tests of one
+    ``xdist_group`` run in one worker (``--dist loadgroup``), e.g. a module whose
+    fixture starts real ranks once for all its tests."""
+    wanted = os.environ.get("OPAQUE_SUBCLASS_TEST_WORKERS")
+    workers = int(wanted) if wanted else min(os.cpu_count() or 1, TEST_WORKERS_MAX)
+    return ["-n", str(workers), "--dist", "loadgroup"] if workers > 0 else ["-n", "0"]
 
 
 @nox.session

@@ -144,7 +144,7 @@ def _patched() -> list[tuple[Any, str, str]]:
     """``(patch set, target, 'patch'|'fix')`` for each checked target this torch patches."""
     found = []
     for target in (WRAP_TENSOR, PLAIN_TENSORS):
-        for ps, kind in ((activation._PATCH_SET, "patch"), (activation._FIX_SET, "fix")):
+        for ps, kind in ((activation.BACKPORT, "patch"), (activation.FIXES, "fix")):
             if ps is not None and target in ps.targets:
                 found.append((ps, target, kind))
                 break

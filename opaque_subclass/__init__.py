@@ -22,9 +22,9 @@
 See ``docs/`` for a guide.
 """
 
-from opaque_subclass.activation import disable, enable, support
-from opaque_subclass.authoring.base import OpaqueAttr, OpaqueSubclass
-from opaque_subclass.core.aliasing import OpaqueAliasPattern, opaque_alias_pattern
+from typing import TYPE_CHECKING
+
+from opaque_subclass import gate as _gate
 from opaque_subclass.core.errors import (
     OpaqueAttributeError,
     OpaqueMemberError,
@@ -32,46 +32,59 @@ from opaque_subclass.core.errors import (
     OpaqueTypeError,
     OpaqueValueError,
 )
-from opaque_subclass.core.flatten import (
-    create_subclass_meta,
-    flatten_subclass,
-    is_wrapper_subclass,
-    unflatten_subclass,
-)
-from opaque_subclass.core.registry import (
-    KIND_ALIASES,
-    Member,
-    OpaqueBase,
-    OpaqueKind,
-    is_opaque,
-    opaque_kind,
-    register_opaque,
-)
-from opaque_subclass.core.runtime import (
-    process_runtime_tangent,
-    unwrap_tensor_subclasses,
-    wrap_tensor_subclasses,
-    wrap_tensor_subclasses_maybe_joint,
-)
-from opaque_subclass.core.spec import (
-    OpaqueMeta,
-    PlainTensorMeta,
-    SubclassCreationMeta,
-    SymIntMeta,
-    iter_slots,
-    iter_subclasses,
-)
 from opaque_subclass.mode import SUPPORTED_TORCH, Support
-from opaque_subclass.modules.parametrization import is_exportable_constructor, unwrap_tensor_subclass_parameters
-from opaque_subclass.modules.storage import untyped_storages
 from opaque_subclass.releases import LIBRARY_VERSION
 
 __version__ = LIBRARY_VERSION
 
-enable()
+# The version check comes first: on a torch without the feature, nothing
+# release-specific is imported (opaque_subclass.gate says why).
+if TYPE_CHECKING or _gate.REFUSAL is None:
+    from opaque_subclass.activation import disable, enable, support
+    from opaque_subclass.authoring.base import OpaqueAttr, OpaqueSubclass
+    from opaque_subclass.core.aliasing import OpaqueAliasPattern, opaque_alias_pattern
+    from opaque_subclass.core.flatten import (
+        create_subclass_meta,
+        flatten_subclass,
+        is_wrapper_subclass,
+        unflatten_subclass,
+    )
+    from opaque_subclass.core.registry import (
+        KIND_ALIASES,
+        Member,
+        OpaqueBase,
+        OpaqueKind,
+        is_opaque,
+        opaque_kind,
+        register_opaque,
+    )
+    from opaque_subclass.core.runtime import (
+        process_runtime_tangent,
+        unwrap_tensor_subclasses,
+        wrap_tensor_subclasses,
+        wrap_tensor_subclasses_maybe_joint,
+    )
+    from opaque_subclass.core.spec import (
+        OpaqueMeta,
+        PlainTensorMeta,
+        SubclassCreationMeta,
+        SymIntMeta,
+        iter_slots,
+        iter_subclasses,
+    )
+    from opaque_subclass.modules.parametrization import is_exportable_constructor, unwrap_tensor_subclass_parameters
+    from opaque_subclass.modules.storage import untyped_storages
+
+    enable()
+else:
+    from opaque_subclass.gate import OpaqueBase, disable, enable, is_opaque, opaque_kind, register_opaque, support
+
+    _gate.unsupported_warning(_gate.REFUSAL, stacklevel=2)
 
 
 def __getattr__(name: str) -> object:
+    if _gate.REFUSAL is not None and (name in __all__ or name == "export"):
+        raise _gate.refused_name(name)
     # opaque_subclass.export is imported on first access: it pulls in torch.export.
     if name == "export":
         import importlib

@@ -56,6 +56,13 @@ class Support:
         ``"unsupported"``; removed fixes leave ``"native"`` (the feature is
         torch's) without them. ``None`` when everything is on, or was turned
         off by :func:`~opaque_subclass.disable`.
+    others
+        What other packages did to the torch functions the library patches, and
+        what the library did about it, one line each: a replacement built over
+        another package's (``composed over physicsnemo: ...``), a fix left out
+        because another package's replacement cannot take it (also in
+        ``problem``, with the fix), ours kept beneath another package's after
+        :func:`~opaque_subclass.disable`. Empty when no other package patched them.
     """
 
     mode: Mode
@@ -63,3 +70,4 @@ class Support:
     patched: tuple[str, ...] = ()
     fixes: tuple[str, ...] = ()
     problem: str | None = None
+    others: tuple[str, ...] = ()

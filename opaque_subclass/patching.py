@@ -17,6 +17,17 @@ replacement from the original. :class:`PatchSet` applies a list of patches:
   ``sys.meta_path``, removed by :meth:`PatchSet.disable`). So
   ``import opaque_subclass`` costs no import of Dynamo, AOTAutograd, inductor
   or export, and a set is still checked whole before anything is replaced.
+* we are never the only package patching torch: a target another package
+  replaced before the set is enabled (its value is a function of that package's
+  module) is not an unknown torch build. When that function wraps torch's
+  original (found through ``__wrapped__`` or its closure, with the recorded
+  fingerprint) and the patch's factory is marked :func:`composes`, the
+  replacement is built over the other package's function; otherwise the patch
+  is *blocked*: a set of independent fixes applies the others and names it, a
+  set that provides one feature together is refused, naming the package and the
+  function. :meth:`PatchSet.disable` restores a place only while it still holds
+  our replacement: a patch another package installed over ours afterwards stays,
+  with ours beneath it (named in :attr:`PatchSet.held`);
 * parsing those source files is most of what importing the library costs
   (0.55 s of 0.66 s on torch 2.11), so a release row may record the digest of
   every torch source file its checks read (:func:`record_sources`): when each
@@ -43,9 +54,18 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-__all__ = ["Patch", "PatchRefused", "PatchSet", "file_digest", "fingerprint", "record_sources"]
+__all__ = [
+    "OtherPatch",
+    "Patch",
+    "PatchRefused",
+    "PatchSet",
+    "composes",
+    "file_digest",
+    "fingerprint",
+    "record_sources",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +74,93 @@ def fingerprint(obj: Any) -> str:
     """A short hash of an object's source text (dedented), stable across Python versions."""
     source = textwrap.dedent(inspect.getsource(obj))
     return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def composes(factory: _F) -> _F:
+    """Mark a replacement factory whose replacement calls ``original`` for
+    everything it does not change itself, copying nothing of torch's body: such
+    a replacement can be built over another package's replacement of the same
+    function when that one wraps torch's original (see :class:`PatchSet`). For
+    the calls it does change (a named error instead of torch's, another guard),
+    the other package's function is not called, as torch's would not be."""
+    factory.composes = True  # type: ignore[attr-defined]  # a marker read by Patch.composes
+    return factory
+
+
+@dataclass(frozen=True)
+class OtherPatch:
+    """Another package's replacement of a torch function one of our patches targets.
+
+    Attributes
+    ----------
+    target
+        The torch function's qualified name.
+    function
+        The other package's function there (``module.qualname``).
+    package
+        Its top-level package (``physicsnemo``).
+    wraps_original
+        Whether it wraps torch's original: a function with the fingerprint the
+        patch was written against is its ``__wrapped__`` or in its closure.
+    """
+
+    target: str
+    function: str
+    package: str
+    wraps_original: bool
+
+    def __str__(self) -> str:
+        return f"{self.target} (replaced by {self.package}: {self.function})"
+
+
+def _is_ours_or_torchs(module: str) -> bool:
+    return module.split(".")[0] in ("torch", "opaque_subclass", "_opaque_subclass_pickle")
+
+
+def _wrapped_functions(fn: Any, depth: int = 3) -> Iterator[Any]:
+    """Functions ``fn`` wraps: its ``__wrapped__`` chain and the functions in its
+    closure, up to ``depth`` levels down."""
+    todo, seen = [(fn, 0)], {id(fn)}
+    while todo:
+        obj, level = todo.pop()
+        inner = [getattr(obj, "__wrapped__", None)]
+        inner += [_cell_contents(c) for c in getattr(obj, "__closure__", None) or ()]
+        for value in inner:
+            value = _function(value)
+            if callable(value) and id(value) not in seen:
+                seen.add(id(value))
+                yield value
+                if level + 1 < depth:
+                    todo.append((value, level + 1))
+
+
+def _cell_contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def other_patch(target: str, current: Any, expected: str) -> OtherPatch | None:
+    """The other package's replacement at ``target``, or ``None`` when
+    ``current`` is torch's (or ours)."""
+    fn = _function(current)
+    module = getattr(fn, "__module__", None)
+    if not isinstance(module, str) or _is_ours_or_torchs(module):
+        return None
+    wraps = False
+    for inner in _wrapped_functions(fn):
+        inner_module = getattr(inner, "__module__", None)
+        if isinstance(inner_module, str) and inner_module.split(".")[0] == "torch":
+            with suppress(OSError, TypeError):
+                if fingerprint(inner) == expected:
+                    wraps = True
+                    break
+    name = getattr(fn, "__qualname__", type(fn).__qualname__)
+    return OtherPatch(target, f"{module}.{name}", module.split(".")[0], wraps)
 
 
 @dataclass(frozen=True)
@@ -120,9 +227,26 @@ class Patch:
     def doc(self) -> str:
         return inspect.getdoc(self.factory()) or ""
 
+    @property
+    def composes(self) -> bool:
+        """Whether the replacement may be built over another package's
+        replacement that wraps torch's original (:func:`composes`)."""
+        return bool(getattr(self.factory(), "composes", False))
+
 
 class PatchRefused(RuntimeError):
-    """The running torch does not match the patches: nothing was patched."""
+    """The running torch does not match the patches: nothing was patched.
+
+    ``others``: the targets another package replaced in a way the set cannot
+    live with (a set whose patches provide one feature together); ``build``:
+    the problems of the torch build itself. When ``build`` is empty the torch
+    build is the one the set was written for, and the other package is the cause.
+    """
+
+    def __init__(self, message: str, others: dict[str, OtherPatch] | None = None, build: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.others = dict(others or {})
+        self.build = build
 
 
 def _resolve(target: str) -> tuple[Any, str, Any]:
@@ -350,12 +474,36 @@ class _Applied:
 
 
 class PatchSet:
-    """An ordered list of patches applied and removed as one unit."""
+    """An ordered list of patches applied and removed as one unit.
 
-    def __init__(self, patches: Iterable[Patch], sources: tuple[tuple[str, str], ...] = ()) -> None:
+    ``independent``: the patches are fixes that do not rely on each other, so a
+    patch blocked by another package's replacement (see the module's notes) is
+    left out and the others are applied; otherwise (a backport, whose patches
+    provide one feature together) a blocked patch refuses the whole set.
+    """
+
+    def __init__(
+        self,
+        patches: Iterable[Patch],
+        sources: tuple[tuple[str, str], ...] = (),
+        on_removed: Callable[[str], None] | None = None,
+        independent: bool = False,
+    ) -> None:
         self.patches: tuple[Patch, ...] = tuple(patches)
+        self.independent = independent
+        #: Targets another package replaced before the set was enabled, by target:
+        #: ``composed`` got our replacement built over theirs; ``blocked`` were left out.
+        self.composed: dict[str, OtherPatch] = {}
+        self.blocked: dict[str, OtherPatch] = {}
+        #: Targets where another package installed its replacement over ours after
+        #: we did: :meth:`disable` left theirs, and ours beneath it, in place.
+        self.held: dict[str, OtherPatch] = {}
+        self._held_records: dict[str, _Applied] = {}  # ours beneath another package's, by target
         #: :func:`record_sources` of these patches on the torch they were written for.
         self.sources = sources
+        #: Called with :attr:`removed` once the set has removed itself (on the
+        #: thread whose import failed to patch, under the set's lock).
+        self._on_removed = on_removed
         self._applied: list[_Applied] = []
         self._deferred: dict[str, list[Patch]] = {}  # module name -> patches applied on its import
         self._lock = threading.RLock()
@@ -375,10 +523,10 @@ class PatchSet:
     @property
     def targets(self) -> tuple[str, ...]:
         """Every target of an enabled set, in the set's order, whether applied
-        already or waiting for its module's import."""
+        already or waiting for its module's import (a blocked one is not)."""
         if not self.enabled:
             return ()
-        return tuple(p.target for p in self.patches)
+        return tuple(p.target for p in self.patches if p.target not in self.blocked)
 
     @property
     def waiting(self) -> tuple[str, ...]:
@@ -388,40 +536,59 @@ class PatchSet:
     @staticmethod
     def _fingerprint_of(
         target: str, recorded: str | None = None, unchanged: frozenset[str] = frozenset()
-    ) -> tuple[str, str | None]:
-        """``(fingerprint, module)`` of ``target``'s current definition: from the
-        module's source file, without importing it, when the module is not
-        imported (``module`` names it: the patch can wait for its import); else,
-        or when the file cannot be read, from the object (``module`` is ``None``).
-        ``recorded``: the fingerprint recorded with the set's ``sources``, taken
-        instead of parsing when the target's file is among ``unchanged`` (the
-        recorded files, each with its recorded digest)."""
+    ) -> tuple[str | None, str | None, Any]:
+        """``(fingerprint, module, current)`` of ``target``'s current definition:
+        from the module's source file, without importing it, when the module is
+        not imported (``module`` names it: the patch can wait for its import;
+        ``current`` is ``None``); else, or when the file cannot be read, from the
+        object (``module`` is ``None``; ``current`` is the function there, and the
+        fingerprint ``None`` when it has no source). ``recorded``: the fingerprint
+        recorded with the set's ``sources``, taken instead of parsing when the
+        target's file is among ``unchanged`` (the recorded files, each with its
+        recorded digest)."""
         located = _locate(target)
         if located is not None and located[0] not in sys.modules:
             if recorded is not None and _module_file(located[0]) in unchanged:
-                return recorded, located[0]
+                return recorded, located[0], None
             found = source_fingerprint(*located)
             if found is not None:
-                return found, located[0]
+                return found, located[0], None
         owner, attr, _ = _resolve(target)
-        return fingerprint(_function(_raw(owner, attr))), None
+        current = _function(_raw(owner, attr))
+        try:
+            return fingerprint(current), None, current
+        except (OSError, TypeError):
+            if other_patch(target, current, "") is None:
+                raise
+            return None, None, current  # another package's function without source
 
-    def _examine(self) -> tuple[list[str], dict[str, str]]:
-        """The problems that would refuse the set (unresolvable targets, changed
-        sources), and the module each target that can wait for its import waits for."""
+    def _examine(self) -> tuple[list[str], dict[str, str], dict[str, OtherPatch], dict[str, OtherPatch]]:
+        """``(problems, waits, composed, blocked)``: the problems that would refuse
+        the set (unresolvable targets, changed sources, targets another package
+        replaced in a way the set cannot live with), the module each target that
+        can wait for its import waits for, and the targets another package
+        replaced (see :attr:`composed`, :attr:`blocked`)."""
         problems = []
         waits: dict[str, str] = {}
+        composed: dict[str, OtherPatch] = {}
+        blocked: dict[str, OtherPatch] = {}
         unchanged = _unchanged_files(self.sources, self.patches)  # the files the recorded fingerprints were read from
         for p in self.patches:
             for target, expected in p.fingerprinted:
                 label = target if target == p.target else f"{target} (relied on by the patch of {p.target})"
                 try:
-                    found, module = self._fingerprint_of(target, expected, unchanged)
+                    found, module, current = self._fingerprint_of(target, expected, unchanged)
                 except (ImportError, AttributeError, OSError, TypeError, SyntaxError) as e:
                     problems.append(f"{label}: cannot be resolved ({e})")
                     continue
                 if found != expected:
-                    problems.append(f"{label}: source fingerprint {found}, expected {expected}")
+                    other = other_patch(target, current, expected) if current is not None else None
+                    if other is None:
+                        problems.append(f"{label}: source fingerprint {found}, expected {expected}")
+                    elif target == p.target and other.wraps_original and p.composes:
+                        composed[p.target] = other
+                    else:
+                        blocked[p.target] = other
                 elif module is not None and target == p.target:
                     waits[target] = module
             try:
@@ -435,11 +602,39 @@ class PatchSet:
                     _cache(name)
                 except (ImportError, AttributeError, TypeError) as e:
                     problems.append(f"{name} (a cache of {p.target}): cannot be resolved ({e})")
-        return problems, waits
+        return problems, waits, composed, blocked
+
+    def _why_blocked(self, target: str, other: OtherPatch) -> str:
+        patch = next(p for p in self.patches if p.target == target)
+        if other.target != target:
+            return f"the patch of {target} relies on that function, and another package changed it"
+        if not other.wraps_original:
+            return (
+                "it does not call the torch function this patch was written against (no function with "
+                "its fingerprint is its __wrapped__ or in its closure), so a patch built over it could "
+                "not be checked"
+            )
+        if not patch.composes:
+            return "this patch rewrites torch's function rather than wrapping it, so it cannot be built over another's"
+        return "its factory cannot be built over another package's replacement"
+
+    def blocked_text(self, blocked: dict[str, OtherPatch] | None = None) -> str:
+        """Why each blocked target (default: :attr:`blocked`) cannot take our
+        patch, and the fix, in one paragraph."""
+        blocked = self.blocked if blocked is None else blocked
+        parts = [f"{other} before opaque_subclass: {self._why_blocked(t, other)}" for t, other in blocked.items()]
+        packages = sorted({o.package for o in blocked.values()})
+        return (
+            "; ".join(parts)
+            + f". Fix: import opaque_subclass before {', '.join(packages)} (that package's patch is then "
+            "built over ours)"
+        )
 
     def check(self) -> list[str]:
-        """Problems that would refuse the set: unresolvable targets, changed sources."""
-        return self._examine()[0]
+        """Problems that would refuse the set: unresolvable targets, changed
+        sources, targets another package replaced that the set cannot live with."""
+        problems, _, _, blocked = self._examine()
+        return [*problems, self.blocked_text(blocked)] if blocked and not self.independent else problems
 
     def enable(self) -> tuple[str, ...]:
         """Check every patch, then apply each one whose module is imported and
@@ -448,14 +643,24 @@ class PatchSet:
         with self._lock:
             if self.enabled:
                 return self.targets
-            problems, waits = self._examine()
+            self._forget_lost_held()
+            problems, waits, composed, blocked = self._examine()
+            if blocked and not self.independent:
+                text = "; ".join([*problems, self.blocked_text(blocked)])
+                raise PatchRefused(text, others=blocked, build=tuple(problems))
             if problems:
-                raise PatchRefused("; ".join(problems))
+                raise PatchRefused("; ".join(problems), build=tuple(problems))
             self.removed = None
-            applied: list[_Applied] = []
+            # ours still runs beneath another package's at a held target: it is applied already
+            applied: list[_Applied] = list(self._held_records.values())
+            for target in self._held_records:
+                composed.pop(target, None)
+            self.composed, self.blocked, self.held, self._held_records = composed, blocked, {}, {}
             deferred: dict[str, list[Patch]] = {}
             try:
                 for p in self.patches:
+                    if p.target in blocked or any(a.patch is p for a in applied):
+                        continue
                     if p.target in waits:
                         deferred.setdefault(waits[p.target], []).append(p)
                         continue
@@ -481,6 +686,17 @@ class PatchSet:
                 "applied %d patches, %d wait for their module's import", len(applied), sum(map(len, deferred.values()))
             )
             return self.targets
+
+    def _forget_lost_held(self) -> None:
+        """Drop the held records whose replacement no longer runs at its target
+        (the other package put something else there): they are applied afresh."""
+        for target, record in list(self._held_records.items()):
+            ours = _function(record.replacement)
+            with suppress(ImportError, AttributeError):
+                current = _function(_raw(*_resolve(target)[:2]))
+                if current is ours or any(f is ours for f in _wrapped_functions(current, depth=4)):
+                    continue
+            del self._held_records[target]
 
     def _apply(self, p: Patch) -> _Applied:
         owner, attr, _ = _resolve(p.target)
@@ -520,13 +736,16 @@ class PatchSet:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+                if self._on_removed is not None:
+                    self._on_removed(self.removed)
             if not self._deferred:
                 _ImportHook.discard(self)
 
     def _disable_locked(self) -> None:
         _ImportHook.discard(self)
         self._deferred = {}
-        self._uninstall(self._applied)
+        self.held = self._uninstall(self._applied)
+        self._held_records = {a.patch.target: a for a in self._applied if a.patch.target in self.held}
         self._applied = []
 
     def disable(self) -> None:
@@ -581,11 +800,24 @@ class PatchSet:
             raise AssertionError(f"{record.patch.target}: original not found in any torch module")
 
     @staticmethod
-    def _uninstall(applied: list[_Applied]) -> None:
+    def _uninstall(applied: list[_Applied]) -> dict[str, OtherPatch]:
+        """Put the originals back where our replacements still are; return the
+        targets where another package has since installed its own over ours
+        (left in place: removing ours would remove theirs too)."""
+        held: dict[str, OtherPatch] = {}
         for record in reversed(applied):
+            kept = []
             for d, k in record.places:
-                d[k] = record.original
-            record.places.clear()
+                current = d.get(k)
+                other = None
+                if current is not record.replacement and current is not record.original:
+                    other = other_patch(record.patch.target, current, record.patch.fingerprint)
+                if other is None:
+                    d[k] = record.original
+                else:  # another package's, over ours: both stay
+                    held[record.patch.target] = other
+                    kept.append((d, k))
+            record.places[:] = kept
             if record.patch.scope == "everywhere" and not isinstance(record.replacement, (staticmethod, classmethod)):
                 # torch modules imported while the patch was on took the
                 # replacement by name (``from .x import f``): restore those too.
@@ -593,6 +825,7 @@ class PatchSet:
                     namespace[key] = record.original
             with suppress(ImportError, AttributeError, TypeError):  # checked when applied
                 _clear_caches(record.patch)
+        return held
 
 
 class _ImportHook(importlib.abc.MetaPathFinder):
@@ -685,6 +918,9 @@ class _ClassAttr:
     def __init__(self, cls: type) -> None:
         self.cls = cls
         self.owned = set(vars(cls))
+
+    def get(self, key: str) -> Any:
+        return vars(self.cls).get(key)
 
     def __setitem__(self, key: str, value: Any) -> None:
         inherited = key not in self.owned

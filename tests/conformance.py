@@ -1403,6 +1403,63 @@ def _exit_name(code: int) -> str:
 
 
 # ---------------------------------------------------------------------------
+# Beside another package that patches the same torch function (tests/other_patchers).
+
+_OTHER_PATCHER_PROGRAM = """
+import json, sys
+FIRST = sys.argv[1] == "first"
+if FIRST:
+    import other_patchers.wrapping
+import opaque_subclass
+import other_patchers.wrapping
+import torch._dynamo
+from torch._functorch._aot_autograd.runtime_wrappers import AOTDispatchAutograd
+from opaque_subclass.patching import _wrapped_functions
+from opaque_subclass.releases import current
+
+def chain():
+    top = AOTDispatchAutograd.__dict__["process_runtime_tangent"].__func__
+    names = {"opaque_subclass": "library", "other_patchers": "other", "torch": "torch"}
+    return [names[f.__module__.split(".")[0]] for f in (top, *_wrapped_functions(top, depth=4))
+            if f.__module__.split(".")[0] in names and f.__name__.endswith("process_runtime_tangent")]
+
+def state(s):
+    return {"all rows on": len(s.patched) + len(s.fixes) == len(current().patches) + len(current().fixes),
+            "problem": s.problem, "others": list(s.others)}
+
+on = state(opaque_subclass.support()); on["chain"] = chain()
+off = state(opaque_subclass.disable()); off["chain"] = chain()
+again = state(opaque_subclass.enable()); again["chain"] = chain()
+print(json.dumps({"on": on, "off": off, "on again": again}))
+"""
+
+
+@entry("patching/another-package-wraps-a-patched-function")
+def _another_package() -> Observation:
+    """A package that wraps AOTAutograd's ``process_runtime_tangent`` (patched by the
+    library on every release), imported before and after the library, in child
+    processes: what runs, what ``support()`` says, what ``disable()`` leaves."""
+    import os
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")])}
+    seen = {}
+    for order in ("first", "after"):
+        proc = subprocess.run(
+            [sys.executable, "-c", _OTHER_PATCHER_PROGRAM, order],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env=env,
+        )
+        lines = proc.stdout.strip().splitlines()
+        seen[f"imported {order}"] = json.loads(lines[-1]) if proc.returncode == 0 and lines else proc.stderr[-300:]
+    return seen
+
+
+# ---------------------------------------------------------------------------
 # DTensor and ShardedTensor on fake process groups of 8 - 64 ranks.
 
 

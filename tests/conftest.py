@@ -1,8 +1,20 @@
 import os
 import sys
+import tempfile
 
-import pytest
-import torch
+# Under pytest-xdist (noxfile.py runs the suite with one worker per CPU) each worker
+# process gets its own inductor cache, a folder of the session's: torch's compile
+# caches shared between processes leak state between them. Set before anything
+# compiles; the worker's subprocesses inherit it, as a serial run's do.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER:
+    _BASE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = (
+        os.path.join(_BASE, _WORKER) if _BASE else tempfile.mkdtemp(prefix=f"opaque-subclass-inductor-{_WORKER}-")
+    )
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

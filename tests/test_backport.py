@@ -313,7 +313,7 @@ def test_native_mode_patches_nothing():
 # --------------------------------------------------------------------------- backport mode
 
 if BACKPORT:
-    from opaque_subclass.activation import _PATCH_SET as PATCH_SET
+    from opaque_subclass.activation import BACKPORT as PATCH_SET
 
 
 @needs_backport

@@ -25,18 +25,25 @@ import opaque_subclass as osc
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_docs_examples_run():
+#: Every page whose examples docs/check_examples.py runs by default: one test each, so that a
+#: parallel run (pytest -n) spreads the pages over its workers.
+PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_docs_examples_run(page: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "docs" / "check_examples.py")],
+        [sys.executable, str(ROOT / "docs" / "check_examples.py"), str(page)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, (
-        f"docs/check_examples.py exited {proc.returncode}\n"
+        f"docs/check_examples.py {page.name} exited {proc.returncode}\n"
         f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr[-20000:]}"
     )
+    assert re.search(rf"^{re.escape(page.name)}: (\d+) of \1 blocks passed$", proc.stdout, re.MULTILINE), proc.stdout
 
 
 def test_compatibility_page_matches_the_version_table():

@@ -56,7 +56,7 @@ def test_stock_torch_2_11_returns_the_first_calls_mesh():
     """Without the patched ``DTensor.__tensor_flatten__`` (stock torch 2.11),
     the mesh is compiled in: 15 of the 16 outputs carry the first call's mesh
     (16 after an earlier run of the scenario in this process)."""
-    from opaque_subclass.activation import _PATCH_SET as PATCH_SET
+    from opaque_subclass.activation import BACKPORT as PATCH_SET
 
     torch._dynamo.reset()
     try:

@@ -46,7 +46,7 @@ from opaque_subclass import activation
 from opaque_subclass.releases import current
 
 ROW = current()
-FIX_SET = activation._FIX_SET  # the live set that import opaque_subclass enabled from ROW.fixes
+FIX_SET = activation.FIXES  # the live set that import opaque_subclass enabled from ROW.fixes
 needs_fixes = pytest.mark.skipif(FIX_SET is None, reason=f"no native fixes for torch {ROW.label}")
 
 

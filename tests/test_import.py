@@ -92,7 +92,7 @@ def test_waiting_patches_apply_on_import_and_disable_removes_them(tmp_path):
         import opaque_subclass
         from opaque_subclass import activation
         from opaque_subclass.patching import _locate, _raw, _resolve, _function, fingerprint
-        ps = activation._PATCH_SET or activation._FIX_SET
+        ps = activation.BACKPORT or activation.FIXES
         waiting = list(ps.waiting)
         target = waiting[0]
         module = _locate(target)[0]
@@ -131,7 +131,7 @@ def test_a_set_removed_on_a_failed_import_makes_support_tell_and_the_cli_exit_1(
         import opaque_subclass
         from opaque_subclass import activation, cli
         from opaque_subclass.patching import _locate
-        ps = activation._PATCH_SET or activation._FIX_SET
+        ps = activation.BACKPORT or activation.FIXES
         before = opaque_subclass.support()
         target = ps.waiting[0]  # its module imports on its own (the first test above imports it too)
         module = _locate(target)[0]
@@ -163,6 +163,63 @@ def test_a_set_removed_on_a_failed_import_makes_support_tell_and_the_cli_exit_1(
     assert "a replacement that cannot be built" in got["problem"]
     assert got["mode"] == ("unsupported" if got["before"][0] == "backport" else "native")
     assert got["code"] == 1 and "problem" in got["printed"]
+
+
+def test_support_read_while_another_thread_removes_the_set_is_before_or_after(tmp_path):
+    """The import hook removes a set on the thread that imported the module;
+    ``support()`` read meanwhile from another thread is one value: the one before
+    the removal or the one after it, never a mix (the set already off while
+    ``support()`` still lists it without a problem, or lists nothing without one).
+    The removal is slowed down between its steps to make the window wide."""
+    got = _run(
+        """
+        import dataclasses, importlib, json, threading, time, warnings
+        import opaque_subclass
+        from opaque_subclass import activation
+        from opaque_subclass.patching import _locate
+        ps = activation.BACKPORT or activation.FIXES
+        before = opaque_subclass.support()
+        target = ps.waiting[0]
+        module = _locate(target)[0]
+        patches = ps._deferred[module]
+        index = next(i for i, p in enumerate(patches) if p.target == target)
+
+        def broken(original):
+            raise RuntimeError("a replacement that cannot be built")
+
+        patches[index] = dataclasses.replace(patches[index], make=broken)
+        real = ps._disable_locked
+
+        def slow_disable():  # the test's own: every step of the removal takes its time
+            time.sleep(0.3)
+            real()
+            time.sleep(0.3)
+
+        ps._disable_locked = slow_disable
+        seen, done = set(), threading.Event()
+
+        def watch():
+            while not done.is_set():
+                seen.add(opaque_subclass.support())
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            worker = threading.Thread(target=importlib.import_module, args=(module,))
+            worker.start()
+            worker.join()
+        time.sleep(0.1)
+        done.set()
+        watcher.join()
+        after = opaque_subclass.support()
+        odd = [dataclasses.astuple(s) for s in seen - {before, after}]
+        print(json.dumps({"odd": odd, "changed": after != before, "problem": after.problem, "states": len(seen)}))
+        """,
+        tmp_path,
+    )
+    assert got["changed"] is True and "a replacement that cannot be built" in got["problem"]
+    assert got["odd"] == [], got["odd"]
 
 
 def test_a_changed_source_refuses_the_set_before_its_module_is_imported(tmp_path):
@@ -229,12 +286,12 @@ def test_import_parses_no_torch_source_while_the_recorded_files_are_unchanged(tm
         import dataclasses, json
         import opaque_subclass
         from opaque_subclass import activation, patching
-        ps = activation._PATCH_SET or activation._FIX_SET
+        ps = activation.BACKPORT or activation.FIXES
         fast = {"parsed": patching._parsed.cache_info().misses, "waiting": sorted(ps.waiting)}
         opaque_subclass.disable()  # the imported targets are checked on torch's own functions
         (marker, first), *files = ps.sources
         changed = patching.PatchSet(ps.patches, ((marker, first), *files[:-1], (files[-1][0], "0" * 16)))
-        problems, waits = changed._examine()
+        problems, waits, _, _ = changed._examine()
         slow = {"parsed": patching._parsed.cache_info().misses, "problems": problems, "waits": sorted(waits)}
         i = next(i for i, p in enumerate(ps.patches) if p.target in waits)
         wrong = list(ps.patches)
@@ -260,7 +317,7 @@ def test_source_fingerprints_match_the_imported_definitions():
     from opaque_subclass import activation
     from opaque_subclass.patching import _locate, source_fingerprint
 
-    ps = activation._PATCH_SET or activation._FIX_SET
+    ps = activation.BACKPORT or activation.FIXES
     assert ps is not None
     compared = 0
     for p in ps.patches:

@@ -31,7 +31,11 @@ from opaque_subclass.testing import run_local_workers
 
 WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_workers.py")
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available in this build")
+pytestmark = [
+    pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available in this build"),
+    # one worker runs the module: its fixture starts the 2 real ranks once for every test
+    pytest.mark.xdist_group("lints_real_programs"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -89,7 +89,7 @@ def test_fixes_are_listed_and_removed_by_disable():
         return
     from opaque_subclass import activation
 
-    fix_set = activation._FIX_SET
+    fix_set = activation.FIXES
     assert fix_set is not None and fix_set.patches == row.fixes
     assert osc.support().fixes == tuple(p.target for p in fix_set.patches)
     try:

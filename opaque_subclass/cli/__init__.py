@@ -20,7 +20,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import opaque_subclass
-    from opaque_subclass.cli.selfcheck import run_checks
 
     info = opaque_subclass.support()
     print(f"opaque-subclass {opaque_subclass.__version__}")
@@ -33,11 +32,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fixes           {len(info.fixes)} torch function(s)")
     for name in info.fixes:
         print(f"  - {name}")
+    if info.others:
+        print(f"other patchers  {len(info.others)} torch function(s) also replaced by other packages")
+        for line in info.others:
+            print(f"  - {line}")
     if info.problem is not None:
         print(f"problem         {info.problem}")
     if info.mode == "unsupported":
-        print(unsupported_text())
+        print(unsupported_text(info.problem))
         return 1
+    from opaque_subclass.cli.selfcheck import run_checks
+
     print("checks:")
     results = run_checks()
     for r in results:
@@ -49,13 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed or not demo_ok or info.problem is not None else 0
 
 
-def unsupported_text() -> str:
-    """What to print on an unsupported torch: why, what is supported, the fix."""
-    from opaque_subclass import activation
+def unsupported_text(problem: str | None) -> str:
+    """What to print on an unsupported torch: why (``problem``: a refused or
+    removed patch set, else the release table's reason), what is supported, the fix."""
     from opaque_subclass.releases import RELEASES, current
 
     row = current()
-    problem = activation.support().problem
     if problem is not None and row.mode != "unsupported":
         why = f"this build differs from the official {row.label} release ({problem})"
     else:

@@ -20,6 +20,7 @@ from opaque_subclass.core.flatten import append_leaves
 from opaque_subclass.core.registry import real_object
 from opaque_subclass.core.stable_hash import stable_subclass_hash
 from opaque_subclass.core.walk import is_wrapper_subclass
+from opaque_subclass.patching import composes
 
 __all__ = [
     "MeshShapeKey",
@@ -151,6 +152,7 @@ def shared_mesh_inputs(example_inputs: Sequence[Any]) -> Sequence[Any]:
     return _keyed(example_inputs, key_of)
 
 
+@composes
 def make_autograd_cache_key(
     original: Callable[..., Any], *, key_subclasses_by_hash: bool = False
 ) -> Callable[..., Any]:

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opaque_subclass.fixes.autograd_cache import sharing_across_ranks
+from opaque_subclass.patching import composes
 
 __all__ = ["POSITION_MEMBERS", "Read", "make_fake_object_getattribute", "position_uses_of", "reads_of"]
 
@@ -185,6 +186,7 @@ class _RecordingGetattribute:
         return value
 
 
+@composes
 def make_fake_object_getattribute(original: Callable[..., Any]) -> Any:
     """Replaces ``torch._library.fake_class_registry.FakeScriptObject.__getattribute__``
     (torch 2.12, 2.13, 2.14 and 2.15: each release's fingerprint).

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from opaque_subclass.core.registry import opaque_kind, real_object
+from opaque_subclass.patching import composes
 
 __all__ = ["make_get_proxy_slot", "stand_in"]
 
@@ -57,6 +58,7 @@ def stand_in(obj: Any, tracked: Mapping[Any, Any]) -> Any:
     return obj
 
 
+@composes
 def make_get_proxy_slot(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch.fx.experimental.proxy_tensor.get_proxy_slot`` (torch
     2.12, 2.13, 2.14 and 2.15: each release's own fingerprint).

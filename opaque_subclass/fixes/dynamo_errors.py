@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opaque_subclass.core.errors import OpaqueSubclassError
+from opaque_subclass.patching import composes
 
 __all__ = ["make_compile", "ours_under"]
 
@@ -120,6 +121,7 @@ def _note_user_code(ours: BaseException, wrapper: BaseException) -> None:
         add_note(note)
 
 
+@composes
 def make_compile(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._dynamo.convert_frame._compile`` (torch 2.11, 2.12, 2.13,
     2.14 and 2.15: each release's own fingerprint), where Dynamo compiles one

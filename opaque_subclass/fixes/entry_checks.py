@@ -31,6 +31,7 @@ from opaque_subclass.core.checks import (
 )
 from opaque_subclass.core.errors import OpaqueSubclassError
 from opaque_subclass.core.flatten import is_wrapper_subclass
+from opaque_subclass.patching import composes
 
 __all__ = ["make_fakify", "make_get_plain_tensors", "make_wrap_tensor"]
 
@@ -46,6 +47,7 @@ def _name_the_cause(error: Exception, check: Callable[[], object]) -> None:
         raise named from error
 
 
+@composes
 def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._dynamo.variables.builder.VariableBuilder.wrap_tensor``
     (torch 2.12, 2.13, 2.14 and 2.15: each release's own fingerprint), where
@@ -87,6 +89,7 @@ def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     return wrap_tensor
 
 
+@composes
 def make_fakify(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._export.non_strict_utils.fakify`` (torch 2.11, 2.12,
     2.13, 2.14 and 2.15: each release's own fingerprint), which makes the fake of each input of
@@ -133,6 +136,7 @@ def _export_path(kp: Any, sourced_prefixes: Any) -> str:
         return "input"
 
 
+@composes
 def make_get_plain_tensors(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._subclasses.fake_tensor.get_plain_tensors`` (torch 2.11,
     2.12, 2.13, 2.14 and 2.15: each release's own fingerprint), torch's walk of a subclass's inner

@@ -51,6 +51,7 @@ from typing import Any
 from opaque_subclass.core.checks import source_name
 from opaque_subclass.core.errors import OpaqueMemberError, import_fix, qualified_name
 from opaque_subclass.core.registry import Member, is_opaque, opaque_kind, real_object
+from opaque_subclass.patching import composes
 
 __all__ = ["MemberRead", "make_call_method", "make_getattr", "member_guard_text", "take_member_reads"]
 
@@ -230,6 +231,7 @@ def _install_member_guard(
     install_guard(variable.source.make_guard(OPAQUE_MEMBER_MATCH))
 
 
+@composes
 def make_call_method(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._dynamo.variables.script_object.TorchScriptObjectVariable.call_method``
     (torch 2.11, 2.12 and 2.13) and
@@ -346,6 +348,7 @@ def _record_attribute(variable: Any, tx: Any, name: str, result: Any) -> None:
     _record(read)
 
 
+@composes
 def make_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._dynamo.variables.script_object.TorchScriptObjectVariable.var_getattr``
     (torch 2.11, 2.12 and 2.13) and

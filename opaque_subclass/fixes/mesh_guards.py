@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opaque_subclass.fixes.below_dynamo import reads_of
+from opaque_subclass.patching import composes
 
 __all__ = ["SHAPE_MEMBERS", "make_opaque_guard", "rank_dependent_reads"]
 
@@ -71,6 +72,7 @@ def _shape_identity(mesh: Any) -> list[object]:
     return [mesh._layout, mesh._device_type, mesh._mesh_dim_names, mesh._thread_id]
 
 
+@composes
 def make_opaque_guard(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._dynamo.guards.GuardBuilder.OPAQUE_OBJ_GUARD_FN_MATCH``
     (torch 2.11, 2.12, 2.13, 2.14 and 2.15: each release's fingerprint), the

@@ -16,12 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 from opaque_subclass.core.registry import opaque_kind
+from opaque_subclass.patching import composes
 
 __all__ = ["make_tracing_with_real"]
 
 _MISSING = object()
 
 
+@composes
 def make_tracing_with_real(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._library.fake_class_registry.tracing_with_real`` (torch
     2.11, 2.12, 2.13, 2.14 and 2.15, one fingerprint), which torch asks of

@@ -25,6 +25,7 @@ from opaque_subclass.core.errors import OpaqueSubclassError, qualified_name, sub
 from opaque_subclass.core.registry import stored_opaque_leaves
 from opaque_subclass.core.spec import OpaqueMeta, SubclassCreationMeta, iter_slots
 from opaque_subclass.fixes.tangent_attributes import opaque_slot_types
+from opaque_subclass.patching import composes
 
 __all__ = ["make_forward"]
 
@@ -117,6 +118,7 @@ def _deleted_leaf_error(plist: Any, missing: list[int]) -> OpaqueSubclassError |
     )
 
 
+@composes
 def make_forward(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch.nn.utils.parametrize.ParametrizationList.forward``
     (torch 2.11, 2.12, 2.13, 2.14 and 2.15: one fingerprint), which reads the stored leaves

@@ -15,10 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 from opaque_subclass.core.registry import opaque_kind
+from opaque_subclass.patching import composes
 
 __all__ = ["make_instancecheck"]
 
 
+@composes
 def make_instancecheck(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._opaque_base.OpaqueBaseMeta.__instancecheck__`` (torch 2.12).
 

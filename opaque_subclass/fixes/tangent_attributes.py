@@ -19,6 +19,7 @@ from typing import Any
 
 from opaque_subclass.core.checks import check_tangent_structure
 from opaque_subclass.core.walk import is_wrapper_subclass, read_level
+from opaque_subclass.patching import composes
 
 __all__ = ["make_process_runtime_tangent", "opaque_slot_types"]
 
@@ -47,6 +48,7 @@ class _Paths(threading.local):
         self.by_id: dict[int, str] = {}
 
 
+@composes
 def make_process_runtime_tangent(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchAutograd.process_runtime_tangent``
     (torch 2.11, 2.12, 2.13, 2.14 and 2.15: each release's own fingerprint; on
