@@ -4,10 +4,12 @@ The fast path of ``unwrap_tensor_subclasses`` / ``wrap_tensor_subclasses(...,
 is_runtime=True)`` (``opaque_subclass.core.codegen``) checks, on every call,
 that each level's ``__tensor_flatten__`` still lists the metadata's names and
 that each opaque slot holds a registered reference opaque
-(``opaque_subclass.core.codegen.CHECKS``; docs/core.md, section 6). This script
-times bench_runtime.py's call (one unwrap + one wrap of k arguments, ``flat``
-and ``nested`` variants) with functions generated under three settings, in the
-same process, interleaved sample by sample:
+(``opaque_subclass.core.codegen.RuntimeChecks``, a parameter of the code
+generation; docs/core.md, section 6). This script times bench_runtime.py's call
+(one unwrap + one wrap of k arguments, ``flat`` and ``nested`` variants: the
+run-time helpers' loop over the arguments, calling the functions generated per
+meta) with functions generated under three settings, in the same process,
+interleaved sample by sample:
 
 * ``before``: no attribute-list check, no opaque-slot check (the code generated
   before these checks existed; tensor slots are always checked);
@@ -37,38 +39,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_runtime as br  # the sibling benchmark's arguments and checks
 
-from opaque_subclass import (
-    SubclassCreationMeta,
-    create_subclass_meta,
-    unwrap_tensor_subclasses,
-    wrap_tensor_subclasses,
-)
-from opaque_subclass.core import codegen
+from opaque_subclass import SubclassCreationMeta, create_subclass_meta
+from opaque_subclass.core.codegen import DEFAULT_CHECKS, RuntimeChecks, compiled_unwrap, compiled_wrap
 
 SETTINGS = {
-    "before": {"names": False, "opaque_slots": False},
-    "names": {"names": True, "opaque_slots": False},
-    "after": {"names": True, "opaque_slots": True},
+    "before": RuntimeChecks(names=False, opaque_slots=False),
+    "names": RuntimeChecks(names=True, opaque_slots=False),
+    "after": DEFAULT_CHECKS,
 }
 
 
-def _call(args: Sequence[Any], setting: dict[str, bool]) -> Callable[[], Any]:
-    """bench_runtime's ``ours`` call, its functions generated under ``setting``."""
-    saved = dict(codegen.CHECKS)
-    codegen.CHECKS.update(setting)
-    try:
-        metas = create_subclass_meta(args)  # new metas: functions are generated per meta
-        runtime = [m.runtime_safe() if isinstance(m, SubclassCreationMeta) else m for m in metas]
+def _call(args: Sequence[Any], checks: RuntimeChecks) -> Callable[[], Any]:
+    """bench_runtime's ``ours`` call (unwrap_tensor_subclasses, then wrap_tensor_subclasses
+    with is_runtime=True: the same loop over the arguments), its functions generated
+    with ``checks``."""
+    metas = create_subclass_meta(args)
+    runtime = [m.runtime_safe() if isinstance(m, SubclassCreationMeta) else m for m in metas]
+    unwraps = [compiled_unwrap(m, False, checks) if isinstance(m, SubclassCreationMeta) else None for m in metas]
+    wraps = [compiled_wrap(m, checks=checks) if isinstance(m, SubclassCreationMeta) else m for m in runtime]
 
-        def call() -> Any:
-            flat = unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
-            return flat, wrap_tensor_subclasses(flat, subclass_metas=runtime, is_runtime=True)
+    def call() -> Any:
+        flat: list[Any] = []
+        for x, unwrap in zip(args, unwraps, strict=True):
+            if unwrap is None:
+                flat.append(x)
+            else:
+                flat.extend(unwrap(x))
+        wrapped = tuple(w(flat) if callable(w) else flat[w.unwrapped_idx] for w in wraps)
+        return flat, wrapped
 
-        br.verify(args, call)  # generates both functions now, under this setting
-        return call
-    finally:
-        codegen.CHECKS.clear()
-        codegen.CHECKS.update(saved)
+    br.verify(args, call)
+    return call
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -80,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for variant in br.VARIANTS:
         for k in opts.ks:
             args = br.make_args(variant, k)
-            calls = {name: _call(args, setting) for name, setting in SETTINGS.items()}
+            calls = {name: _call(args, checks) for name, checks in SETTINGS.items()}
             number = max(1, 2000 // k)
             best = dict.fromkeys(calls, float("inf"))
             gc.disable()

@@ -11,7 +11,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import opaque_subclass as osc
-from opaque_subclass.core.codegen import compiled_unwrap, compiled_wrap
+from opaque_subclass.core import codegen
+from opaque_subclass.core.codegen import DEFAULT_CHECKS, RuntimeChecks, compiled_unwrap, compiled_wrap
 from opaque_subclass.core.spec import rebuild as build
 
 
@@ -63,6 +64,31 @@ def test_generated_code_is_cached_per_meta():
     (meta,) = _rt(osc.create_subclass_meta([MeshTensor(torch.ones(2), Mesh())]))
     assert compiled_wrap(meta) is compiled_wrap(meta)
     assert compiled_unwrap(meta, False) is compiled_unwrap(meta, False)
+
+
+def test_checks_are_a_parameter_of_generation_and_of_its_cache_key():
+    """Which checks a generated function makes is passed, not read from a global: each
+    setting gets its own function, cached under its own key, and the default one is
+    the one the run-time helpers use."""
+    (meta,) = _rt(osc.create_subclass_meta([MeshTensor(torch.ones(2), Mesh())]))
+    unchecked = RuntimeChecks(opaque_slots=False)
+    checked_unwrap, checked_wrap = compiled_unwrap(meta, False), compiled_wrap(meta)
+    assert compiled_unwrap(meta, False, unchecked) is not checked_unwrap
+    assert compiled_unwrap(meta, False, unchecked) is compiled_unwrap(meta, False, RuntimeChecks(opaque_slots=False))
+    assert compiled_unwrap(meta, False, DEFAULT_CHECKS) is checked_unwrap
+    assert compiled_wrap(meta, checks=unchecked) is not checked_wrap
+    stray = object()  # not a registered opaque, in the opaque slot
+    bad = MeshTensor(torch.ones(2), stray)
+    with pytest.raises(osc.OpaqueTypeError, match=r"x\._mesh is an opaque slot .* got object"):
+        checked_unwrap(bad)
+    assert compiled_unwrap(meta, False, unchecked)(bad)[1] is stray
+    with pytest.raises(osc.OpaqueTypeError, match=r"opaque"):
+        osc.unwrap_tensor_subclasses([bad], is_joint_structure=False, subclass_metas=[meta])
+    # no module-level setting to change: nothing public in codegen is a mutable container
+    public = {k: v for k, v in vars(codegen).items() if not k.startswith("_")}
+    assert not [k for k, v in public.items() if isinstance(v, (dict, list, set))], public.keys()
+    with pytest.raises(AttributeError):
+        DEFAULT_CHECKS.names = False  # type: ignore[misc]
 
 
 class _OddNames(torch.Tensor):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import keyword
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
@@ -53,17 +54,39 @@ from opaque_subclass.core.spec import (
 )
 from opaque_subclass.core.walk import read_level
 
-__all__ = ["ArgumentsPlan", "check_structure", "compiled_unwrap", "compiled_wrap"]
+__all__ = ["DEFAULT_CHECKS", "ArgumentsPlan", "RuntimeChecks", "check_structure", "compiled_unwrap", "compiled_wrap"]
 
 log = logging.getLogger(__name__)
 
-#: Checks the generated functions make (read when a function is generated):
-#: ``names``: the API's unwrap calls each level's ``__tensor_flatten__`` and
-#: compares the names it lists with the metadata's (a list that changed would
-#: otherwise be read at the old names: a stale attribute); ``opaque_slots``:
-#: what an opaque slot holds is a registered reference opaque (unwrap and wrap).
-#: Tensor slots are always checked. See docs/core.md, "Run-time checks".
-CHECKS: dict[str, bool] = {"names": True, "opaque_slots": True}
+
+@dataclass(frozen=True)
+class RuntimeChecks:
+    """The checks a generated function makes, a parameter of its generation and
+    part of the key it is cached under (per meta). Tensor slots are always
+    checked. See docs/core.md, "Run-time checks".
+
+    Attributes
+    ----------
+    names
+        The API's unwrap calls each level's ``__tensor_flatten__`` and compares
+        the names it lists with the metadata's (a list that changed would
+        otherwise be read at the old names: a stale attribute).
+    opaque_slots
+        What an opaque slot holds is a registered reference opaque (unwrap and wrap).
+    """
+
+    names: bool = True
+    opaque_slots: bool = True
+
+
+#: The checks the library's run-time helpers make.
+DEFAULT_CHECKS = RuntimeChecks()
+
+
+def _cache_key(kind: str, checks: RuntimeChecks) -> str | tuple[str, RuntimeChecks]:
+    """The key of a generated function in its meta's cache: the bare kind for the
+    default checks (what the run-time helpers look up per call), else with them."""
+    return kind if checks == DEFAULT_CHECKS else (kind, checks)
 
 
 def _identifier(name: str) -> bool:
@@ -144,18 +167,19 @@ def _slot_reads(
     bad_leaf: str = "bad_leaf",
     namespace: dict[str, Any] | None = None,
     bad_opaque: str = "bad_opaque",
+    check_opaques: bool = True,
 ) -> list[str] | None:
     """The expressions reading ``meta``'s flat slots from ``root``, after adding to
     ``lines`` a type check of every tensor slot (one ``is`` test in the common
     case, so that an int or None in a tensor attribute raises instead of
     reaching the graph) that calls the generated code's ``bad_leaf`` function;
-    with a ``namespace`` and ``CHECKS["opaque_slots"]``, also of every opaque
+    with a ``namespace`` and ``check_opaques``, also of every opaque
     slot whose type the meta knows (one ``is`` test against that type, else
     the registry), calling ``bad_opaque``. Error messages show ``root`` as
     ``shown``, or as the generated function's ``name`` argument when ``shown``
     is ``None``. ``None`` when an attribute name is not an identifier."""
     exprs: list[str] = []
-    check_opaques = namespace is not None and CHECKS["opaque_slots"]
+    check_opaques = namespace is not None and check_opaques
     for n, (path, slot) in enumerate(iter_slots(meta, root)):
         parts = path.split(".")
         if not all(_identifier(p) or p.endswith("]") for p in parts):
@@ -186,14 +210,16 @@ def _slot_reads(
     return exprs
 
 
-def _unwrap_source(meta: SubclassCreationMeta, append_symints: bool, namespace: dict[str, Any]) -> str | None:
-    """The API's unwrap: the argument's type, then (``CHECKS["names"]``) each
+def _unwrap_source(
+    meta: SubclassCreationMeta, append_symints: bool, namespace: dict[str, Any], checks: RuntimeChecks
+) -> str | None:
+    """The API's unwrap: the argument's type, then (``checks.names``) each
     level's type and the names its ``__tensor_flatten__`` lists, then the
     slots; an ``AttributeError`` (a listed attribute deleted) is diagnosed by
     :func:`check_structure`."""
     lines = ["    if x.__class__ is not T0 and not isinstance(x, T0):", "        bad_input(x, name)"]
     body: list[str] = []
-    if CHECKS["names"]:
+    if checks.names:
         for k, (suffix, level) in enumerate(iter_subclasses(meta, "")):
             if not all(_identifier(p) for p in suffix.split(".") if suffix):
                 return None
@@ -209,11 +235,11 @@ def _unwrap_source(meta: SubclassCreationMeta, append_symints: bool, namespace: 
             body.append(f"    n{k} = {expr}.__tensor_flatten__()[0]")
             body.append(f"    if n{k} != N{k} and n{k} != M{k}:")
             body.append("        structure_error(x, name)")
-    exprs = _slot_reads(meta, "x", append_symints, "v", body, namespace=namespace)
+    exprs = _slot_reads(meta, "x", append_symints, "v", body, namespace=namespace, check_opaques=checks.opaque_slots)
     if exprs is None:
         return None
     result = ", ".join(exprs) + ("," if len(exprs) == 1 else "")
-    if CHECKS["names"]:
+    if checks.names:
         # zero cost unless raised: a deleted attribute becomes the named error
         body = [
             "    try:",
@@ -225,18 +251,20 @@ def _unwrap_source(meta: SubclassCreationMeta, append_symints: bool, namespace: 
     return "\n".join(["def unwrap(x, name='x'):", *lines, *body]) + f"\n    return ({result})\n"
 
 
-def compiled_unwrap(meta: SubclassCreationMeta, append_symints: bool) -> Callable[..., tuple[Any, ...]]:
+def compiled_unwrap(
+    meta: SubclassCreationMeta, append_symints: bool, checks: RuntimeChecks = DEFAULT_CHECKS
+) -> Callable[..., tuple[Any, ...]]:
     """``unwrap(x, name="x") -> leaves`` for a subclass instance described by
     ``meta``; errors name the instance ``name`` (``args[1]``, ``args[1]._data``).
 
     With ``append_symints`` (and a meta that includes symbolic sizes), the
     symbolic size/stride entries are included after each subclass's leaves.
     The attributes are read as the meta lists them, after checking (see
-    :data:`CHECKS`) that each level's ``__tensor_flatten__`` still lists
+    :class:`RuntimeChecks`) that each level's ``__tensor_flatten__`` still lists
     them: an argument whose list changed is an error, never read at the old
-    names.
+    names. Generated once per meta and ``checks``.
     """
-    key = "unwrap+symints" if append_symints else "unwrap"
+    key = _cache_key("unwrap+symints" if append_symints else "unwrap", checks)
     fn = meta._compiled.get(key)
     if fn is not None:
         return fn  # type: ignore[no-any-return]  # cache holds what we stored
@@ -248,7 +276,7 @@ def compiled_unwrap(meta: SubclassCreationMeta, append_symints: bool) -> Callabl
         "bad_opaque": _bad_opaque(meta),
         "structure_error": _structure_error(meta),
     }
-    source = _unwrap_source(meta, append_symints, namespace)
+    source = _unwrap_source(meta, append_symints, namespace, checks)
     if source is None:
 
         def fn(x: Any, name: str = "x") -> tuple[Any, ...]:
@@ -265,7 +293,7 @@ def compiled_unwrap(meta: SubclassCreationMeta, append_symints: bool) -> Callabl
 
 class _WrapEmitter:
     def __init__(self, checked: bool = True) -> None:
-        self.checked = checked and CHECKS["opaque_slots"]
+        self.checked = checked
         self.lines: list[str] = []
         self.namespace: dict[str, Any] = {}
         self.metas: list[tuple[SubclassCreationMeta, str]] = []
@@ -336,22 +364,24 @@ class _WrapEmitter:
         return f"r{n}"
 
 
-def compiled_wrap(meta: SubclassCreationMeta, *, checked: bool = True) -> Callable[[Sequence[Any]], Any]:
+def compiled_wrap(
+    meta: SubclassCreationMeta, *, checked: bool = True, checks: RuntimeChecks = DEFAULT_CHECKS
+) -> Callable[[Sequence[Any]], Any]:
     """``wrap(flat) -> subclass`` rebuilding ``meta``'s subclass at run time.
 
     Reads the absolute slots of ``meta`` from ``flat``; symbolic sizes are read
     from their slots when the meta includes them. Every slot's value is
-    checked (a tensor, or a registered reference opaque; see :data:`CHECKS`);
+    checked (a tensor, or a registered reference opaque; see :class:`RuntimeChecks`);
     with ``checked=False`` the opaque slots are not: for a caller whose leaves
     were checked when stored and that runs inside compiled code, where an
     opaque's members (``__class__`` included) are off limits (the
-    parametrization's rebuild).
+    parametrization's rebuild). Generated once per meta, ``checked`` and ``checks``.
     """
-    key = "wrap" if checked else "wrap-unchecked"
+    key = _cache_key("wrap" if checked else "wrap-unchecked", checks)
     fn = meta._compiled.get(key)
     if fn is not None:
         return fn  # type: ignore[no-any-return]  # cache holds what we stored
-    emitter = _WrapEmitter(checked)
+    emitter = _WrapEmitter(checked and checks.opaque_slots)
     root = emitter.emit(meta, "x")
     if root is None:
         owner = subject(meta.subclass_type)
@@ -388,10 +418,11 @@ class ArgumentsPlan:
     per-subclass functions.
     """
 
-    __slots__ = ("_unwrap", "_unwrap_symints", "_wrap", "metas", "width")
+    __slots__ = ("_unwrap", "_unwrap_symints", "_wrap", "checks", "metas", "width")
 
-    def __init__(self, metas: Sequence[Any]) -> None:
+    def __init__(self, metas: Sequence[Any], checks: RuntimeChecks = DEFAULT_CHECKS) -> None:
         self.metas = tuple(metas)
+        self.checks = checks
         self.width = flat_width(self.metas)
         self._unwrap: Callable[[Sequence[Any]], list[Any]] | None = None
         self._unwrap_symints: Callable[[Sequence[Any]], list[Any]] | None = None
@@ -421,8 +452,8 @@ class ArgumentsPlan:
             if not isinstance(meta, SubclassCreationMeta):
                 exprs.append(f"a{i}")
                 continue
-            if _unwrap_source(meta, append_symints, {}) is None:
-                namespace[f"U{i}"] = compiled_unwrap(meta, append_symints)
+            if _unwrap_source(meta, append_symints, {}, self.checks) is None:
+                namespace[f"U{i}"] = compiled_unwrap(meta, append_symints, self.checks)
                 exprs.append(f"*U{i}(a{i}, 'args[{i}]')")
                 continue
             namespace[f"T{i}"] = meta.subclass_type
@@ -441,6 +472,7 @@ class ArgumentsPlan:
                 bad_leaf=f"L{i}",
                 namespace=namespace,
                 bad_opaque=f"P{i}",
+                check_opaques=self.checks.opaque_slots,
             )
             if reads is None:  # _unwrap_source above accepted these names
                 raise AssertionError(f"unreadable attribute names in {meta!r}")
@@ -454,7 +486,7 @@ class ArgumentsPlan:
         return fn
 
     def _build_wrap(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
-        emitter = _WrapEmitter()
+        emitter = _WrapEmitter(self.checks.opaque_slots)
         exprs: list[str] = []
         for i, meta in enumerate(self.metas):
             if not isinstance(meta, SubclassCreationMeta):
@@ -462,7 +494,7 @@ class ArgumentsPlan:
                 continue
             root = emitter.emit(meta, f"args[{i}]")
             if root is None:
-                name = emitter.const("W", compiled_wrap(meta))
+                name = emitter.const("W", compiled_wrap(meta, checks=self.checks))
                 root = f"{name}(flat)"
             exprs.append(root)
         metas = emitter.metas

@@ -205,7 +205,7 @@ class SubclassCreationMeta:
     size_placeholders: tuple[int, ...] = field(init=False, compare=False, repr=False)
     stride_placeholders: tuple[int, ...] = field(init=False, compare=False, repr=False)
     # Compiled run-time helpers (see opaque_subclass.core.codegen); a cache, not metadata.
-    _compiled: dict[str, Any] = field(init=False, compare=False, repr=False)
+    _compiled: dict[object, Any] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
