@@ -6,7 +6,9 @@ tensor-parallel MLP training step (forward and backward under
 ``torch.compile(backend="inductor")``, then an eager gradient all-reduce over
 ``dp`` and an SGD update, two steps) in one fresh process per sampled rank
 (4 ranks spread over the mesh, no two in one dp or tp group), joined to torch's
-fake process group, all sharing one ``TORCHINDUCTOR_CACHE_DIR``; then the same
+fake process group, all sharing one ``TORCHINDUCTOR_CACHE_DIR``; the same step
+with a loss that gathers the hidden activation with ``ShardedTensor.redistribute``
+inside the compiled function (``sharded-redistribute``); then the same
 model with torch's ``DTensor`` (``parallelize_module`` with
 ``ColwiseParallel`` / ``RowwiseParallel``), as torch compiles it and under
 :func:`opaque_subclass.dtensor.share_compiles` (``dtensor-shared``). It prints, per job, the
@@ -17,7 +19,8 @@ compiled collectives ran on that rank's own tensor-parallel group.
 "1 miss per job" is the goal: the first rank compiles, every other rank loads
 the artifact. Usage::
 
-    python benchmarks/bench_job_compile.py [--world 64 8192] [--meshes 1d 2d] [--models sharded dtensor dtensor-shared]
+    python benchmarks/bench_job_compile.py [--world 64 8192] [--meshes 1d 2d]
+                                           [--models sharded sharded-redistribute dtensor dtensor-shared]
                                            [--ranks 4] [--json out.json]
 """
 
@@ -47,17 +50,26 @@ def _tp_dp(mesh: Any) -> tuple[Any, Any]:
     return mesh["tp"], mesh["dp"]
 
 
-def train(model: Any, mesh: Any, steps: int, local_grads: Any, compiled: bool = True) -> list[float]:
+def train(
+    model: Any, mesh: Any, steps: int, local_grads: Any, compiled: bool = True, penalty: bool = False
+) -> list[float]:
     """``steps`` SGD steps (the same data on every rank); returns the losses.
     The forward and backward are compiled; the data-parallel gradient
-    all-reduce runs eagerly after backward, as DDP and FSDP run it."""
+    all-reduce runs eagerly after backward, as DDP and FSDP run it. With
+    ``penalty``, the loss adds an L2 penalty on the whole hidden activation,
+    which the step gathers from its shards with ``redistribute(None)`` (an
+    all-gather over tp) inside the compiled function."""
     import torch
     import torch.distributed as dist
 
     _, dp = _tp_dp(mesh)
 
     def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return ((model(x) - y) ** 2).mean()
+        if not penalty:
+            return ((model(x) - y) ** 2).mean()
+        hidden = model[1](model[0](x))  # sharded over tp along its features (column-parallel layer)
+        gathered = hidden.redistribute(None)
+        return ((model[2](hidden) - y) ** 2).mean() + 1e-3 * (gathered**2).mean()
 
     step = torch.compile(loss_fn, backend="inductor") if compiled else loss_fn
     losses = []
@@ -102,6 +114,18 @@ def sharded_step(mesh: Any, payload: dict[str, Any]) -> dict[str, Any]:
     return {"own_tp_group": own, "collective_groups": sorted({r.group_name for r in seen}), "losses": losses}
 
 
+def sharded_redistribute_step(mesh: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """The same ``ShardedTensor`` model with a loss that calls ``redistribute`` in the
+    compiled step (torch 2.11's Dynamo took any method of that name for DTensor's)."""
+    from opaque_subclass.sharded import record_collectives
+
+    tp, _ = _tp_dp(mesh)
+    with record_collectives() as seen:
+        losses = train(sharded_model(mesh), mesh, payload.get("steps", 2), lambda g: g.local_tensor(), penalty=True)
+    own = str(tp.get_group().group_name)
+    return {"own_tp_group": own, "collective_groups": sorted({r.group_name for r in seen}), "losses": losses}
+
+
 def dtensor_step(mesh: Any, payload: dict[str, Any]) -> dict[str, Any]:
     """torch's ``DTensor`` tensor parallelism on the same model."""
     import torch
@@ -132,7 +156,12 @@ def dtensor_shared_step(mesh: Any, payload: dict[str, Any]) -> dict[str, Any]:
     return {"own_tp_group": own, "collective_groups": sorted({r.group_name for r in seen}), "losses": losses}
 
 
-STEPS = {"sharded": "sharded_step", "dtensor": "dtensor_step", "dtensor-shared": "dtensor_shared_step"}
+STEPS = {
+    "sharded": "sharded_step",
+    "sharded-redistribute": "sharded_redistribute_step",
+    "dtensor": "dtensor_step",
+    "dtensor-shared": "dtensor_shared_step",
+}
 
 #: Why a model cannot compile once per job on a release, printed with its figures.
 LIMITS = {

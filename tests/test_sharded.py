@@ -313,6 +313,31 @@ def test_compile_redistribute_and_full_reduction(mesh):
     assert counter.frame_count == 1
 
 
+def test_compiled_redistribute_is_a_method_call_aotautograd_can_cache(mesh):
+    """torch 2.11's Dynamo took any tensor method named ``redistribute`` for
+    DTensor's and put it in the graph as a call of a closure, which AOTAutograd's
+    cache refuses ("Unsupported call_function target ...
+    redistribute_fn_with_prim_types"): every process of a job compiled again.
+    On every leg the call is a ``call_method`` node and the graph passes the
+    cache's check."""
+    from torch._functorch._aot_autograd.autograd_cache import check_cacheable
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm: torch.fx.GraphModule, inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm
+
+    f = torch.compile(lambda x: (x.redistribute(None) * x).sum(1).mean(), backend=capture, fullgraph=True)
+    full = torch.randn(4, 6)
+    out = f(ShardedTensor.from_full(full, _State.mesh, 1))
+    torch.testing.assert_close(out.full_tensor(), (full * full).sum(1).mean())
+    (gm,) = graphs
+    calls = [(n.op, str(n.target)) for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+    assert ("call_method", "redistribute") in calls and not [c for c in calls if "<locals>" in c[1]], calls
+    check_cacheable(gm)  # raises BypassAOTAutogradCache for a graph the cache cannot key
+
+
 # ---------------------------------------------------------------- two ranks
 
 

@@ -264,8 +264,27 @@ def make_method_redistribute(original: Callable[..., Any]) -> Callable[..., Any]
     With it, the mesh is the constant Dynamo 2.11 makes of an unregistered
     mesh, guarded by equality. torch 2.12+ passes the mesh as a graph input
     (pytorch/pytorch#169867, pytorch/pytorch#176457).
+
+    Dynamo 2.11 also takes this handler for a method named ``redistribute`` of
+    any tensor subclass (torch 2.12 removed the handler and traces
+    ``DTensor.redistribute`` like any method). Without the check below, the
+    library's own ``ShardedTensor.redistribute`` (or any subclass's) is put in
+    the graph as a call of a closure (``redistribute_fn_with_prim_types``),
+    which AOTAutograd's cache cannot key: every process of a job compiles
+    again ("Unsupported call_function target"). With it, a tensor that is not
+    a ``DTensor`` gets Dynamo's generic handling of a tensor method (a
+    ``call_method`` node, as on torch 2.12+).
     """
-    return _with_constant_meshes(original)
+    handle = _with_constant_meshes(original)
+
+    def method_redistribute(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        if not issubclass(self.python_type(), DTensor):
+            return None  # Dynamo's generic path: the method call in the graph
+        return handle(self, tx, *args, **kwargs)
+
+    return method_redistribute
 
 
 def make_dynamic_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
