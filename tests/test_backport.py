@@ -417,8 +417,9 @@ def test_unexpected_torch_build_is_refused_whole():
         import torch._subclasses.fake_tensor as ft
         import torch._dynamo.variables.builder as builder
         original_ad = builder._automatic_dynamic
-        def is_fake(x):  # a "different build" of one patched function
+        def is_fake(x):  # a "different build" of one patched function: torch's module, other source
             return False
+        is_fake.__module__ = ft.__name__  # (a function of another module is another package's patch)
         ft.is_fake = is_fake
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
