@@ -120,3 +120,98 @@ def test_gradients_follow_the_new_list():
         _same(out, x.detach() * 3)
         out.sum().backward()
         assert torch.equal(x.grad._data if isinstance(x.grad, Pick) else x.grad, torch.full((2,), 3.0))
+
+
+class Computed(torch.Tensor):
+    """The attribute list computed when ``__tensor_flatten__`` runs, by one of four
+    means (``HOW``): a class attribute, a list shared between instances, a method
+    of the instance's state, a property reading the instance's ``__dict__``. Every
+    mesh given is kept, listed or not."""
+
+    HOW = "class"
+    NAMES = ["_data", "_a"]
+    SHARED = ["_data", "_a"]
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, meshes: dict[str, Any], which: str = "_a") -> Any:
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device)
+
+    def __init__(self, data: torch.Tensor, meshes: dict[str, Any], which: str = "_a") -> None:
+        self._data = data
+        self._meshes = dict(meshes)
+        for k, v in meshes.items():
+            setattr(self, k, v)
+        self._which = which
+        self.__dict__["_source"] = ["_data", which]
+
+    def __repr__(self) -> str:
+        return f"Computed({self.names})"
+
+    def _from_state(self) -> list[str]:
+        return ["_data", self._which]
+
+    @property
+    def names(self) -> list[str]:
+        how = type(self).HOW
+        if how == "class":
+            return type(self).NAMES
+        if how == "shared":
+            return Computed.SHARED
+        if how == "method":
+            return self._from_state()
+        return list(self.__dict__["_source"])
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return self.names, None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
+        listed = [k for k in inner if k != "_data"]
+        return Computed(inner["_data"], {k: inner[k] for k in listed}, listed[0])
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        ref = next(a for a in args if isinstance(a, Computed))
+        out = func(
+            *tree_map_only(Computed, lambda t: t._data, args),
+            **tree_map_only(Computed, lambda t: t._data, kwargs or {}),
+        )
+        listed = [k for k in ref.names if k != "_data"]
+        meshes = {**ref._meshes, **{k: getattr(ref, k) for k in listed}}
+        return tree_map_only(torch.Tensor, lambda t: Computed(t, meshes, listed[0]), out)
+
+
+@pytest.mark.parametrize("how", ["class", "shared", "method", "dict-property"])
+def test_a_computed_list_that_changes_between_calls(how, monkeypatch):
+    """However the list is produced, the compiled function follows eager when it
+    changes while the flatten context stays equal (an input and a parameter)."""
+    monkeypatch.setattr(Computed, "HOW", how)
+    monkeypatch.setattr(Computed, "NAMES", ["_data", "_a"])
+    monkeypatch.setattr(Computed, "SHARED", ["_data", "_a"])
+    a, b = Mesh("a"), Mesh("b")
+    x = Computed(torch.ones(2), {"_a": a, "_b": b})
+    mod = torch.nn.Module()
+    mod.w = torch.nn.Parameter(Computed(torch.ones(2), {"_a": a, "_b": b}), requires_grad=False)
+
+    def f(t: Computed) -> Any:
+        return t * 2, mod.w * 3
+
+    cf = torch.compile(f, backend="aot_eager", fullgraph=True)
+
+    def check() -> None:
+        for compiled, eager in zip(cf(x), f(x), strict=True):
+            assert compiled.names == eager.names
+            assert all(getattr(compiled, n) is getattr(eager, n) for n in eager.names if n != "_data")
+
+    check()
+    for t in (x, mod.w):  # the list changes, by the subclass's own means
+        if how == "method":
+            t._which = "_b"
+        elif how == "dict-property":
+            t.__dict__["_source"] = ["_data", "_b"]
+    if how == "class":
+        Computed.NAMES = ["_data", "_b"]
+    elif how == "shared":
+        Computed.SHARED[1] = "_b"
+    assert x.names == mod.w.names == ["_data", "_b"]
+    check()
