@@ -25,7 +25,10 @@ library does on that release.
   no longer shows;
 * the **limits** every supported release shares (torch's, not hidden either).
 
-Each row of ``patches`` or ``fixes`` replaces one torch function: its
+A fix that several releases need is written once, in the table of fixes
+(:mod:`opaque_subclass.releases.fix_table`), with each release's fingerprint;
+a release module lists ``fix_rows((2, NN))``. Each row of ``patches`` or
+``fixes`` replaces one torch function: its
 qualified name, the fingerprint of the original's source (a torch build whose
 source differs is refused whole, nothing patched), and where the replacement's
 factory lives (its docstring says what fails without it and what changes with

@@ -14,14 +14,15 @@ them; docs/backport.md describes each.
 from __future__ import annotations
 
 from opaque_subclass.patching import Patch
+from opaque_subclass.releases.fix_table import fix_rows
 from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, Difference, ReleaseSupport
 from opaque_subclass.releases.shared import ATTRIBUTE_GUARD_TEXT, FOREIGN_ISINSTANCE
 
-#: The torch source files the fingerprints below are read from, and their digests
+#: The torch source files the fingerprints of this release's rows are read from, and their digests
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
 SOURCES = (
     # recorded on torch 2.11.0+cu130 by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "a0bae0d7a1cacab6"),
+    ("<fingerprints>", "7efb4b4563e634ff"),
     ("_dynamo/convert_frame.py", "83a2b7a0b709d79c"),
     ("_dynamo/functional_export.py", "557d63f060bb5192"),
     ("_dynamo/guards.py", "da50f73d94d9ef5f"),
@@ -222,29 +223,6 @@ RELEASE = ReleaseSupport(
             "opaque_subclass.backport.collectives:make_call_isinstance",
             caches=("torch._dynamo.variables.builtin.BuiltinVariable.call_function_handler_cache",),
         ),
-        # the input checks at non-strict export's first walk and its fakes, as on the native releases
-        Patch(
-            "torch._subclasses.fake_tensor.get_plain_tensors",
-            "4e95507881e5f3a0",
-            "opaque_subclass.fixes.entry_checks:make_get_plain_tensors",
-        ),
-        Patch(
-            "torch._export.non_strict_utils.fakify",
-            "5ba92b774b15663c",
-            "opaque_subclass.fixes.entry_checks:make_fakify",
-        ),
-        # the library's errors raised while Dynamo traces reach the user as themselves
-        Patch(
-            "torch._dynamo.convert_frame._compile",
-            "dfa174bce2ffdec4",
-            "opaque_subclass.fixes.dynamo_errors:make_compile",
-        ),
-        # members of opaques in compiled code: baked values guarded, undeclared ones named
-        Patch(
-            "torch._dynamo.variables.script_object.TorchScriptObjectVariable.call_method",
-            "55c82a3f6ed68f2e",
-            "opaque_subclass.fixes.members:make_call_method",
-        ),
         Patch(
             "torch._dynamo.variables.script_object.TorchScriptObjectVariable.var_getattr",
             "1173580d17b2fb7b",
@@ -281,34 +259,10 @@ RELEASE = ReleaseSupport(
             "3e72d97b291dff28",
             "opaque_subclass.backport.dtensor:make_dynamic_getattr",
         ),
-        # a tangent whose attribute list is not its output's: a named error, never read at the
-        # output's names (opaque_subclass/fixes/tangent_attributes.py)
-        Patch(
-            "torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchAutograd.process_runtime_tangent",
-            "5b1a84a4b295c1c8",
-            "opaque_subclass.fixes.tangent_attributes:make_process_runtime_tangent",
-        ),
-        # an opaque whose __getattr__ answers every name is not a TorchScript object
-        # (opaque_subclass/fixes/opaque_protocols.py)
-        Patch(
-            "torch._library.fake_class_registry.tracing_with_real",
-            "616fbc9b9bcfb85a",
-            "opaque_subclass.fixes.opaque_protocols:make_tracing_with_real",
-        ),
-        # an opaque leaf deleted from a parametrization: a named error, not the property reported
-        # missing (opaque_subclass/fixes/parametrize_originals.py)
-        Patch(
-            "torch.nn.utils.parametrize.ParametrizationList.forward",
-            "59226a39f4519094",
-            "opaque_subclass.fixes.parametrize_originals:make_forward",
-        ),
-        # a DeviceMesh guarded on its rank map only when the program read it: one compilation per
-        # mesh shape (opaque_subclass/fixes/mesh_guards.py)
-        Patch(
-            "torch._dynamo.guards.GuardBuilder.OPAQUE_OBJ_GUARD_FN_MATCH",
-            "7ddb4420a2dd7a39",
-            "opaque_subclass.fixes.mesh_guards:make_opaque_guard",
-        ),
+        # the fixes 2.11 shares with the native releases (input checks, errors reaching the user,
+        # member guards, tangents, opaque protocols, parametrization leaves, mesh guards), written
+        # once in the table of fixes: releases/fix_table.py
+        *fix_rows((2, 11)),
     ),
     differences=(
         Difference(

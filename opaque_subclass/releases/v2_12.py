@@ -13,11 +13,11 @@ What a row is, and how the set is applied: :mod:`opaque_subclass.releases`.
 
 from __future__ import annotations
 
-from opaque_subclass.patching import Patch
+from opaque_subclass.releases.fix_table import fix_rows
 from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, ReleaseSupport
 from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
 
-#: The torch source files the fingerprints below are read from, and their digests
+#: The torch source files the fingerprints of this release's rows are read from, and their digests
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
 SOURCES = (
     # recorded on torch 2.12.0+cu130 by tools/record_sources.py: do not edit by hand
@@ -42,105 +42,7 @@ RELEASE = ReleaseSupport(
     (2, 12),
     "native",
     OPAQUE_OBJECT_API,
-    fixes=(
-        # named errors where torch first meets a subclass input (the checks: core/checks.py)
-        Patch(
-            "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor",
-            "3e4cb5d422351e93",
-            "opaque_subclass.fixes.entry_checks:make_wrap_tensor",
-            caches=("torch._dynamo.variables.builder.VariableBuilder._type_dispatch_impl",),
-        ),
-        Patch(
-            "torch._subclasses.fake_tensor.get_plain_tensors",
-            "fed2a3a6b7209de4",
-            "opaque_subclass.fixes.entry_checks:make_get_plain_tensors",
-        ),
-        Patch(
-            "torch._export.non_strict_utils.fakify",
-            "f03c86288f6eb35c",
-            "opaque_subclass.fixes.entry_checks:make_fakify",
-        ),
-        # the library's errors raised while Dynamo traces reach the user as themselves
-        Patch(
-            "torch._dynamo.convert_frame._compile",
-            "c4d18c653fdc03c0",
-            "opaque_subclass.fixes.dynamo_errors:make_compile",
-        ),
-        # upstream bugs of this release (the replacements: opaque_subclass/fixes/)
-        Patch(
-            "torch._opaque_base.OpaqueBaseMeta.__instancecheck__",
-            "7977294afa2786f5",
-            "opaque_subclass.fixes.registry:make_instancecheck",
-        ),
-        Patch(
-            "torch.export.unflatten._assign_attr",
-            "364fb4f027a9f58d",
-            "opaque_subclass.backport.export:make_assign_attr",
-        ),
-        Patch(
-            "torch.export.pt2_archive._package._package_constants",
-            "c503d4b5c778fbd4",
-            "opaque_subclass.backport.archive:make_package_opaque_constants",
-        ),
-        Patch(
-            "torch.export.pt2_archive._package._load_constants",
-            "23b892b69c176401",
-            "opaque_subclass.backport.archive:make_load_constants",
-        ),
-        Patch(
-            "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key",
-            "b842f9aaedf60094",
-            "opaque_subclass.fixes.autograd_cache:make_autograd_cache_key",
-        ),
-        Patch(
-            "torch._dynamo.variables.script_object.TorchScriptObjectVariable.call_method",
-            "19c3fe3c7b0e6398",
-            "opaque_subclass.fixes.members:make_call_method",
-        ),
-        Patch(
-            "torch._dynamo.variables.script_object.TorchScriptObjectVariable.var_getattr",
-            "0269dd07ee115f09",
-            "opaque_subclass.fixes.members:make_getattr",
-        ),
-        Patch(
-            "torch.fx.experimental.proxy_tensor.get_proxy_slot",
-            "b8b6040d058777ee",
-            "opaque_subclass.fixes.dtensor_mesh:make_get_proxy_slot",
-        ),
-        # a tangent whose attribute list is not its output's: a named error, never read at the
-        # output's names (opaque_subclass/fixes/tangent_attributes.py)
-        Patch(
-            "torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchAutograd.process_runtime_tangent",
-            "ee996c364af9896c",
-            "opaque_subclass.fixes.tangent_attributes:make_process_runtime_tangent",
-        ),
-        # an opaque whose __getattr__ answers every name is not a TorchScript object
-        # (opaque_subclass/fixes/opaque_protocols.py)
-        Patch(
-            "torch._library.fake_class_registry.tracing_with_real",
-            "616fbc9b9bcfb85a",
-            "opaque_subclass.fixes.opaque_protocols:make_tracing_with_real",
-        ),
-        # an opaque leaf deleted from a parametrization: a named error, not the property reported
-        # missing (opaque_subclass/fixes/parametrize_originals.py)
-        Patch(
-            "torch.nn.utils.parametrize.ParametrizationList.forward",
-            "59226a39f4519094",
-            "opaque_subclass.fixes.parametrize_originals:make_forward",
-        ),
-        # a DeviceMesh guarded on its rank map only when the program read it: one compilation per
-        # mesh shape (opaque_subclass/fixes/mesh_guards.py)
-        Patch(
-            "torch._dynamo.guards.GuardBuilder.OPAQUE_OBJ_GUARD_FN_MATCH",
-            "ce589a5f6d7eb104",
-            "opaque_subclass.fixes.mesh_guards:make_opaque_guard",
-        ),
-        Patch(
-            "torch._library.fake_class_registry.FakeScriptObject.__getattribute__",
-            "765589c7fad5ec5c",
-            "opaque_subclass.fixes.below_dynamo:make_fake_object_getattribute",
-        ),
-    ),
+    fixes=fix_rows((2, 12)),  # the table of fixes shared by releases: releases/fix_table.py
     limits=(
         FOREIGN_ISINSTANCE,
         "torch 2.12's CUDA build without a GPU may abort at interpreter exit ('terminate called "

@@ -1,0 +1,269 @@
+"""The fixes the library installs on several releases, each written once.
+
+A fix replaces one torch function on every release listed in its row, with one
+factory (``opaque_subclass/fixes/``, or a backport module whose replacement a
+native release needs too) and that release's fingerprint of the function's
+source; the function may have another name on some releases (torch 2.14 renamed
+``TorchScriptObjectVariable``). ``fix_rows((2, 13))`` is what a release module
+lists as its fixes, in this table's order: "what runs on torch 2.13" stays one
+view, ``opaque_subclass.releases.RELEASES[(2, 13)].fixes`` (``python -m
+opaque_subclass`` prints it, docs/compatibility.md is generated from it). On
+torch 2.11 the rows that list it join the backport's patch set.
+
+Adding a fix: a row here with the releases it applies to and each one's
+fingerprint (``python -c "from opaque_subclass.patching import fingerprint; ..."``),
+then ``python tools/record_sources.py`` on each of those releases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from opaque_subclass.patching import Patch
+
+__all__ = ["FIXES", "Fix", "fix_rows"]
+
+Release = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One fix: where its factory lives, the torch function it replaces, and the
+    fingerprint of that function on each release it applies to.
+
+    Attributes
+    ----------
+    make
+        ``"package.module:make_<name>"``, the replacement's factory.
+    target
+        The replaced function's qualified name (on a release listed in
+        ``targets``, that one's name instead).
+    fingerprints
+        Release -> fingerprint of the function's source there: the releases the
+        fix applies to.
+    targets
+        Releases whose function has another qualified name.
+    caches, depends_on, scope
+        As :class:`~opaque_subclass.patching.Patch`'s, the same on every release.
+    """
+
+    make: str
+    target: str
+    fingerprints: Mapping[Release, str]
+    targets: Mapping[Release, str] = field(default_factory=dict)
+    caches: tuple[str, ...] = ()
+    depends_on: tuple[tuple[str, str], ...] = ()
+    scope: Literal["everywhere", "here"] = "everywhere"
+
+    def row(self, release: Release) -> Patch:
+        """The release's row: a :class:`~opaque_subclass.patching.Patch`."""
+        return Patch(
+            self.targets.get(release, self.target),
+            self.fingerprints[release],
+            self.make,
+            depends_on=self.depends_on,
+            scope=self.scope,
+            caches=self.caches,
+        )
+
+
+FIXES: tuple[Fix, ...] = (
+    # named errors where torch first meets a subclass input (the checks: core/checks.py)
+    Fix(
+        "opaque_subclass.fixes.entry_checks:make_wrap_tensor",
+        "torch._dynamo.variables.builder.VariableBuilder.wrap_tensor",
+        {
+            (2, 12): "3e4cb5d422351e93",
+            (2, 13): "4d0013f630d40596",
+            (2, 14): "3f917c5075df5856",
+            (2, 15): "3f917c5075df5856",
+        },
+        caches=("torch._dynamo.variables.builder.VariableBuilder._type_dispatch_impl",),
+    ),
+    Fix(
+        "opaque_subclass.fixes.entry_checks:make_get_plain_tensors",
+        "torch._subclasses.fake_tensor.get_plain_tensors",
+        {
+            (2, 11): "4e95507881e5f3a0",
+            (2, 12): "fed2a3a6b7209de4",
+            (2, 13): "9c9324c1b64f0c1b",
+            (2, 14): "7778f151d889482b",
+            (2, 15): "7778f151d889482b",
+        },
+    ),
+    Fix(
+        "opaque_subclass.fixes.entry_checks:make_fakify",
+        "torch._export.non_strict_utils.fakify",
+        {
+            (2, 11): "5ba92b774b15663c",
+            (2, 12): "f03c86288f6eb35c",
+            (2, 13): "f03c86288f6eb35c",
+            (2, 14): "a5b3fb134dc1ae41",
+            (2, 15): "a5b3fb134dc1ae41",
+        },
+    ),
+    # the library's errors raised while Dynamo traces reach the user as themselves
+    Fix(
+        "opaque_subclass.fixes.dynamo_errors:make_compile",
+        "torch._dynamo.convert_frame._compile",
+        {
+            (2, 11): "dfa174bce2ffdec4",
+            (2, 12): "c4d18c653fdc03c0",
+            (2, 13): "ee899920ed150460",
+            (2, 14): "ee899920ed150460",
+            (2, 15): "8041208bb845db0c",
+        },
+    ),
+    # the partitioner asks torch 2.14's new name, without the deprecation log
+    Fix(
+        "opaque_subclass.fixes.partitioner:make_partitioner_is_opaque_value",
+        "torch._functorch.partitioners.is_opaque_value",
+        {(2, 14): "4a335e63a783a6ea", (2, 15): "4a335e63a783a6ea"},
+        depends_on=(("torch._library.opaque_object.is_custom_class_obj", "81ead463b8a301a8"),),
+        scope="here",
+    ),
+    # upstream bugs of a release (the replacements: opaque_subclass/fixes/, and 2.12's export
+    # fixes shared with the 2.11 backport)
+    Fix(
+        "opaque_subclass.fixes.registry:make_instancecheck",
+        "torch._opaque_base.OpaqueBaseMeta.__instancecheck__",
+        {(2, 12): "7977294afa2786f5"},
+    ),
+    Fix(
+        "opaque_subclass.backport.export:make_assign_attr",
+        "torch.export.unflatten._assign_attr",
+        {(2, 12): "364fb4f027a9f58d"},
+    ),
+    Fix(
+        "opaque_subclass.backport.archive:make_package_opaque_constants",
+        "torch.export.pt2_archive._package._package_constants",
+        {(2, 12): "c503d4b5c778fbd4"},
+    ),
+    Fix(
+        "opaque_subclass.backport.archive:make_load_constants",
+        "torch.export.pt2_archive._package._load_constants",
+        {(2, 12): "23b892b69c176401"},
+    ),
+    # AOTAutograd's cache key covers which inputs share one opaque
+    Fix(
+        "opaque_subclass.fixes.autograd_cache:make_autograd_cache_key",
+        "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key",
+        {
+            (2, 12): "b842f9aaedf60094",
+            (2, 13): "746e13724b1aa10b",
+            (2, 14): "ec0906f362c21ef6",
+            (2, 15): "26aa5a210e4eaa85",
+        },
+    ),
+    # members of opaques in compiled code: baked values guarded, undeclared ones named
+    Fix(
+        "opaque_subclass.fixes.members:make_call_method",
+        "torch._dynamo.variables.script_object.TorchScriptObjectVariable.call_method",
+        {
+            (2, 11): "55c82a3f6ed68f2e",
+            (2, 12): "19c3fe3c7b0e6398",
+            (2, 13): "9caba592748686d4",
+            (2, 14): "3c566bf785884072",
+            (2, 15): "3c566bf785884072",
+        },
+        targets={
+            (2, 14): "torch._dynamo.variables.script_object.CustomClassObjectVariable.call_method",
+            (2, 15): "torch._dynamo.variables.script_object.CustomClassObjectVariable.call_method",
+        },
+    ),
+    Fix(
+        "opaque_subclass.fixes.members:make_getattr",
+        "torch._dynamo.variables.script_object.TorchScriptObjectVariable.var_getattr",
+        {
+            (2, 12): "0269dd07ee115f09",
+            (2, 13): "10aa958cf597b072",
+            (2, 14): "ca3de2aa2afad6b1",
+            (2, 15): "d5c65463ec052981",
+        },
+        targets={
+            (2, 14): "torch._dynamo.variables.script_object.CustomClassObjectVariable.tp_getattro_impl",
+            (2, 15): "torch._dynamo.variables.script_object.CustomClassObjectVariable.tp_getattro_impl",
+        },
+    ),
+    # DTensor outputs on the mesh passed in (fixes/dtensor_mesh.py)
+    Fix(
+        "opaque_subclass.fixes.dtensor_mesh:make_get_proxy_slot",
+        "torch.fx.experimental.proxy_tensor.get_proxy_slot",
+        {
+            (2, 12): "b8b6040d058777ee",
+            (2, 13): "b8b6040d058777ee",
+            (2, 14): "05a9f0bd25707a04",
+            (2, 15): "05a9f0bd25707a04",
+        },
+    ),
+    # a tangent whose attribute list is not its output's: a named error, never read at the
+    # output's names (fixes/tangent_attributes.py)
+    Fix(
+        "opaque_subclass.fixes.tangent_attributes:make_process_runtime_tangent",
+        "torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchAutograd.process_runtime_tangent",
+        {
+            (2, 11): "5b1a84a4b295c1c8",
+            (2, 12): "ee996c364af9896c",
+            (2, 13): "ee996c364af9896c",
+            (2, 14): "588b9ced7da98b54",
+            (2, 15): "6a2d0fab7e268275",
+        },
+    ),
+    # an opaque whose __getattr__ answers every name is not a TorchScript object
+    # (fixes/opaque_protocols.py)
+    Fix(
+        "opaque_subclass.fixes.opaque_protocols:make_tracing_with_real",
+        "torch._library.fake_class_registry.tracing_with_real",
+        {
+            (2, 11): "616fbc9b9bcfb85a",
+            (2, 12): "616fbc9b9bcfb85a",
+            (2, 13): "616fbc9b9bcfb85a",
+            (2, 14): "616fbc9b9bcfb85a",
+            (2, 15): "616fbc9b9bcfb85a",
+        },
+    ),
+    # an opaque leaf deleted from a parametrization: a named error, not the property reported
+    # missing (fixes/parametrize_originals.py)
+    Fix(
+        "opaque_subclass.fixes.parametrize_originals:make_forward",
+        "torch.nn.utils.parametrize.ParametrizationList.forward",
+        {
+            (2, 11): "59226a39f4519094",
+            (2, 12): "59226a39f4519094",
+            (2, 13): "59226a39f4519094",
+            (2, 14): "59226a39f4519094",
+            (2, 15): "59226a39f4519094",
+        },
+    ),
+    # a DeviceMesh guarded on its rank map only when the program read it: one compilation per
+    # mesh shape (fixes/mesh_guards.py)
+    Fix(
+        "opaque_subclass.fixes.mesh_guards:make_opaque_guard",
+        "torch._dynamo.guards.GuardBuilder.OPAQUE_OBJ_GUARD_FN_MATCH",
+        {
+            (2, 11): "7ddb4420a2dd7a39",
+            (2, 12): "ce589a5f6d7eb104",
+            (2, 13): "ce589a5f6d7eb104",
+            (2, 14): "cb54e6ae28a93091",
+            (2, 15): "cb54e6ae28a93091",
+        },
+    ),
+    # what compiled code reads of an opaque below Dynamo, recorded (fixes/below_dynamo.py)
+    Fix(
+        "opaque_subclass.fixes.below_dynamo:make_fake_object_getattribute",
+        "torch._library.fake_class_registry.FakeScriptObject.__getattribute__",
+        {
+            (2, 12): "765589c7fad5ec5c",
+            (2, 13): "765589c7fad5ec5c",
+            (2, 14): "69c7eeaeeb47cd95",
+            (2, 15): "69c7eeaeeb47cd95",
+        },
+    ),
+)
+
+
+def fix_rows(release: Release) -> tuple[Patch, ...]:
+    """The rows of every fix that applies to ``release``, in :data:`FIXES` order."""
+    return tuple(f.row(release) for f in FIXES if release in f.fingerprints)
