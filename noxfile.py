@@ -164,8 +164,10 @@ def _workers() -> list[str]:
     """pytest-xdist's options: one worker process per CPU, at most
     ``TEST_WORKERS_MAX`` (``$OPAQUE_SUBCLASS_TEST_WORKERS`` sets the number; 0
     runs the tests in pytest's own process). Much of a test's time is one Python
-    thread compiling, so on 2 cores two workers take about three quarters of
-    the time of one. Each worker is its own process, and gets its own inductor
+    thread compiling, but many tests already keep both cores busy (real ranks,
+    fresh interpreters, inductor's compile workers): on the 2-core CI machine two
+    workers took 565 s where one took 767 s for the 2.13 leg, and 12 minutes
+    where one took 13 for the 2.12 leg. Each worker is its own process, and gets its own inductor
     cache directory under the session's (tests/conftest.py): a cache is never
     shared between processes that did not choose to share it. Tests of one
     ``xdist_group`` run in one worker (``--dist loadgroup``), e.g. a module whose
