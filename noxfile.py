@@ -165,9 +165,10 @@ def _workers() -> list[str]:
     ``TEST_WORKERS_MAX`` (``$OPAQUE_SUBCLASS_TEST_WORKERS`` sets the number; 0
     runs the tests in pytest's own process). Much of a test's time is one Python
     thread compiling, but many tests already keep both cores busy (real ranks,
-    fresh interpreters, inductor's compile workers): on the 2-core CI machine two
-    workers took 565 s where one took 767 s for the 2.13 leg, and 12 minutes
-    where one took 13 for the 2.12 leg. Each worker is its own process, and gets its own inductor
+    fresh interpreters, inductor's compile workers): on the 2-core CI machine,
+    with two workers the legs took 13, 12 and 11 minutes (2.11, 2.12, 2.13)
+    where one worker took 13, 13 and 8 at the previous landing, with about 1.5
+    minutes of tests per leg added since. Each worker is its own process, and gets its own inductor
     cache directory under the session's (tests/conftest.py): a cache is never
     shared between processes that did not choose to share it. Tests of one
     ``xdist_group`` run in one worker (``--dist loadgroup``), e.g. a module whose
