@@ -605,7 +605,6 @@ class PatchSet:
         return problems, waits, composed, blocked
 
     def _why_blocked(self, target: str, other: OtherPatch) -> str:
-        patch = next(p for p in self.patches if p.target == target)
         if other.target != target:
             return f"the patch of {target} relies on that function, and another package changed it"
         if not other.wraps_original:
@@ -614,9 +613,8 @@ class PatchSet:
                 "its fingerprint is its __wrapped__ or in its closure), so a patch built over it could "
                 "not be checked"
             )
-        if not patch.composes:
-            return "this patch rewrites torch's function rather than wrapping it, so it cannot be built over another's"
-        return "its factory cannot be built over another package's replacement"
+        # wraps torch's original, so the patch is blocked because it does not compose (else it was composed)
+        return "this patch rewrites torch's function rather than wrapping it, so it cannot be built over another's"
 
     def blocked_text(self, blocked: dict[str, OtherPatch] | None = None) -> str:
         """Why each blocked target (default: :attr:`blocked`) cannot take our
