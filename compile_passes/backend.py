@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,7 @@ from opaque_subclass.core.errors import qualified_name
 from opaque_subclass.fixes.autograd_cache import sharing_across_ranks
 
 from .baked import baked_findings, baked_objects
-from .collectives import group_findings, lint_collectives
+from .collectives import BakedGroup, baked_groups, group_findings, with_reads
 from .context import context_findings, subclass_levels
 from .findings import Finding, OpaqueCheckError, emit
 from .guards import graph_input_name, lint_sharing, sharing_report
@@ -99,6 +100,10 @@ class GraphCheck:
         The members of opaques evaluated on the real object while the graph
         was traced (:class:`~compile_passes.reads.BakedRead`): by Dynamo, and,
         when the backend watched its inner compilation, below Dynamo.
+    groups
+        The collectives on a process group named by a constant
+        (:class:`~compile_passes.collectives.BakedGroup`): in Dynamo's graph,
+        and, when watched, issued below Dynamo.
     """
 
     index: int
@@ -107,6 +112,7 @@ class GraphCheck:
     baked: tuple[Any, ...]
     findings: tuple[Finding, ...] = field(default=())
     reads: tuple[BakedRead, ...] = field(default=())
+    groups: tuple[BakedGroup, ...] = field(default=())
 
 
 def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
@@ -120,7 +126,8 @@ def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
     reads = tuple(traced_reads(named))
     findings = [*context_findings(levels), *baked_findings(baked, f"graph {index}")]
     findings.extend(lint_reads(reads, f"graph {index}"))
-    findings.extend(lint_collectives(gm, f"graph {index}"))
+    groups = tuple(baked_groups(gm))
+    findings.extend(group_findings(groups, f"graph {index}"))
     try:
         report: InputReport | None = sharing_report(named)
     except Exception as error:  # an input the flat walk refuses: its own error surfaces in compilation
@@ -130,7 +137,7 @@ def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
         parameters = frozenset(name for name, value in named if isinstance(value, torch.nn.Parameter))
         findings.extend(lint_sharing(report, parameters))
     shown = tuple((path, qualified_name(type(owner)), ctx) for path, owner, ctx in levels)
-    return GraphCheck(index, report, shown, baked, tuple(findings), reads)
+    return GraphCheck(index, report, shown, baked, tuple(findings), reads, groups)
 
 
 def checking_backend(
@@ -169,10 +176,17 @@ def checking_backend(
             f"checking_backend: on_finding={on_finding!r}; expected one of {', '.join(map(repr, _ON_FINDING))}."
         )
     count = [0]
+    said: set[tuple[str, str]] = set()  # one report per finding, not one per graph (recompilations, backward)
+    said_lock = threading.Lock()
 
     def say(findings: Sequence[Finding]) -> None:
-        if on_finding != "record":
-            emit(findings, on_finding, _log)
+        if on_finding == "record":
+            return
+        if on_finding != "raise":
+            with said_lock:
+                findings = [f for f in findings if f.key not in said]
+                said.update(f.key for f in findings)
+        emit(findings, on_finding, _log)
 
     def report(check: GraphCheck) -> None:
         if on_check is not None:
@@ -205,13 +219,16 @@ def checking_backend(
             with watcher:
                 return compiler(gm, example_inputs, **kwargs)
         finally:
-            below = [
-                *lint_reads(watcher.reads, f"graph {check.index}"),
-                *([] if rewritten else group_findings(watcher.collectives, f"graph {check.index}")),
-            ]
+            groups, reads = with_reads([] if rewritten else watcher.collectives, watcher.reads)
+            below = [*lint_reads(reads, f"graph {check.index}"), *group_findings(groups, f"graph {check.index}")]
             if on_check is not None:
                 on_check(
-                    dataclasses.replace(check, findings=(*check.findings, *below), reads=(*check.reads, *watcher.reads))
+                    dataclasses.replace(
+                        check,
+                        findings=(*check.findings, *below),
+                        reads=(*check.reads, *watcher.reads),
+                        groups=(*check.groups, *groups),
+                    )
                 )
             say(below)
 

@@ -27,9 +27,12 @@ is not one of them.
 from __future__ import annotations
 
 import ast
+import dataclasses
+import linecache
 import os
+import re
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,9 +42,18 @@ import torch.fx.traceback as fx_traceback
 from opaque_subclass.core.checks import require_module
 
 from .baked import call_text, node_code, node_origin, trace_frame
-from .findings import Finding, make
+from .findings import Finding, Severity, make
 
-__all__ = ["BakedGroup", "baked_groups", "collective_below", "group_findings", "lint_collectives", "packet_call_code"]
+__all__ = [
+    "BakedGroup",
+    "baked_groups",
+    "collective_below",
+    "dynamo_group_guards",
+    "group_findings",
+    "lint_collectives",
+    "packet_call_code",
+    "with_reads",
+]
 
 #: The namespaces of torch's functional collectives (forward, and the autograd variants).
 _NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
@@ -77,6 +89,23 @@ class BakedGroup:
         For ``"below dynamo"``: the module whose code called the functional
         collective (``torch.distributed.tensor._redistribute`` for DTensor);
         else ``None``.
+    source
+        The input path of the opaque the group came from (``t._group``), when
+        known: a guard Dynamo holds on its name, or a read of its name below
+        Dynamo; else ``None``.
+    guard
+        What compares the group on every call (``t._group.group_name == '1'``),
+        or ``None``.
+    guarded
+        ``True``: a guard compares the group's name on every call (another
+        group compiles again); ``False``: nothing does (another group runs this
+        graph on this group); ``None``: not known (the graph was linted
+        outside a compilation).
+    call_site, call_code
+        Where the collective was called from the program's own code
+        (``file:line in function``) and that line: the user's line in the
+        compiled function, or, below Dynamo, the line of the code that issued
+        it (a subclass's ``__torch_dispatch__``).
     """
 
     node: str
@@ -88,6 +117,18 @@ class BakedGroup:
     code: str = ""
     stage: Literal["dynamo", "below dynamo"] = "dynamo"
     issuer: str | None = None
+    source: str | None = None
+    guard: str | None = None
+    guarded: bool | None = None
+    call_site: str = ""
+    call_code: str = ""
+
+    @property
+    def site(self) -> str:
+        """What one finding stands for: the op at the line that calls it (the
+        same line compiled for several groups, or in several graphs, is one
+        finding)."""
+        return f"{self.op}@{self.call_site or self.origin}"
 
 
 def _ranks(group_name: str) -> tuple[int, ...] | None:
@@ -123,9 +164,74 @@ def _collective(target: object) -> tuple[str, int] | None:
     return None
 
 
+def _source_value(source: Any, tx: Any) -> Any:
+    """The real object at a Dynamo ``source`` (a local, a global, attributes and
+    items of them) in the frame ``tx`` compiles; ``LookupError`` for another kind."""
+    from torch._dynamo.source import GetItemSource, GlobalSource, LocalSource
+
+    if isinstance(source, LocalSource):
+        return tx.f_locals[source.local_name]
+    if isinstance(source, GlobalSource):
+        return tx.f_globals[source.global_name]
+    if isinstance(source, GetItemSource) and not source.index_is_slice:
+        return _source_value(source.base, tx)[source.index]
+    member = getattr(source, "member", None)
+    if isinstance(member, str) and getattr(source, "base", None) is not None:
+        value = _source_value(source.base, tx)
+        for part in member.split("."):
+            value = getattr(value, part)
+        return value
+    raise LookupError(source)
+
+
+def _source_name(source: Any) -> str:
+    raw = source.name() if callable(source.name) else source.name
+    return re.sub(r"\bL\['([^']+)'\]", r"\1", str(raw))
+
+
+def dynamo_group_guards() -> dict[str, tuple[str, str]] | None:
+    """In a compilation Dynamo is running (a backend's call): for each process
+    group whose name a guard of this compilation compares,
+    ``{group name: (input path of the group, the guard as text)}``, e.g.
+    ``{'1': ('t._group', "t._group.group_name == '1'")}``; ``None`` outside a
+    compilation (nothing is known about guards)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tracing = torch._guards.TracingContext.try_get()
+        tx = InstructionTranslator.current_tx()
+    except Exception:  # not inside Dynamo's compilation (a graph linted on its own)
+        return None
+    if tracing is None or tx is None:
+        return None
+    root = tx.output.root_tx
+    found: dict[str, tuple[str, str]] = {}
+    for guard in tracing.guards_context.dynamo_guards:
+        source: Any = guard.originating_source
+        base = getattr(source, "base", None)
+        if getattr(source, "member", None) != "group_name" or base is None:
+            continue
+        try:
+            group = _source_value(base, root)
+        except Exception:  # a source this walk does not know: the guard stays unexplained
+            continue
+        name = getattr(group, "group_name", None)
+        if isinstance(name, str):
+            path = _source_name(base)
+            found.setdefault(name, (path, f"{path}.group_name == {name!r}"))
+    return found
+
+
+def _call_site(origin: str) -> str:
+    return origin.split(": ", 1)[0]
+
+
 def baked_groups(gm: torch.fx.GraphModule) -> Iterator[BakedGroup]:
-    """Every functional collective of ``gm`` whose group is a string constant."""
+    """Every functional collective of ``gm`` whose group is a string constant;
+    called by a backend while Dynamo compiles, each says which input the group
+    came from and what guards it (:func:`dynamo_group_guards`)."""
     require_module(gm, "compile_passes.baked_groups", graph=True)
+    guards = dynamo_group_guards()
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
@@ -136,120 +242,284 @@ def baked_groups(gm: torch.fx.GraphModule) -> Iterator[BakedGroup]:
         value = node.args[at] if at < len(node.args) else node.kwargs.get("group_name")
         if isinstance(value, str):
             reduce_op = node.args[1] if op.endswith(".all_reduce") and len(node.args) > 1 else None
+            source, guard = (guards or {}).get(value, (None, None))
+            origin = node_origin(node)
             yield BakedGroup(
                 node.name,
                 op,
                 value,
                 _ranks(value),
-                node_origin(node),
+                origin,
                 reduce_op if isinstance(reduce_op, str) else None,
                 node_code(node),
+                source=source,
+                guard=guard,
+                guarded=None if guards is None else guard is not None,
+                call_site=_call_site(origin),
+                call_code=node_code(node),
             )
+
+
+def with_reads(groups: Iterable[BakedGroup], reads: Iterable[Any]) -> tuple[list[BakedGroup], list[Any]]:
+    """``groups`` issued below Dynamo, each told where its group came from: the
+    read of ``group_name`` on an opaque input that gave its name
+    (:class:`~compile_passes.reads.BakedRead`), guarded or not; and the reads
+    that explain none of them (a read that named a collective's group is
+    reported with the collective, OSC005, not on its own)."""
+    reads = list(reads)
+    named: dict[str, Any] = {}
+    for read in reads:
+        if read.member == "group_name" and read.known and isinstance(read.value, str) and read.path is not None:
+            named.setdefault(read.value, read)
+    out, used = [], set()
+    for group in groups:
+        read = named.get(group.group_name)
+        if read is None or group.source is not None:
+            out.append(group)
+            continue
+        used.add(id(read))
+        out.append(dataclasses.replace(group, source=read.path, guard=read.guard, guarded=bool(read.guarded)))
+    return out, [r for r in reads if id(r) not in used]
 
 
 #: The reductions of ``torch.distributed.ReduceOp`` a functional all-reduce names in lower case.
 _REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 
 
-def _all_reduce_fix(baked: BakedGroup) -> str | None:
-    """For an all-reduce written ``funcol.all_reduce(x, "max", group)`` or
-    ``dist.all_reduce(x, op=..., group=group)`` on the user's line: a custom op
-    taking the group and the call that replaces the user's."""
-    if baked.reduce_op not in _REDUCE_OPS:
-        return None
-    call = call_text(baked.code, "all_reduce")
+_HEADER = [
+    "import torch",
+    "import torch.distributed as dist",
+    "from torch.distributed.distributed_c10d import ProcessGroup",
+    "",
+    "",
+]
+
+
+def _parsed_call(code: str, name: str) -> tuple[str, list[str], dict[str, str], list[ast.expr]] | None:
+    """``(call text, positional argument texts, keyword argument texts, positional nodes)``
+    of the first call of ``name`` in the line ``code``."""
+    call = call_text(code, name)
     if call is None:
         return None
     node = ast.parse(call).body[0]
     if not isinstance(node, ast.Expr) or not isinstance(node.value, ast.Call):
         return None
-    args = [ast.get_source_segment(call, a) for a in node.value.args]
-    keywords = {k.arg: ast.get_source_segment(call, k.value) for k in node.value.keywords if k.arg is not None}
+    args = [ast.get_source_segment(call, a) or "" for a in node.value.args]
+    keywords = {k.arg: ast.get_source_segment(call, k.value) or "" for k in node.value.keywords if k.arg is not None}
+    return call, args, keywords, list(node.value.args)
+
+
+def _argument(args: list[str], keywords: dict[str, str], at: int, *names: str) -> str | None:
+    if at < len(args):
+        return args[at]
+    return next((keywords[n] for n in names if n in keywords), None)
+
+
+def _all_reduce_fix(baked: BakedGroup) -> tuple[list[str], str, str, str] | None:
+    """``funcol.all_reduce(x, "max", group)`` or ``dist.all_reduce(x, op=..., group=group)``:
+    ``(op code lines, the user's call, its replacement)``."""
+    if baked.reduce_op not in _REDUCE_OPS:
+        return None
+    parsed = _parsed_call(baked.call_code, "all_reduce")
+    if parsed is None:
+        return None
+    call, args, keywords, nodes = parsed
     # funcol.all_reduce(self, reduceOp: str, group) returns the result; dist.all_reduce(tensor, op=ReduceOp, group)
     # reduces in place
-    second = node.value.args[1] if len(node.value.args) > 1 else None
+    second = nodes[1] if len(nodes) > 1 else None
     functional = "reduceOp" in keywords or (isinstance(second, ast.Constant) and isinstance(second.value, str))
-    tensor = args[0] if args else keywords.get("self", keywords.get("tensor"))
-    group = args[2] if len(args) > 2 else keywords.get("group")
+    tensor = _argument(args, keywords, 0, "self", "tensor")
+    group = _argument(args, keywords, 2, "group")
     if tensor is None or group is None:
         return None
     op = f"all_reduce_{baked.reduce_op}"
-    code = "\n".join(
-        [
-            "import torch",
-            "import torch.distributed as dist",
-            "from torch.distributed.distributed_c10d import ProcessGroup",
-            "",
-            "",
-            f'@torch.library.custom_op("opaque_fix::{op}", mutates_args=())',
-            f"def {op}(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:",
-            "    out = x.clone()",
-            f"    dist.all_reduce(out, op=dist.ReduceOp.{baked.reduce_op.upper()}, group=group)  # this call's group",
-            "    return out",
-            "",
-            "",
-            f"@{op}.register_fake",
-            "def _(x, group):",
-            "    return torch.empty_like(x)",
-        ]
-    )
+    code = [
+        f'@torch.library.custom_op("opaque_fix::{op}", mutates_args=())',
+        f"def {op}(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:",
+        "    out = x.clone()",
+        f"    dist.all_reduce(out, op=dist.ReduceOp.{baked.reduce_op.upper()}, group=group)  # this call's group",
+        "    return out",
+        "",
+        "",
+        f"@{op}.register_fake",
+        "def _(x, group):",
+        "    return torch.empty_like(x)",
+    ]
     replacement = f"{op}({tensor}, {group})" if functional else f"{tensor}.copy_({op}({tensor}, {group}))"
+    return code, call, replacement, group
+
+
+def _all_gather_fix(baked: BakedGroup) -> tuple[list[str], str, str, str] | None:
+    """``funcol.all_gather_tensor(x, gather_dim, group)``: a custom op taking the
+    group and its size (read in the compiled function, where it is guarded)."""
+    parsed = _parsed_call(baked.call_code, "all_gather_tensor")
+    if parsed is None:
+        return None
+    call, args, keywords, _ = parsed
+    tensor = _argument(args, keywords, 0, "self")
+    dim = _argument(args, keywords, 1, "gather_dim")
+    group = _argument(args, keywords, 2, "group")
+    if tensor is None or dim is None or group is None:
+        return None
+    code = [
+        '@torch.library.custom_op("opaque_fix::all_gather_tensor", mutates_args=())',
+        "def all_gather_tensor(x: torch.Tensor, gather_dim: int, group: ProcessGroup, size: int) -> torch.Tensor:",
+        "    out = x.new_empty((size * x.shape[0], *x.shape[1:]))",
+        "    dist.all_gather_into_tensor(out, x.contiguous(), group=group)  # this call's group",
+        "    return torch.cat(out.chunk(size), dim=gather_dim) if gather_dim != 0 else out",
+        "",
+        "",
+        "@all_gather_tensor.register_fake",
+        "def _(x, gather_dim, group, size):",
+        "    shape = list(x.shape)",
+        "    shape[gather_dim] *= size",
+        "    return x.new_empty(shape)",
+    ]
+    return code, call, f"all_gather_tensor({tensor}, {dim}, {group}, {group}.size())", group
+
+
+def _reduce_scatter_fix(baked: BakedGroup) -> tuple[list[str], str, str, str] | None:
+    """``funcol.reduce_scatter_tensor(x, "sum", scatter_dim, group)``: a custom op
+    taking the group and its size."""
+    parsed = _parsed_call(baked.call_code, "reduce_scatter_tensor")
+    if parsed is None:
+        return None
+    call, args, keywords, nodes = parsed
+    tensor = _argument(args, keywords, 0, "self")
+    reduce = nodes[1] if len(nodes) > 1 else None
+    reduce_op = reduce.value if isinstance(reduce, ast.Constant) and isinstance(reduce.value, str) else None
+    dim = _argument(args, keywords, 2, "scatter_dim")
+    group = _argument(args, keywords, 3, "group")
+    if tensor is None or reduce_op not in _REDUCE_OPS or dim is None or group is None:
+        return None
+    op = f"reduce_scatter_{reduce_op}"
+    code = [
+        f'@torch.library.custom_op("opaque_fix::{op}", mutates_args=())',
+        f"def {op}(x: torch.Tensor, scatter_dim: int, group: ProcessGroup, size: int) -> torch.Tensor:",
+        "    chunks = x.chunk(size, dim=scatter_dim)",
+        "    out = torch.empty_like(chunks[0])",
+        f"    dist.reduce_scatter_tensor(out, torch.cat(chunks).contiguous(), op=dist.ReduceOp.{reduce_op.upper()}, "
+        "group=group)",
+        "    return out",
+        "",
+        "",
+        f"@{op}.register_fake",
+        "def _(x, scatter_dim, group, size):",
+        "    shape = list(x.shape)",
+        "    shape[scatter_dim] //= size",
+        "    return x.new_empty(shape)",
+    ]
+    return code, call, f"{op}({tensor}, {dim}, {group}, {group}.size())", group
+
+
+def _collective_fix(baked: BakedGroup) -> str | None:
+    """For a collective the program calls on a line of its own: the custom op
+    that takes the group, and the call that replaces the user's, in the
+    user's names; ``None`` for a call this does not know how to rewrite."""
+    if not baked.call_code:
+        return None
+    for make_fix in (_all_reduce_fix, _all_gather_fix, _reduce_scatter_fix):
+        made = make_fix(baked)
+        if made is not None:
+            break
+    else:
+        return None
+    code, call, replacement, group = made
     return (
         "issue the collective through a custom op that takes the group as an opaque input, so one graph serves "
-        f"every group ({_RECIPE}):\n```\n{code}\n```\n"
-        f"and at {baked.origin.split(': ', 1)[0]} replace `{call}` with `{replacement}` ({group} must be a "
+        f"every group ({_RECIPE}):\n```\n" + "\n".join([*_HEADER, *code]) + "\n```\n"
+        f"and at {baked.call_site} replace `{call}` with `{replacement}` ({group} must be a "
         "ProcessGroup; for a DeviceMesh, take `mesh: DeviceMesh` in the op and call `mesh.get_group()` in its body)."
     )
 
 
 def lint_collectives(gm: torch.fx.GraphModule, graph_name: str = "graph") -> list[Finding]:
-    """OSC005 findings: one per collective of ``gm`` on a group named by a constant."""
+    """OSC005 findings: one per collective call of ``gm`` on a group named by a constant."""
     require_module(gm, "compile_passes.lint_collectives", graph=True)
     return group_findings(baked_groups(gm), graph_name)
 
 
+def _groups_text(groups: Sequence[BakedGroup]) -> str:
+    named = []
+    for g in groups:
+        ranks = f" (ranks {list(g.ranks)} here)" if g.ranks is not None else ""
+        named.append(f"{g.group_name!r}{ranks}")
+    return ("process group " if len(named) == 1 else "process groups ") + ", ".join(named)
+
+
+def _consequence(first: BakedGroup, groups: Sequence[BakedGroup]) -> str:
+    """What a call with another group does, from what guards the group."""
+    source = f"`{first.source}`" if first.source else "the group"
+    if first.guarded:
+        return (
+            f"The group comes from {source}, and Dynamo guards its name (`{first.guard}`): a call with another group "
+            "compiles again, one compilation per group"
+            + (f" ({len(groups)} so far)" if len(groups) > 1 else "")
+            + ", and ranks in other groups compile graphs of their own, so no compile cache entry is shared across "
+            "them."
+        )
+    if first.guarded is False and first.source:
+        return (
+            f"The group comes from {source}, and nothing guards it: a later call whose {first.source} is another "
+            f"group runs this graph on {first.group_name!r} (a collective on the wrong group, with no recompilation)."
+        )
+    return (
+        "The graph is that group's program: another group gets a compilation of its own only where a guard "
+        "compares it, and ranks in other groups compile graphs of their own, so no compile cache entry is shared "
+        "across them."
+    )
+
+
 def group_findings(groups: Iterable[BakedGroup], graph_name: str = "graph") -> list[Finding]:
     """OSC005 findings for already listed :class:`BakedGroup` s (of Dynamo's
-    graph, or recorded below Dynamo by the watcher)."""
-    findings = []
+    graphs, or recorded below Dynamo by the watcher): one per collective call
+    of the program (:attr:`BakedGroup.site`), naming every group it was
+    compiled for; ``error`` when nothing guards a group that came from an
+    input (another group silently runs on this one)."""
+    by_site: dict[str, list[BakedGroup]] = {}
     for baked in groups:
-        ranks = f", ranks {list(baked.ranks)} here" if baked.ranks is not None else ""
-        if baked.stage == "dynamo":
-            where = f"the graph runs {baked.op} on process group {baked.group_name!r}{ranks}, named by a constant of "
-            where += f"the graph ({baked.origin})."
-            fix = _all_reduce_fix(baked) or (
+        by_site.setdefault(baked.site, []).append(baked)
+    findings = []
+    for site, found in by_site.items():
+        first = found[0]
+        unique = list({g.group_name: g for g in found}.values())
+        if first.stage == "dynamo":
+            where = (
+                f"the graph runs {first.op} on {_groups_text(unique)}, named by a constant of the graph "
+                f"({first.origin})."
+            )
+            fix = _collective_fix(first) or (
                 "issue the collective through a custom op whose schema takes the group (or its DeviceMesh) as an "
                 "opaque input, and pass the subclass's group attribute to it, so one graph serves every group: "
                 f"see {_RECIPE}."
             )
         else:
+            issued = f"{first.issuer} ({first.call_site})" if first.call_site else first.issuer
             where = (
-                f"the graph runs {baked.op} on process group {baked.group_name!r}{ranks}, issued below Dynamo by "
-                f"{baked.issuer} while AOTAutograd traced {baked.origin}, and named by a constant of the graph it "
-                "compiled."
+                f"the graph runs {first.op} on {_groups_text(unique)}, issued below Dynamo by {issued} while "
+                f"AOTAutograd traced {first.origin}, and named by a constant of the graph it compiled."
             )
-            fix = (
-                "where the collective is the program's own, issue it through a custom op whose schema takes the group "
-                f"(or its DeviceMesh) as an opaque input, so one graph serves every group (see {_RECIPE}); where it "
-                f"is torch's ({baked.issuer}), a sharded tensor whose collectives are such custom ops (the library's "
-                "opaque_subclass.sharded.ShardedTensor) has none of these constants."
-            )
-            if (baked.issuer or "").startswith("torch.distributed.tensor"):
+            if (first.issuer or "").startswith("torch.distributed.tensor"):
                 fix = (
                     "compile and make the first call inside `with opaque_subclass.dtensor.share_compiles():` "
                     "(torch 2.12 - 2.15; docs/large_jobs.md): DTensor's collectives then take their group from "
                     "the mesh graph input when they run, and one graph serves every group and rank."
                 )
+            elif (first.issuer or "").startswith("torch."):
+                fix = (
+                    f"the collective is torch's ({first.issuer}): a sharded tensor whose collectives are custom ops "
+                    "taking the group (the library's opaque_subclass.sharded.ShardedTensor) has none of these "
+                    f"constants; see {_RECIPE}."
+                )
+            else:
+                fix = _collective_fix(first) or (
+                    "issue the collective through a custom op whose schema takes the group (or its DeviceMesh) as "
+                    f"an opaque input, so one graph serves every group (see {_RECIPE})."
+                )
+        severity: Severity | None = "error" if first.guarded is False and first.source else None
+        path = first.source or f"{graph_name}:{first.node}"
         findings.append(
-            make(
-                "OSC005",
-                None,
-                f"{graph_name}:{baked.node}",
-                f"{where} The graph is that group's program: a call with another group compiles again (Dynamo "
-                "guards the name), and ranks in other groups compile graphs of their own, so no compile cache entry "
-                "is shared across them.",
-                fix,
-            )
+            make("OSC005", None, path, f"{where} {_consequence(first, unique)}", fix, severity=severity, site=site)
         )
     return findings
 
@@ -290,6 +560,12 @@ def collective_below(frame: types.FrameType) -> BakedGroup | None:
     while issuer_frame is not None and os.path.abspath(issuer_frame.f_code.co_filename).startswith(_FUNCOL):
         issuer_frame = issuer_frame.f_back
     issuer = str(issuer_frame.f_globals.get("__name__", "?")) if issuer_frame is not None else "?"
+    call_site = call_code = ""
+    if issuer_frame is not None and not os.path.abspath(issuer_frame.f_code.co_filename).startswith(_TORCH_DIR):
+        # the program's own code issued it (a subclass's __torch_dispatch__): its line is the one to rewrite
+        file, line = issuer_frame.f_code.co_filename, issuer_frame.f_lineno
+        call_site = f"{file}:{line} in {issuer_frame.f_code.co_name}"
+        call_code = linecache.getline(file, line).strip()
     meta = fx_traceback.get_current_meta() or {}
     user = trace_frame(str(meta.get("stack_trace") or ""))
     origin = f"{user['file']}:{user['line']} in {user['func']}: {user['code'].strip()}" if user else "the graph"
@@ -304,4 +580,6 @@ def collective_below(frame: types.FrameType) -> BakedGroup | None:
         user["code"].strip() if user else "",
         "below dynamo",
         issuer,
+        call_site=call_site,
+        call_code=call_code,
     )

@@ -21,6 +21,7 @@ this module's logger (:class:`~compile_passes.ordering.FindingsFirst`).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from .backend import GraphCheck, checking_backend
+from .collectives import group_findings
 from .context import lint_contexts
 from .findings import Finding
 from .guards import translate_guard
@@ -80,14 +82,17 @@ class Explanation:
     @property
     def findings(self) -> list[Finding]:
         """Every graph's findings, then those on the arguments of a call that
-        failed to compile, each reported once."""
-        seen: set[tuple[str, str, str]] = set()
+        failed to compile, each reported once (:attr:`Finding.key`: a member
+        read or a collective call met in several graphs is one finding; a
+        collective's names every group it was compiled for)."""
+        groups = [g for graph in self.graphs for g in graph.groups]
+        merged = {f.key: f for f in group_findings(groups)}
+        seen: set[tuple[str, str]] = set()
         out = []
         for f in [*(f for graph in self.graphs for f in graph.findings), *self._argument_findings]:
-            key = (f.code, f.path, f.message)
-            if key not in seen:
-                seen.add(key)
-                out.append(f)
+            if f.key not in seen:
+                seen.add(f.key)
+                out.append(dataclasses.replace(merged[f.key], path=f.path) if f.key in merged else f)
         return out
 
     def call(self, *args: Any, **kwargs: Any) -> Any:

@@ -12,6 +12,7 @@ OSC003   info     inputs whose opaque sharing the graph is guarded on
 OSC004   error    a value read from an opaque while tracing, compiled in with
                   no guard (``info`` when a guard protects it)
 OSC005   warning  a collective on a process group named by a graph constant
+                  (``error`` when nothing guards the group)
 ======== ======== ==========================================================
 """
 
@@ -71,6 +72,10 @@ class Finding:
         What happens and what it leads to.
     fix
         What to change; code in backticks runs as written where it can.
+    site
+        What the finding stands for across graphs (a collective call: its op
+        and source line), ``""`` when ``path`` says it; findings with one
+        :attr:`key` are one finding, reported once.
     """
 
     code: str
@@ -79,6 +84,14 @@ class Finding:
     path: str
     message: str
     fix: str
+    site: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(code, site)``, or ``(code, path and message)`` without a site: the
+        same finding met in another graph (a recompilation, the backward) has
+        the same key."""
+        return (self.code, self.site) if self.site else (self.code, f"{self.path}: {self.message}")
 
     @property
     def title(self) -> str:
@@ -89,11 +102,19 @@ class Finding:
 
 
 def make(
-    code: str, subclass: str | None, path: str, message: str, fix: str, *, severity: Severity | None = None
+    code: str,
+    subclass: str | None,
+    path: str,
+    message: str,
+    fix: str,
+    *,
+    severity: Severity | None = None,
+    site: str = "",
 ) -> Finding:
     """A finding with the severity its code has, or ``severity`` for a code
-    whose findings differ (OSC004: ``info`` when a guard protects the value)."""
-    return Finding(code, severity or CODES[code][0], subclass, path, message, fix)
+    whose findings differ (OSC004: ``info`` when a guard protects the value;
+    OSC005: ``error`` when nothing guards the group)."""
+    return Finding(code, severity or CODES[code][0], subclass, path, message, fix, site)
 
 
 def emit(findings: Iterable[Finding], on_finding: str, logger: logging.Logger | None = None) -> None:

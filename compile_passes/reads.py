@@ -685,5 +685,6 @@ def lint_reads(reads: Iterable[BakedRead], graph_name: str = "graph") -> list[Fi
                 f"the graph with no guard: the compiled graph serves every later call, whatever that call's {owner} "
                 "returns (a wrong result)."
             )
-        findings.append(make("OSC004", read.subclass, path, message, read_fix(read), severity=severity))
+        site = f"{read.expression}@{read.file}:{read.line}"
+        findings.append(make("OSC004", read.subclass, path, message, read_fix(read), severity=severity, site=site))
     return findings

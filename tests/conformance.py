@@ -920,6 +920,72 @@ def _osc005() -> Observation:
     return seen
 
 
+class _GroupSummed(OpaqueSubclass):
+    """All-reduces every result over its group in ``__torch_dispatch__`` (below Dynamo)."""
+
+    tensor_attrs = ("_data",)
+    opaque_attrs: dict[str, Any] = {}  # the ProcessGroup, set once fake_world registered it (_osc005_per_call)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        import torch.distributed._functional_collectives as funcol
+        from torch.utils._pytree import tree_leaves, tree_map_only
+
+        group = next(a for a in tree_leaves((args, kwargs)) if isinstance(a, cls))._group
+        out = func(*tree_map_only(cls, lambda t: t._data, args), **tree_map_only(cls, lambda t: t._data, kwargs or {}))
+        out = tree_map_only(torch.Tensor, lambda r: funcol.all_reduce(r, "sum", group), out)
+        return tree_map_only(torch.Tensor, lambda r: cls(_data=r, _group=group), out)
+
+
+@entry("compile_passes/osc005-one-finding-per-call-and-its-guard")
+def _osc005_per_call() -> Observation:
+    """#36 item 4: a collective on a group attribute, compiled for two groups:
+    in the compiled function (``dist.all_reduce(x, group=t._group)``: Dynamo
+    guards the group's name, two compilations, one finding naming both
+    groups) and below Dynamo (a ``__torch_dispatch__`` reducing over the
+    input's group: nothing guards it, one compilation, an error finding)."""
+    import torch.distributed as dist
+
+    import compile_passes
+
+    def in_place(t: Any) -> Any:
+        x = t._data.clone()
+        dist.all_reduce(x, group=t._group)
+        return x
+
+    seen: dict[str, Any] = {}
+    with fake_world(4):
+
+        class GroupT(OpaqueSubclass):
+            tensor_attrs = ("_data",)
+            opaque_attrs = {"_group": dist.ProcessGroup}
+
+        class Summed(_GroupSummed):
+            opaque_attrs = {"_group": dist.ProcessGroup}
+
+        groups = dist.new_group([0, 1]), dist.new_group([0, 2, 3])
+        for name, fn, cls in (("dynamo", in_place, GroupT), ("below-dynamo", lambda t: (t * 2)._data, Summed)):
+            with fresh():
+                report = compile_passes.explain(fn, cls(_data=torch.ones(2), _group=groups[0]))
+                report.call(cls(_data=torch.ones(2), _group=groups[1]))
+                seen[name] = {
+                    "graphs": len(report.graphs),
+                    "errors": [e.split(":")[0] for e in report.errors],
+                    "findings": [
+                        (
+                            f.code,
+                            f.severity,
+                            f.path,
+                            sum(repr(g.group_name) in f.message for g in groups),
+                            "Dynamo guards its name" in f.message,
+                            "nothing guards it" in f.message,
+                        )
+                        for f in report.findings
+                    ],
+                }
+    return seen
+
+
 _DECLARE_PROGRAM = """
 import opaque_subclass, torch.distributed as dist
 from opaque_subclass import OpaqueSubclass

@@ -63,7 +63,8 @@ def test_float8_like_reports_the_baked_size_and_group_name(ranks):
         assert "`group.size()` (x8._group) is evaluated on the real ProcessGroup" in size[3], size
         assert "and 2 is compiled into the graph with no guard" in size[3], size
         group = next(row for row in f8["findings"] if row[0] == "OSC005")
-        assert "_c10d_functional.all_reduce on process group '0', ranks [0, 1] here" in group[3], group
+        assert "_c10d_functional.all_reduce on process group '0' (ranks [0, 1] here)" in group[3], group
+        assert "Dynamo guards its name (`x8._group.group_name == '0'`)" in group[3], group
         assert "dist_workers.py:" in group[3], group
         assert 'funcol.all_reduce(x8._data.abs().amax() * x8._scale, "max", x8._group)' in group[3], group
         if osc.support().mode == "native":
@@ -102,7 +103,7 @@ def test_dtensor_collectives_are_reported_below_dynamo(ranks):
         assert below == ["graph 0:_c10d_functional.all_gather_into_tensor", "graph 0:_c10d_functional.all_reduce"]
         for row in dtensor["findings"]:
             if row[0] == "OSC005":
-                assert f"on process group {dtensor['group_name']!r}, ranks [0, 1] here, issued below Dynamo" in row[3]
+                assert f"on process group {dtensor['group_name']!r} (ranks [0, 1] here), issued below Dynamo" in row[3]
         gather = next(row for row in dtensor["findings"] if row[2].endswith("all_gather_into_tensor"))
         assert "in dtensor_step: gathered = x.redistribute(x.device_mesh, [Replicate()]).to_local()" in gather[3]
         others = sorted(row[0] for row in dtensor["findings"] if row[0] != "OSC005")
