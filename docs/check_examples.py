@@ -3,6 +3,7 @@
 Usage::
 
     python docs/check_examples.py [FILE.md ...]     # default: docs/*.md and README.md
+    python docs/check_examples.py --update FILE.md  # rewrite the recorded outputs that differ
 
 Every fenced ``python`` block of a Markdown file is executed, except a block
 whose previous non-blank line is ``<!-- no-run -->``. The blocks of one file
@@ -45,6 +46,7 @@ class Block:
     line: int  # 1-based line of the first code line
     code: str
     expected: str | None  # recorded output, if any
+    output_lines: tuple[int, int] | None = None  # 0-based [start, end) of the recorded output's lines
 
 
 def _fence_end(lines: list[str], start: int, ticks: str) -> int:
@@ -89,8 +91,9 @@ def extract(text: str) -> list[Block]:
                 raise SystemExit(f"{OUTPUT} at line {k} is not followed by a code fence")
             out_end = _fence_end(lines, k + 1, out.group(1))
             expected = "\n".join(lines[k + 1 : out_end])
+            output_lines = (k + 1, out_end)
             i = out_end + 1
-        blocks.append(Block(first_line, body, expected))
+        blocks.append(Block(first_line, body, expected, output_lines if expected is not None else None))
     return blocks
 
 
@@ -98,14 +101,17 @@ def _normalize(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
 
 
-def run_file(path: Path) -> int:
-    """Execute the blocks of one file in this interpreter; return the failure count."""
+def run_file(path: Path, update: bool = False) -> int:
+    """Execute the blocks of one file in this interpreter; return the failure count.
+    With ``update``, a block whose output differs gets its recorded output
+    rewritten with what it printed (and does not count as a failure)."""
     sys.path.insert(0, str(ROOT))  # import the checkout's packages, not a stale install
     module = types.ModuleType("__main__")
     module.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = module  # classes defined in examples pickle as __main__.X
     failures = 0
     blocks = extract(path.read_text())
+    rewrites: list[tuple[tuple[int, int], str]] = []
     for block in blocks:
         where = f"{path.name}:{block.line}"
         source = "\n" * (block.line - 1) + block.code  # tracebacks show Markdown line numbers
@@ -118,6 +124,10 @@ def run_file(path: Path) -> int:
             print(f"FAIL {where}\n{buf.getvalue()}{traceback.format_exc()}")
             continue
         if block.expected is not None and _normalize(buf.getvalue()) != _normalize(block.expected):
+            if update and block.output_lines is not None:
+                rewrites.append((block.output_lines, _normalize(buf.getvalue())))
+                print(f"updated {where}")
+                continue
             failures += 1
             diff = difflib.unified_diff(
                 _normalize(block.expected).splitlines(),
@@ -129,13 +139,24 @@ def run_file(path: Path) -> int:
             print(f"FAIL {where}: output differs\n" + "\n".join(diff))
             continue
         print(f"ok   {where}" + (" (output checked)" if block.expected is not None else ""))
+    if rewrites:
+        lines = path.read_text().splitlines()
+        for (start, end), text in sorted(rewrites, reverse=True):
+            lines[start:end] = text.splitlines()
+        path.write_text("\n".join(lines) + "\n")
     print(f"{path.name}: {len(blocks) - failures} of {len(blocks)} blocks passed")
     return failures
 
 
-def _run_in_subprocess(path: Path) -> tuple[int, str]:
+def _run_in_subprocess(path: Path, update: bool = False) -> tuple[int, str]:
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--in-process", str(path.resolve())],
+        [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--in-process",
+            *(["--update"] if update else []),
+            str(path.resolve()),
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -148,16 +169,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="*", type=Path, help="Markdown files (default: docs/*.md, README.md)")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="files checked at once (default: 1; 0: one per CPU)")
+    parser.add_argument(
+        "--update", action="store_true", help="rewrite each recorded output that differs with what the block printed"
+    )
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.in_process:
         (path,) = args.files
-        return 1 if run_file(path) else 0
+        return 1 if run_file(path, args.update) else 0
     files = args.files or [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]
     jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
     status = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(_run_in_subprocess, path) for path in files]
+        futures = [pool.submit(_run_in_subprocess, path, args.update) for path in files]
         import torch  # while the files run
 
         for future in futures:  # report in file order

@@ -33,9 +33,10 @@ HERE = os.path.basename(__file__)
 #: The library's message for an ``int`` listed by ``MeshTensor.__tensor_flatten__``
 #: under ``torch.compile`` of ``lambda t: ...``: the same on every release.
 BAD_ATTRIBUTE = (
-    "subclasses.MeshTensor.__tensor_flatten__() lists attribute '_mesh' (path \"L['t']._mesh\"), which "
-    "holds int. Only tensors and registered reference opaques may be listed. Fix: move '_mesh' into the "
-    "flatten context (second return value of __tensor_flatten__) and read it back in __tensor_unflatten__."
+    "'int' found in tensor attrs of MeshTensor.__tensor_flatten__(). Only tensors and reference-type opaques are "
+    "allowed in tensor attrs. subclasses.MeshTensor.__tensor_flatten__() lists attribute '_mesh' (path "
+    "\"L['t']._mesh\"), which holds int. Fix: move '_mesh' into the flatten context (second return value of "
+    "__tensor_flatten__) and read it back in __tensor_unflatten__."
 )
 
 

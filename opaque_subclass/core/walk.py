@@ -137,8 +137,14 @@ def bad_attribute(owner: torch.Tensor, name: str, path: str, value: object) -> T
     owner_cls = type(owner)
     value_cls = opaque_type_of(value)
     kind = opaque_kind(value_cls)
+    # torch's own sentence for this case (torch 2.12 - 2.15, a RuntimeError), kept first so that code
+    # matching torch's text still matches; ours follows it with the path, the type and the fix
+    torch_sentence = (
+        f"{value_cls.__name__!r} found in tensor attrs of {owner_cls.__name__}.__tensor_flatten__(). "
+        "Only tensors and reference-type opaques are allowed in tensor attrs. "
+    )
     where = (
-        f"{subject(owner_cls)}.__tensor_flatten__() lists attribute {name!r} "
+        f"{torch_sentence}{subject(owner_cls)}.__tensor_flatten__() lists attribute {name!r} "
         f"(path {path!r}), which holds {describe_type(value)}"
     )
     if kind == "value":
@@ -158,8 +164,7 @@ def bad_attribute(owner: torch.Tensor, name: str, path: str, value: object) -> T
         )
     if value_cls.__module__ == "builtins" or value_cls is type(None):
         return OpaqueTypeError(
-            f"{where}. Only tensors and registered reference opaques may be listed. "
-            f"Fix: move {name!r} into the flatten context (second return value of "
+            f"{where}. Fix: move {name!r} into the flatten context (second return value of "
             "__tensor_flatten__) and read it back in __tensor_unflatten__."
         )
     return OpaqueTypeError(

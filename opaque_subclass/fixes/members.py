@@ -165,6 +165,32 @@ def _real(variable: Any) -> object | None:
     return None if value is None else real_object(value)
 
 
+#: The sentence torch's own error starts with for this case (torch 2.12 - 2.15, raised as Dynamo's
+#: ``UnsafeScriptObjectError``): the library's message keeps it first, so that code matching torch's
+#: text still matches.
+TORCH_SENTENCE = "Attempted to access unregistered member on an OpaqueObject"
+
+_UNDECLARED: list[type[OpaqueMemberError]] = []
+
+
+def undeclared_member_error() -> type[OpaqueMemberError]:
+    """The class of the error for an undeclared member in compiled code: the
+    library's ``OpaqueMemberError`` and torch's ``UnsafeScriptObjectError``
+    (what torch raises at the same place), made once."""
+    if not _UNDECLARED:
+        from torch._dynamo.exc import UnsafeScriptObjectError
+
+        class UndeclaredMemberError(OpaqueMemberError, UnsafeScriptObjectError):
+            """An undeclared member of an opaque used in compiled code: the
+            library's ``OpaqueMemberError`` (and printed as one), and torch's
+            ``UnsafeScriptObjectError``."""
+
+        UndeclaredMemberError.__module__ = OpaqueMemberError.__module__
+        UndeclaredMemberError.__name__ = UndeclaredMemberError.__qualname__ = OpaqueMemberError.__name__
+        _UNDECLARED.append(UndeclaredMemberError)
+    return _UNDECLARED[0]
+
+
 def check_declared(variable: Any, tx: Any, name: str) -> None:
     """Raise the library's error when compiled code uses a member of a
     reference opaque that its registration does not declare (and that the
@@ -199,8 +225,8 @@ def check_declared(variable: Any, tx: Any, name: str) -> None:
             )
             + how
         )
-    raise OpaqueMemberError(
-        f"compiled code uses {name!r} of {qualified_name(cls)} (at {path}.{name}, {_user_line(tx)}), a member "
+    raise undeclared_member_error()(
+        f"{TORCH_SENTENCE}: compiled code uses {name!r} of {qualified_name(cls)} (at {path}.{name}, {_user_line(tx)}), a member "
         f"its opaque registration does not declare, so torch.compile does not know whether to evaluate it "
         f"on the real object or trace it. Fix: {fix}"
     )
