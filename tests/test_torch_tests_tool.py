@@ -57,7 +57,8 @@ def test_the_tool_names_the_tests_that_fail_only_with_the_library(tmp_path, caps
     assert result["fixed_by_library"] == ["TestStandIn.test_fixed_by_the_library"]
     assert result["failing_both"] == ["TestStandIn.test_fails_either_way"]
     assert result["stock"]["TestStandIn.test_passes"]["result"] == "passed"
-    assert "4 tests; failed: stock 2, with the library 2; failing only with the library: 1" in printed
+    assert "4 tests; failed: stock 2, with the library 2; failing only with the library: 1;" in printed
+    assert result["failing_differently"] == []
     assert "a changed behaviour" in printed  # the failure's first line, with the test's name
 
 

@@ -16,8 +16,11 @@ the library, those the library fixes and those that fail either way::
     python tools/torch_tests.py FILE --python ~/.venvs/torch-2.13/bin/python --json out.json
     python tools/torch_tests.py FILE -- -k "Subclass"      # arguments after -- go to pytest
 
-Exit status: 0 when no test fails only with the library, 1 when some do, 2 when a
-run could not be made (a file that does not collect, a timeout).
+A test failing either way but with another first line of its failure (another
+graph, another error) is reported too: the library changed what torch does.
+
+Exit status: 0 when no test fails only with the library (or differently), 1 when
+some do, 2 when a run could not be made (a file that does not collect, a timeout).
 """
 
 from __future__ import annotations
@@ -121,6 +124,12 @@ def compare(stock: Run, library: Run) -> dict[str, list[str]]:
         "only_with_library": [n for n in names if n in bad_library and n not in bad_stock],
         "fixed_by_library": [n for n in names if n in bad_stock and n not in bad_library],
         "failing_both": [n for n in names if n in bad_stock and n in bad_library],
+        # failing either way, but not alike: the library changed what torch does (another graph, another error)
+        "failing_differently": [
+            n
+            for n in names
+            if n in bad_stock and n in bad_library and stock.outcomes[n].message != library.outcomes[n].message
+        ],
         "missing": [n for n in names if (n in stock.outcomes) != (n in library.outcomes)],
     }
 
@@ -154,13 +163,19 @@ def main(argv: list[str] | None = None) -> int:
         diff = compare(stock, library)
         print(
             f"  {len(stock.outcomes)} tests; failed: stock {len(stock.failed())}, with the library "
-            f"{len(library.failed())}; failing only with the library: {len(diff['only_with_library'])}"
+            f"{len(library.failed())}; failing only with the library: {len(diff['only_with_library'])}; failing "
+            f"either way but not alike: {len(diff['failing_differently'])}"
         )
         for title, key, run in (
             ("failing only with the library", "only_with_library", library),
             ("fixed by the library", "fixed_by_library", stock),
             ("failing either way", "failing_both", library),
         ):
+            if key == "failing_both":
+                for name in diff["failing_differently"]:
+                    print(f"  failing either way, not alike: {name}")
+                    print(f"    stock:   {stock.outcomes[name].message}")
+                    print(f"    library: {library.outcomes[name].message}")
             if diff[key]:
                 print(f"  {title} ({len(diff[key])}):")
                 for name in diff[key]:
@@ -171,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             "stock": {n: asdict(o) for n, o in stock.outcomes.items()},
             "library": {n: asdict(o) for n, o in library.outcomes.items()},
         }
-        if diff["only_with_library"]:
+        if diff["only_with_library"] or diff["failing_differently"]:
             status = max(status, 1)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")

@@ -322,6 +322,26 @@ def _constant(variable: Any) -> tuple[object, bool]:
         return None, False
 
 
+def _is_plain(value: object) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(_is_plain(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _peeked(variable: Any) -> tuple[object, bool]:
+    """As :func:`_constant`, without realizing a variable Dynamo builds lazily:
+    realizing it now would make it a graph input at the read instead of at its
+    first use (another placeholder order than torch's), so an unrealized one
+    is peeked at, and recorded only when it holds a plain value (a number, a
+    string; Dynamo guards it when the code uses it)."""
+    from torch._dynamo.variables.lazy import LazyVariableTracker
+
+    if isinstance(variable, LazyVariableTracker) and not variable.is_realized():
+        value = variable.peek_value()
+        return (value, True) if _is_plain(value) else (None, False)
+    return _constant(variable)
+
+
 def _record_sourceless_call(obj: object, name: str, args: Any, kwargs: Any, result: Any, tx: Any) -> None:
     """Record a ``USE_REAL`` method called on an opaque without a source (no
     guard possible): only what Dynamo already holds as constants is read."""
@@ -355,7 +375,7 @@ def _record_attribute(variable: Any, tx: Any, name: str, result: Any) -> None:
     obj = _real(variable)
     if obj is None or name.startswith("__") or _member_type(type(obj), name) != Member.USE_REAL:
         return
-    value, known = _constant(result)
+    value, known = _peeked(result)
     if not known or callable(value):  # a method looked up for a call: call_method records it
         return
     source = variable.source
