@@ -144,13 +144,22 @@ def _cell_contents(cell: Any) -> Any:
         return None
 
 
+def _foreign_module(current: Any) -> str | None:
+    """The module of ``current``'s function when it is another package's
+    (neither torch's nor ours), else ``None``."""
+    module = getattr(_function(current), "__module__", None)
+    if not isinstance(module, str) or _is_ours_or_torchs(module):
+        return None
+    return module
+
+
 def other_patch(target: str, current: Any, expected: str) -> OtherPatch | None:
     """The other package's replacement at ``target``, or ``None`` when
     ``current`` is torch's (or ours)."""
-    fn = _function(current)
-    module = getattr(fn, "__module__", None)
-    if not isinstance(module, str) or _is_ours_or_torchs(module):
+    module = _foreign_module(current)
+    if module is None:
         return None
+    fn = _function(current)
     wraps = False
     for inner in _wrapped_functions(fn):
         inner_module = getattr(inner, "__module__", None)
@@ -558,7 +567,7 @@ class PatchSet:
         try:
             return fingerprint(current), None, current
         except (OSError, TypeError):
-            if other_patch(target, current, "") is None:
+            if _foreign_module(current) is None:
                 raise
             return None, None, current  # another package's function without source
 
