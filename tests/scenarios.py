@@ -579,8 +579,9 @@ def compile_raises_the_librarys_error() -> None:
 #: 2.15 alike): Dynamo re-raises the library's error as its internal error.
 LIBRARY_ERROR_WRAPPED_FAILURE = StockFailure(
     torch._dynamo.exc.InternalTorchDynamoError,
-    r"^OpaqueTypeError: subclasses\.MeshTensor\.__tensor_flatten__\(\) lists attribute '_mesh' "
-    r"\(path \"L\['t'\]\._mesh\"\), which holds int\.",
+    r"^OpaqueTypeError: 'int' found in tensor attrs of MeshTensor\.__tensor_flatten__\(\)\. Only tensors and "
+    r"reference-type opaques are allowed in tensor attrs\. subclasses\.MeshTensor\.__tensor_flatten__\(\) lists "
+    r"attribute '_mesh' \(path \"L\['t'\]\._mesh\"\), which holds int\.",
 )
 
 

@@ -865,8 +865,9 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         # The library's error, raised later, without the argument's path.
         StockFailure(
             AssertionError,
-            r"^subclasses\.MeshTensor\.__tensor_flatten__\(\) lists attribute '_mesh' \(path 'x\._mesh'\), "
-            r"which holds int\.",
+            r"^'int' found in tensor attrs of MeshTensor\.__tensor_flatten__\(\)\. Only tensors and reference-type "
+            r"opaques are allowed in tensor attrs\. subclasses\.MeshTensor\.__tensor_flatten__\(\) lists attribute "
+            r"'_mesh' \(path 'x\._mesh'\), which holds int\.",
         ),
     ),
     "torch._subclasses.meta_utils.MetaTensorDescriber.describe_tensor": (
