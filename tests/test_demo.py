@@ -263,3 +263,24 @@ def test_cli_exit_code_is_nonzero_when_the_demo_fails(no_checks, monkeypatch, ca
     assert cli.main([]) == 1
     out = capsys.readouterr().out
     assert "  [FAIL] demo failed: the compiled step recompiled 1 time(s) for mesh B" in out
+
+
+def test_a_rank_killed_by_a_signal_is_the_cause_before_its_peers_lost_connection():
+    """The launcher's choice of cause, without processes: a rank killed by a
+    signal closes its connections while the kernel tears it down, before
+    ``poll()`` sees it exit, so under load its peer's "connection closed" may
+    carry the earlier time; the killed rank is still named first (this ordering
+    failed the test above on a loaded machine)."""
+    from types import SimpleNamespace
+
+    from opaque_subclass.testing.workers import _signal_first
+
+    raised = {"ok": False, "failed_at": 100.0, "error": "RuntimeError: Connection closed by peer"}
+    procs = [SimpleNamespace(returncode=1), SimpleNamespace(returncode=-9)]
+    assert _signal_first([0, 1], [raised, None], procs, {1: 100.2}) == [1, 0]
+    # a death by signal long after the exception is a consequence, not the cause
+    assert _signal_first([0, 1], [raised, None], procs, {1: 105.0}) == [0, 1]
+    # a rank stopped by the launcher (never seen exiting on its own) is never the cause
+    assert _signal_first([0, 1], [raised, None], procs, {}) == [0, 1]
+    # a rank that exited with an error code is no signal death
+    assert _signal_first([0, 1], [raised, None], [procs[0], SimpleNamespace(returncode=3)], {1: 100.2}) == [0, 1]

@@ -213,7 +213,9 @@ def run_local_workers(
         if failed:
             # The rank that failed first is the cause; its peers often only lost
             # their connection to it, and may exit before it does.
-            order = sorted(failed, key=lambda r: (_failed_when(reports[r], ran_until.get(r)), r))
+            order = _signal_first(
+                sorted(failed, key=lambda r: (_failed_when(reports[r], ran_until.get(r)), r)), reports, procs, ran_until
+            )
             first = order[0]
 
             def how(r: int, brief: bool) -> str:
@@ -277,6 +279,29 @@ def _failed_when(report: Mapping[str, Any] | None, ran_until: float | None) -> f
     if report is not None and not report["ok"]:
         return float(report["failed_at"])
     return float("inf") if ran_until is None else ran_until
+
+
+def _signal_first(
+    order: list[int],
+    reports: Sequence[Mapping[str, Any] | None],
+    procs: Sequence[subprocess.Popen[bytes]],
+    ran_until: Mapping[int, float],
+) -> list[int]:
+    """``order`` with a rank that a signal killed on its own put before a rank
+    that raised up to :data:`_GRACE_S` earlier: a killed process closes its
+    connections while the kernel tears it down, before ``poll()`` sees it
+    exit, so its peer's "connection closed" can carry the earlier time."""
+    first = order[0]
+    report = reports[first]
+    if report is None or report["ok"]:
+        return order
+    raised_at = float(report["failed_at"])
+    for r in order[1:]:
+        code = procs[r].returncode
+        killed = code is not None and code < 0 and (reports[r] is None or reports[r]["ok"])  # type: ignore[index]
+        if killed and r in ran_until and ran_until[r] - raised_at < _GRACE_S:
+            return [r, *(x for x in order if x != r)]
+    return order
 
 
 def _how_it_ended(proc: subprocess.Popen[bytes], report: Mapping[str, Any] | None, *, brief: bool) -> str:
