@@ -35,7 +35,9 @@ mesh's coordinate (``_sym_get_coordinate``, ``get_coordinate``), never the
 fake object. The replacements of those ``DeviceMesh`` methods below
 (:func:`make_sym_get_coordinate`, :func:`make_get_coordinate`) watch the use
 of their values as the fake object's members are watched, while a fake mode
-traces under a compilation that shares across ranks; a read by the compiled
+traces under a compilation that shares across ranks and the caller is one of
+DTensor's redistributions (not its sharding propagation: even shards' local
+shapes read the coordinate without depending on it); a read by the compiled
 function itself (Dynamo evaluating ``mesh.get_coordinate()`` on the real
 mesh, no fake mode active) is guarded, not watched.
 
@@ -50,6 +52,7 @@ while tracing; it reads the dimension names).
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -62,6 +65,7 @@ from opaque_subclass.patching import composes
 
 __all__ = [
     "POSITION_MEMBERS",
+    "REDISTRIBUTION_MODULES",
     "Read",
     "make_fake_object_getattribute",
     "make_get_coordinate",
@@ -237,6 +241,17 @@ def make_fake_object_getattribute(original: Callable[..., Any]) -> Any:
     return _RecordingGetattribute(original)
 
 
+#: The modules of DTensor whose reads of a real mesh's position are watched: the
+#: redistributions, which pick this rank's data (its chunk, its part of a new
+#: shard dimension). Sharding propagation also reads the real mesh's coordinate
+#: (``compute_local_shape_and_global_offset`` for an operator's shape argument,
+#: in every tensor-parallel backward), and with even shards its value changes
+#: nothing: watching it there would refuse programs every rank can share.
+REDISTRIBUTION_MODULES = frozenset(
+    {"torch.distributed.tensor._redistribute", "torch.distributed.tensor.placement_types"}
+)
+
+
 def _tracing_below_dynamo() -> object | None:
     """The ``TracingContext`` of the compilation in progress while a fake mode
     runs code below Dynamo (AOTAutograd tracing, Dynamo running an operator on
@@ -254,13 +269,14 @@ def _tracing_below_dynamo() -> object | None:
 def _watching_real_member(original: Callable[..., Any], name: str) -> Callable[..., Any]:
     """``DeviceMesh``'s method ``name`` (``original``) that watches the use of
     its value on the real mesh while a shared compilation traces below Dynamo,
+    called from DTensor's redistributions (:data:`REDISTRIBUTION_MODULES`),
     recorded for that mesh as a use through its fake object is."""
 
     @functools.wraps(original)
     def member(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         context = _tracing_below_dynamo()
-        if context is None:
+        if context is None or sys._getframe(1).f_globals.get("__name__") not in REDISTRIBUTION_MODULES:
             return result
         return _watched_result(result, name, functools.partial(_note_use, context, self, name))
 
@@ -279,9 +295,10 @@ def make_sym_get_coordinate(original: Callable[..., Any]) -> Any:
     cache, filled while the operator ran on the real mesh): nothing records the
     use, the graph is compiled with this rank's chunk, and another rank of the
     job loads it from the cache and returns this rank's chunk. With it, torch's
-    method runs unchanged and the use of its value while such a compilation
-    traces below Dynamo is recorded (:func:`position_uses_of`), so
-    ``share_compiles`` refuses the graph with its named error.
+    method runs unchanged and the use of its value by DTensor's redistributions
+    while such a compilation traces below Dynamo is recorded
+    (:func:`position_uses_of`), so ``share_compiles`` refuses the graph with
+    its named error.
     """
     return _watching_real_member(original, "_sym_get_coordinate")
 
@@ -296,8 +313,8 @@ def make_get_coordinate(original: Callable[..., Any]) -> Any:
     compiled function reads this rank's coordinate from the *real* mesh (the
     output's spec comes from DTensor's sharding cache) unrecorded, and the graph
     another rank loads computes this rank's part. With it, torch's method runs
-    unchanged and the coordinate it returns while such a compilation traces
-    below Dynamo records its use when an element is read
+    unchanged and the coordinate it returns to DTensor's redistributions while
+    such a compilation traces below Dynamo records its use when an element is read
     (``get_coordinate() is None`` is no use), so ``share_compiles`` refuses the
     graph with its named error.
     """
