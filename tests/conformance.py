@@ -847,6 +847,35 @@ def _dtensor_share_compiles() -> Observation:
         }
 
 
+@entry("dtensor/share-compiles-job-of-two-ranks")
+def _dtensor_share_compiles_job() -> Observation:
+    """Two ranks of a simulated job (one process each, fake process group, one
+    shared compile-cache directory) compile under share_compiles, with inductor,
+    ``(t * 2).redistribute(t.device_mesh, [Shard(0)])`` of a Replicate DTensor
+    (this rank's chunk, read from the real mesh: the output's spec comes from
+    DTensor's sharding cache) and the rank-free ``(t * 2 + 1).to_local()``:
+    per rank, whether each was refused or compiled right, and its AOTAutograd
+    cache hits (pytorch/pytorch#188390's reproduction)."""
+    import tempfile
+
+    from opaque_subclass.testing import simulate_job
+
+    with tempfile.TemporaryDirectory(prefix="conformance-job-") as cache:
+        report = simulate_job(
+            f"{Path(__file__).with_name('dist_workers.py')}:shared_chunk_step", 2, ranks=[0, 1], cache_dir=cache
+        )
+
+    def outcome(program: dict[str, Any]) -> str:
+        if "refused" in program:
+            return "ShareCompilesError: " + program["refused"][:60]
+        return "right" if program["compiled"] == program["eager"] else f"WRONG: {program['compiled']}"
+
+    return [
+        {name: {"outcome": outcome(r.value[name]), "aot_hits": r.value[name]["aot_hits"]} for name in ("chunk", "free")}
+        for r in report.ranks
+    ]
+
+
 opaque_subclass.register_opaque(torch.distributed.ProcessGroup)  # before a schema names it
 
 

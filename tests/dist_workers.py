@@ -414,3 +414,35 @@ def lint_real_programs(rank: int, world_size: int, payload: dict[str, Any]) -> d
     seconds["physicsnemo"] = time.perf_counter() - started
     out["seconds"] = seconds
     return out
+
+
+def shared_chunk_step(mesh: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """A step of ``opaque_subclass.testing.simulate_job`` (tests/test_dtensor_share.py),
+    not a worker: two programs on a Replicate / Shard(0) DTensor compiled with
+    inductor under ``share_compiles``, each compiled output beside its eager
+    one, and each program's AOTAutograd cache hits. ``chunk`` picks this rank's
+    chunk (``(t * 2).redistribute(t.device_mesh, [Shard(0)])``): the library's
+    refusal (its message) where it refuses; ``free`` (``(t * 2 + 1).to_local()``)
+    is the same program on every rank."""
+    from torch._dynamo.utils import counters
+    from torch.distributed.tensor import DTensor, Shard
+
+    from opaque_subclass.dtensor import ShareCompilesError, share_compiles
+
+    programs = {
+        "chunk": (lambda t: (t * 2).redistribute(t.device_mesh, [Shard(0)]).to_local(), [Replicate()]),
+        "free": (lambda t: (t * 2 + 1).to_local(), [Shard(0)]),
+    }
+    out: dict[str, Any] = {}
+    for name, (fn, placements) in programs.items():
+        x = DTensor.from_local(torch.arange(8.0), mesh, placements, run_check=False)
+        seen: dict[str, Any] = {"eager": fn(x).tolist()}
+        hits = counters["aot_autograd"]["autograd_cache_hit"]
+        try:
+            with share_compiles():
+                seen["compiled"] = torch.compile(fn, fullgraph=True)(x).tolist()
+        except ShareCompilesError as e:
+            seen["refused"] = str(e)
+        seen["aot_hits"] = counters["aot_autograd"]["autograd_cache_hit"] - hits
+        out[name] = seen
+    return out

@@ -44,6 +44,8 @@ __all__ = [
     "MALFORMED_NAMES_FAILURE",
     "MEMBER_UNGUARDED_FAILURE",
     "SAVE_CONSTANT_FAILURE",
+    "SHARED_CHUNK_FAILURE",
+    "SHARED_NEW_SHARD_DIM_FAILURE",
     "TANGENT_LIST_FAILURE",
     "UNDECLARED_MEMBER_FAILURE",
     "WRONG_UNFLATTEN_EXPORTED",
@@ -65,6 +67,8 @@ __all__ = [
     "parametrization_names_a_deleted_opaque_leaf",
     "program_on_groups_compiles_once",
     "save_and_load_opaque_constant",
+    "share_compiles_refuses_the_chunk_of_an_output",
+    "share_compiles_refuses_the_new_shard_dim_of_an_output",
     "storage_accounting_skips_opaques",
     "torch_subclass_parametrization_keeps_opaques",
     "undeclared_member_is_named",
@@ -686,3 +690,77 @@ def mesh_read_below_dynamo_keeps_its_guard() -> None:
 
 
 MESH_READ_UNSEEN_FAILURE = StockFailure(AssertionError, r"^coordinates compiled in: \[0\.0, 0\.0, 0\.0, 0\.0\]$")
+
+
+def _compiled_under_share_compiles(fn: Callable[[object], torch.Tensor], x: object) -> torch.Tensor:
+    """``fn(x)`` compiled with inductor under ``share_compiles`` in a fresh
+    compile-cache directory (an entry an earlier run wrote is never served)."""
+    import os
+    import shutil
+    import tempfile
+
+    from opaque_subclass.dtensor import share_compiles
+
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    fresh = tempfile.mkdtemp(prefix="opaque-subclass-cache-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh
+    try:
+        torch._dynamo.reset()
+        with share_compiles():
+            return torch.compile(fn, fullgraph=True)(x)
+    finally:
+        if previous is None:
+            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+        shutil.rmtree(fresh, ignore_errors=True)
+
+
+def _refused_naming(member: str, fn: Callable[[object], torch.Tensor], x: object) -> None:
+    from opaque_subclass.dtensor import ShareCompilesError
+
+    try:
+        out = _compiled_under_share_compiles(fn, x)
+    except ShareCompilesError as e:
+        assert f"): {member}." in str(e), str(e)
+        return
+    raise AssertionError(f"compiled with this rank's part: {out.tolist()}")
+
+
+def share_compiles_refuses_the_chunk_of_an_output() -> None:
+    """Under ``share_compiles``, a Replicate -> Shard redistribution of an
+    operator's output (``t * 2``, whose spec DTensor's sharding cache gives the
+    real mesh) picks this rank's chunk through the real mesh's
+    ``_sym_get_coordinate``: refused with the library's error naming it, never
+    compiled with this rank's chunk for the other ranks to load."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    with fake_world(4):
+        mesh = DeviceMesh("cpu", [1, 0, 2, 3])  # rank 0 is at position 1
+        x = DTensor.from_local(torch.arange(8.0), mesh, [Replicate()], run_check=False)
+        _refused_naming("_sym_get_coordinate", lambda t: (t * 2).redistribute(t.device_mesh, [Shard(0)]).to_local(), x)
+
+
+SHARED_CHUNK_FAILURE = StockFailure(AssertionError, r"^compiled with this rank's part: \[4\.0, 6\.0\]$")
+
+
+_NEW_SHARD_DIM_RUNS: list[None] = []
+
+
+def share_compiles_refuses_the_new_shard_dim_of_an_output() -> None:
+    """As :func:`share_compiles_refuses_the_chunk_of_an_output` for Shard(0) ->
+    Shard(1) of an operator's output, which reads the real mesh's
+    ``get_coordinate()`` and indexes it."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    _NEW_SHARD_DIM_RUNS.append(None)
+    with fake_world(8):
+        # rank 0 at position 1; ranks no earlier run had: DTensor caches its collectives' groups by mesh equality
+        mesh = DeviceMesh("cpu", [len(_NEW_SHARD_DIM_RUNS) % 7 + 1, 0])
+        x = DTensor.from_local(torch.arange(4.0).reshape(2, 2), mesh, [Shard(0)], run_check=False)
+        _refused_naming("get_coordinate", lambda t: (t * 2).redistribute(t.device_mesh, [Shard(1)]).to_local(), x)
+
+
+SHARED_NEW_SHARD_DIM_FAILURE = StockFailure(AssertionError, r"^compiled with this rank's part: \[")

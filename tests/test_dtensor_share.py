@@ -152,6 +152,30 @@ def test_a_graph_that_uses_this_ranks_position_is_refused():
         assert torch.compile(chunk_of_this_rank)(x).tolist() == [[2.0, 3.0]]  # outside it: this rank's chunk
 
 
+def test_a_job_never_loads_the_chunk_another_rank_compiled(tmp_path):
+    """Two ranks of a job, one shared cache directory: ``(t * 2).redistribute(
+    t.device_mesh, [Shard(0)])`` redistributes an operator's output, whose
+    spec DTensor's sharding cache gives the real mesh, so the coordinate is read
+    from the real mesh, not the graph's mesh input. torch 2.12 - 2.15: each
+    rank refuses it (before, rank 0 compiled its chunk and rank 1 loaded it,
+    returning rank 0's chunk), while the rank-free program still compiles once
+    per job (rank 1 loads rank 0's entry). torch 2.11 bypasses its cache for
+    DTensor graphs: each rank compiles its own chunk."""
+    report = simulate_job(f"{WORKERS}:shared_chunk_step", 2, ranks=[0, 1], cache_dir=tmp_path / "cache")
+    chunk = [r.value["chunk"] for r in report.ranks]
+    free = [r.value["free"] for r in report.ranks]
+    assert [c["eager"] for c in chunk] == [[0.0, 2.0, 4.0, 6.0], [8.0, 10.0, 12.0, 14.0]]
+    if TORCH_2_11:
+        assert [c.get("compiled") for c in chunk] == [c["eager"] for c in chunk], chunk
+    else:
+        assert [c.get("compiled") for c in chunk] == [None, None], chunk  # never shared, never wrong
+        assert all("used this rank's position" in c["refused"] for c in chunk), chunk
+        assert all("_sym_get_coordinate" in c["refused"] for c in chunk), chunk
+        assert [c["aot_hits"] for c in chunk] == [0, 0], chunk
+        assert [f["aot_hits"] for f in free] == [0, 1], free
+    assert [f["compiled"] for f in free] == [f["eager"] for f in free], free
+
+
 def test_the_lint_of_baked_groups_names_share_compiles_and_is_silent_under_it():
     """compile_passes' OSC005 (a collective on a group named by a constant,
     issued below Dynamo by DTensor) advises share_compiles, and has nothing to

@@ -21,6 +21,8 @@ from scenarios import (
     MESH_READ_UNSEEN_FAILURE,
     MESH_RECOMPILED_FAILURE,
     SAVE_CONSTANT_FAILURE,
+    SHARED_CHUNK_FAILURE,
+    SHARED_NEW_SHARD_DIM_FAILURE,
     TANGENT_LIST_FAILURE,
     UNDECLARED_MEMBER_FAILURE,
     WRONG_UNFLATTEN_EXPORTED,
@@ -37,6 +39,8 @@ from scenarios import (
     meshes_of_one_shape_compile_once,
     parametrization_names_a_deleted_opaque_leaf,
     save_and_load_opaque_constant,
+    share_compiles_refuses_the_chunk_of_an_output,
+    share_compiles_refuses_the_new_shard_dim_of_an_output,
     undeclared_member_is_named,
 )
 from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor
@@ -222,6 +226,15 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[in
         # a read below Dynamo unrecorded: the narrow guard serves the first mesh's coordinate
         mesh_read_below_dynamo_keeps_its_guard,
         MESH_READ_UNSEEN_FAILURE,
+    ),
+    "torch.distributed.device_mesh.DeviceMesh._sym_get_coordinate": (  # 2.12 - 2.15
+        # a wrong result: the other ranks of a job load this rank's chunk under share_compiles
+        share_compiles_refuses_the_chunk_of_an_output,
+        SHARED_CHUNK_FAILURE,
+    ),
+    "torch.distributed.device_mesh.DeviceMesh.get_coordinate": (  # 2.12 - 2.15
+        share_compiles_refuses_the_new_shard_dim_of_an_output,
+        SHARED_NEW_SHARD_DIM_FAILURE,
     ),
     "torch._subclasses.fake_tensor.get_plain_tensors": (
         export_names_malformed_flatten_names,

@@ -25,6 +25,22 @@ of its value (an element of the coordinate read, the local rank taken):
 :func:`position_uses_of`, which ``share_compiles`` refuses, since such a
 graph computes this rank's part.
 
+DTensor does not always read the fake object: its sharding propagation
+caches each operator's output spec by the input specs' hash and equality, and
+the fake object hashes and compares as its real mesh, so the output of an
+operator traced by AOTAutograd (``t * 2``) gets the spec cached while Dynamo
+(or AOTAutograd's metadata pass) ran the same operator on the real mesh: its
+mesh is the *real* ``DeviceMesh``, and a redistribution of it reads the real
+mesh's coordinate (``_sym_get_coordinate``, ``get_coordinate``), never the
+fake object. The replacements of those ``DeviceMesh`` methods below
+(:func:`make_sym_get_coordinate`, :func:`make_get_coordinate`) watch the use
+of their values as the fake object's members are watched, while a fake mode
+traces under a compilation that shares across ranks and the caller is one of
+DTensor's redistributions (not its sharding propagation: even shards' local
+shapes read the coordinate without depending on it); a read by the compiled
+function itself (Dynamo evaluating ``mesh.get_coordinate()`` on the real
+mesh, no fake mode active) is guarded, not watched.
+
 torch 2.11's fake object answers no member (a read there fails the
 compilation), so there is nothing to record on 2.11.
 
@@ -36,15 +52,27 @@ while tracing; it reads the dimension names).
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from opaque_subclass.fixes.autograd_cache import sharing_across_ranks
 from opaque_subclass.patching import composes
 
-__all__ = ["POSITION_MEMBERS", "Read", "make_fake_object_getattribute", "position_uses_of", "reads_of"]
+__all__ = [
+    "POSITION_MEMBERS",
+    "REDISTRIBUTION_MODULES",
+    "Read",
+    "make_fake_object_getattribute",
+    "make_get_coordinate",
+    "make_sym_get_coordinate",
+    "position_uses_of",
+    "reads_of",
+]
 
 # The FakeScriptObject's own slots, which torch reads all the time: not members.
 _OWN = frozenset({"real_obj", "wrapped_obj", "script_class_name", "__class__", "__dict__"})
@@ -112,7 +140,7 @@ class _WatchedPosition(list):  # type: ignore[type-arg]
     __slots__ = ("_on_use",)
 
     def __init__(self, values: Any, on_use: Callable[[], None]) -> None:
-        super().__init__(values)
+        super().__init__(list.__iter__(values) if isinstance(values, list) else values)  # copying is no use
         self._on_use = on_use
 
     def __getitem__(self, index: Any) -> Any:
@@ -133,18 +161,25 @@ class _WatchedPosition(list):  # type: ignore[type-arg]
     __hash__ = None
 
 
+def _watched_result(result: Any, name: str, on_use: Callable[[], None]) -> Any:
+    """The result of calling the position member ``name``, as the traced code
+    gets it, with its use recorded."""
+    if isinstance(result, _WatchedPosition):  # the real mesh's method watches it already
+        return result
+    if name == "get_coordinate" and isinstance(result, (list, tuple)):
+        return _WatchedPosition(result, on_use)
+    if result is not None:  # an int: the rank, a local rank, one coordinate
+        on_use()
+    return result
+
+
 def _watched(value: Any, name: str, on_use: Callable[[], None]) -> Any:
     """``value`` of the position member ``name``, as the traced code gets it,
     with its use recorded."""
     if callable(value):
 
         def member(*args: Any, **kwargs: Any) -> Any:
-            result = value(*args, **kwargs)
-            if name == "get_coordinate" and isinstance(result, (list, tuple)):
-                return _WatchedPosition(result, on_use)
-            if result is not None:  # an int: the rank, a local rank, one coordinate
-                on_use()
-            return result
+            return _watched_result(value(*args, **kwargs), name, on_use)
 
         return member
     if isinstance(value, (list, tuple)):
@@ -204,3 +239,83 @@ def make_fake_object_getattribute(original: Callable[..., Any]) -> Any:
     and newer, where it read ``object.__getattribute__(t._gauge, 'offset')``).
     """
     return _RecordingGetattribute(original)
+
+
+#: The modules of DTensor whose reads of a real mesh's position are watched: the
+#: redistributions, which pick this rank's data (its chunk, its part of a new
+#: shard dimension). Sharding propagation also reads the real mesh's coordinate
+#: (``compute_local_shape_and_global_offset`` for an operator's shape argument,
+#: in every tensor-parallel backward), and with even shards its value changes
+#: nothing: watching it there would refuse programs every rank can share.
+REDISTRIBUTION_MODULES = frozenset(
+    {"torch.distributed.tensor._redistribute", "torch.distributed.tensor.placement_types"}
+)
+
+
+def _tracing_below_dynamo() -> object | None:
+    """The ``TracingContext`` of the compilation in progress while a fake mode
+    runs code below Dynamo (AOTAutograd tracing, Dynamo running an operator on
+    fake values) and compilations are shared across ranks; ``None`` otherwise:
+    eager code, and Dynamo evaluating a member for the compiled function itself
+    (which it guards on the value read)."""
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None:
+        return None
+    context = _tracing_context()
+    if context is None or not sharing_across_ranks():
+        return None
+    return context
+
+
+def _watching_real_member(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``DeviceMesh``'s method ``name`` (``original``) that watches the use of
+    its value on the real mesh while a shared compilation traces below Dynamo,
+    called from DTensor's redistributions (:data:`REDISTRIBUTION_MODULES`),
+    recorded for that mesh as a use through its fake object is."""
+
+    @functools.wraps(original)
+    def member(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        context = _tracing_below_dynamo()
+        if context is None or sys._getframe(1).f_globals.get("__name__") not in REDISTRIBUTION_MODULES:
+            return result
+        return _watched_result(result, name, functools.partial(_note_use, context, self, name))
+
+    return member
+
+
+@composes
+def make_sym_get_coordinate(original: Callable[..., Any]) -> Any:
+    """Replaces ``torch.distributed.device_mesh.DeviceMesh._sym_get_coordinate``
+    (torch 2.12, 2.13, 2.14 and 2.15: each release's fingerprint).
+
+    Without it, under ``opaque_subclass.dtensor.share_compiles``, a Replicate ->
+    Shard redistribution of an operator's output in the compiled function
+    (``(t * 2).redistribute(t.device_mesh, [Shard(0)])``) picks this rank's
+    chunk from the *real* mesh (the output's spec comes from DTensor's sharding
+    cache, filled while the operator ran on the real mesh): nothing records the
+    use, the graph is compiled with this rank's chunk, and another rank of the
+    job loads it from the cache and returns this rank's chunk. With it, torch's
+    method runs unchanged and the use of its value by DTensor's redistributions
+    while such a compilation traces below Dynamo is recorded
+    (:func:`position_uses_of`), so ``share_compiles`` refuses the graph with
+    its named error.
+    """
+    return _watching_real_member(original, "_sym_get_coordinate")
+
+
+@composes
+def make_get_coordinate(original: Callable[..., Any]) -> Any:
+    """Replaces ``torch.distributed.device_mesh.DeviceMesh.get_coordinate``
+    (torch 2.12, 2.13, 2.14 and 2.15: each release's fingerprint).
+
+    Without it, under ``opaque_subclass.dtensor.share_compiles``, a Shard ->
+    Shard redistribution to another dimension of an operator's output in the
+    compiled function reads this rank's coordinate from the *real* mesh (the
+    output's spec comes from DTensor's sharding cache) unrecorded, and the graph
+    another rank loads computes this rank's part. With it, torch's method runs
+    unchanged and the coordinate it returns to DTensor's redistributions while
+    such a compilation traces below Dynamo records its use when an element is read
+    (``get_coordinate() is None`` is no use), so ``share_compiles`` refuses the
+    graph with its named error.
+    """
+    return _watching_real_member(original, "get_coordinate")

@@ -261,6 +261,28 @@ FIXES: tuple[Fix, ...] = (
             (2, 15): "69c7eeaeeb47cd95",
         },
     ),
+    # the use of this rank's position read from a real DeviceMesh below Dynamo, recorded while
+    # compilations are shared across ranks (fixes/below_dynamo.py)
+    Fix(
+        "opaque_subclass.fixes.below_dynamo:make_sym_get_coordinate",
+        "torch.distributed.device_mesh.DeviceMesh._sym_get_coordinate",
+        {
+            (2, 12): "8533ccdd7561f449",
+            (2, 13): "8533ccdd7561f449",
+            (2, 14): "86e324dfbc91b5ee",
+            (2, 15): "86e324dfbc91b5ee",
+        },
+    ),
+    Fix(
+        "opaque_subclass.fixes.below_dynamo:make_get_coordinate",
+        "torch.distributed.device_mesh.DeviceMesh.get_coordinate",
+        {
+            (2, 12): "5ce3fbd13a53f73e",
+            (2, 13): "5ce3fbd13a53f73e",
+            (2, 14): "5ce3fbd13a53f73e",
+            (2, 15): "5ce3fbd13a53f73e",
+        },
+    ),
 )
 
 

@@ -283,7 +283,7 @@ RELEASE = ReleaseSupport(
             "them by name and the job compiles once. So a graph that uses this rank's position in a mesh "
             "(a Replicate -> Shard redistribution) compiles on 2.11, where no other rank can load it, and "
             "is refused (ShareCompilesError) on 2.12 and newer",
-            ("dtensor/share-compiles-runs-on-the-input-meshs-group",),
+            ("dtensor/share-compiles-runs-on-the-input-meshs-group", "dtensor/share-compiles-job-of-two-ranks"),
         ),
         Difference(
             "torch 2.11 does not register enum.Enum as a value opaque (2.12 and newer do): "
