@@ -164,7 +164,9 @@ def test_launcher_sees_a_rank_dying_before_the_rendezvous_at_once():
     msg = str(info.value)
     assert msg.startswith(f"{TARGETS}:die_at_import: rank 1 exited with code 3 without a result"), msg
     assert "then rank 0 was still running and was stopped by the launcher" in msg
-    assert elapsed < 20, elapsed  # start-up of two interpreters plus 1 s of grace; was 62-78 s
+    # start-up of two interpreters plus 1 s of grace (5-10 s alone, 20-30 s on a loaded 2-core machine); the
+    # bug this guards took 62-78 s (the store's 60 s timeout)
+    assert elapsed < 45, elapsed
 
 
 def test_launcher_names_a_rank_killed_mid_run_and_its_signal():
