@@ -86,6 +86,14 @@ def test_an_attribute_read_before_use_keeps_torchs_placeholder_order():
         stock = _placeholders(reads_then_uses, *args)
     finally:
         osc.enable()
+    if current().release == (2, 12):
+        # torch 2.12 names an attribute read through its fake wrapper's __getattribute__ by that call
+        # (object_getattribute_L_holder_inner_); the library's recording of such reads makes Dynamo read
+        # it as an attribute, named as on 2.13 and newer (docs/compatibility.md): the order is torch's
+        assert [name.replace("object_getattribute_", "").strip("_").lower() for name in stock] == [
+            name.strip("_") for name in ours
+        ], (stock, ours)
+        return
     assert ours == stock
 
 
