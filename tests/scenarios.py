@@ -10,13 +10,14 @@ patch match that message.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import logging
 import re
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -692,28 +693,37 @@ def mesh_read_below_dynamo_keeps_its_guard() -> None:
 MESH_READ_UNSEEN_FAILURE = StockFailure(AssertionError, r"^coordinates compiled in: \[0\.0, 0\.0, 0\.0, 0\.0\]$")
 
 
-def _compiled_under_share_compiles(fn: Callable[[object], torch.Tensor], x: object) -> torch.Tensor:
-    """``fn(x)`` compiled with inductor under ``share_compiles`` in a fresh
-    compile-cache directory (an entry an earlier run wrote is never served)."""
+@contextlib.contextmanager
+def fresh_inductor_cache() -> Iterator[str]:
+    """A fresh ``TORCHINDUCTOR_CACHE_DIR`` for the block (an entry an earlier
+    run wrote is never served; torch's caches stay on), the previous value put
+    back and the directory removed after it."""
     import os
     import shutil
     import tempfile
-
-    from opaque_subclass.dtensor import share_compiles
 
     previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     fresh = tempfile.mkdtemp(prefix="opaque-subclass-cache-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh
     try:
-        torch._dynamo.reset()
-        with share_compiles():
-            return torch.compile(fn, fullgraph=True)(x)
+        yield fresh
     finally:
         if previous is None:
             del os.environ["TORCHINDUCTOR_CACHE_DIR"]
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
         shutil.rmtree(fresh, ignore_errors=True)
+
+
+def _compiled_under_share_compiles(fn: Callable[[object], torch.Tensor], x: object) -> torch.Tensor:
+    """``fn(x)`` compiled with inductor under ``share_compiles`` in a fresh
+    compile-cache directory (an entry an earlier run wrote is never served)."""
+    from opaque_subclass.dtensor import share_compiles
+
+    with fresh_inductor_cache():
+        torch._dynamo.reset()
+        with share_compiles():
+            return torch.compile(fn, fullgraph=True)(x)
 
 
 def _refused_naming(member: str, fn: Callable[[object], torch.Tensor], x: object) -> None:

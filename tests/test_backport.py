@@ -40,6 +40,7 @@ from scenarios import (
     dtensor_outputs_on_runtime_mesh,
     export_names_a_wrong_unflatten,
     export_names_malformed_flatten_names,
+    fresh_inductor_cache,
     fsdp1_module_state_sync_keeps_opaques,
     member_method_result_is_guarded,
     meshes_of_one_shape_compile_once,
@@ -657,9 +658,6 @@ def _backport_cache_entries_keyed_apart():
     """An inductor compile of a graph with an opaque input looks its AOTAutograd
     cache entry up under a key stock torch never computes."""
     import logging
-    import os
-    import shutil
-    import tempfile
 
     keys: list[str] = []
 
@@ -672,21 +670,14 @@ def _backport_cache_entries_keyed_apart():
     handler, level = Collect(), logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    fresh = tempfile.mkdtemp(prefix="opaque-subclass-cache-")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh
     try:
-        f = torch.compile(lambda x: x * 2, backend="inductor", fullgraph=True)
-        m = Mesh("keyed")
-        assert f(MeshTensor(torch.ones(2), m))._mesh is m
+        with fresh_inductor_cache():
+            f = torch.compile(lambda x: x * 2, backend="inductor", fullgraph=True)
+            m = Mesh("keyed")
+            assert f(MeshTensor(torch.ones(2), m))._mesh is m
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
-        if previous is None:
-            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
-        shutil.rmtree(fresh, ignore_errors=True)
     assert keys and all("-opaque-sharing-" in k for k in keys), keys
 
 

@@ -34,6 +34,7 @@ from scenarios import (
     dtensor_programs_keep_runtime_meshes,
     export_names_a_wrong_unflatten,
     export_names_malformed_flatten_names,
+    fresh_inductor_cache,
     member_method_result_is_guarded,
     mesh_read_below_dynamo_keeps_its_guard,
     meshes_of_one_shape_compile_once,
@@ -110,14 +111,7 @@ def _backward_logs_no_deprecation():
 def _inductor_cache_keeps_sharing_apart():
     """With torch's caches on (a fresh cache directory), a call with distinct
     meshes after one with a shared mesh gets its own meshes back."""
-    import os
-    import shutil
-    import tempfile
-
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    fresh = tempfile.mkdtemp(prefix="opaque-subclass-cache-")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh
-    try:
+    with fresh_inductor_cache():
         f = torch.compile(lambda x, y: (x + y, y * 2), backend="inductor", fullgraph=True)
         m = Mesh("shared")
         f(MeshTensor(torch.ones(2), m), MeshTensor(torch.ones(2), m))
@@ -126,12 +120,6 @@ def _inductor_cache_keeps_sharing_apart():
         assert o1._mesh is a and o2._mesh is b, (
             f"outputs carry {o1._mesh} and {o2._mesh}, expected Mesh('a') and Mesh('b')"
         )
-    finally:
-        if previous is None:
-            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
-        shutil.rmtree(fresh, ignore_errors=True)
 
 
 class _Lifted(osc.OpaqueSubclass):
