@@ -101,6 +101,11 @@ def node_origin(node: torch.fx.Node) -> str:
     return f"{frame['file']}:{frame['line']} in {frame['func']}: {frame['code'].strip()}"
 
 
+def origin_site(origin: str) -> str:
+    """``file:line in function`` of an origin from :func:`node_origin` (without its code)."""
+    return origin.split(": ", 1)[0]
+
+
 def node_code(node: torch.fx.Node) -> str:
     """The source line of :func:`node_origin` (``""`` when the node has no stack trace)."""
     frame = _user_frame(node)
@@ -247,7 +252,7 @@ def _closure_fix(baked: BakedObject) -> str | None:
     new_call = call[:-1].rstrip() + (", " if not call[:-1].rstrip().endswith("(") else "") + f"{baked.variable})"
     return (
         f"pass it to {name} as an argument instead of capturing it: at {file}:{line} replace `{old_def}` with "
-        f"`{new_def}`, and at {baked.origin.split(': ', 1)[0]} replace `{call}` with `{new_call}` (with "
+        f"`{new_def}`, and at {origin_site(baked.origin)} replace `{call}` with `{new_call}` (with "
         f"`{baked.variable}` an argument or a global of the compiled function, so that the graph takes it as an "
         "input)"
     )

@@ -41,7 +41,7 @@ import torch.fx.traceback as fx_traceback
 
 from opaque_subclass.core.checks import require_module
 
-from .baked import call_text, node_code, node_origin, trace_frame
+from .baked import call_text, node_code, node_origin, origin_site, trace_frame
 from .findings import Finding, Severity, make
 
 __all__ = [
@@ -222,10 +222,6 @@ def dynamo_group_guards() -> dict[str, tuple[str, str]] | None:
     return found
 
 
-def _call_site(origin: str) -> str:
-    return origin.split(": ", 1)[0]
-
-
 def baked_groups(gm: torch.fx.GraphModule) -> Iterator[BakedGroup]:
     """Every functional collective of ``gm`` whose group is a string constant;
     called by a backend while Dynamo compiles, each says which input the group
@@ -243,7 +239,7 @@ def baked_groups(gm: torch.fx.GraphModule) -> Iterator[BakedGroup]:
         if isinstance(value, str):
             reduce_op = node.args[1] if op.endswith(".all_reduce") and len(node.args) > 1 else None
             source, guard = (guards or {}).get(value, (None, None))
-            origin = node_origin(node)
+            origin, code = node_origin(node), node_code(node)
             yield BakedGroup(
                 node.name,
                 op,
@@ -251,12 +247,12 @@ def baked_groups(gm: torch.fx.GraphModule) -> Iterator[BakedGroup]:
                 _ranks(value),
                 origin,
                 reduce_op if isinstance(reduce_op, str) else None,
-                node_code(node),
+                code,
                 source=source,
                 guard=guard,
                 guarded=None if guards is None else guard is not None,
-                call_site=_call_site(origin),
-                call_code=node_code(node),
+                call_site=origin_site(origin),
+                call_code=code,  # in Dynamo's graph, the user's line is the call
             )
 
 

@@ -41,6 +41,7 @@ nothing in what Dynamo traces or guards.
 
 from __future__ import annotations
 
+import functools
 import linecache
 import threading
 import weakref
@@ -170,25 +171,23 @@ def _real(variable: Any) -> object | None:
 #: text still matches.
 TORCH_SENTENCE = "Attempted to access unregistered member on an OpaqueObject"
 
-_UNDECLARED: list[type[OpaqueMemberError]] = []
 
-
+@functools.cache
 def undeclared_member_error() -> type[OpaqueMemberError]:
     """The class of the error for an undeclared member in compiled code: the
     library's ``OpaqueMemberError`` and torch's ``UnsafeScriptObjectError``
-    (what torch raises at the same place), made once."""
-    if not _UNDECLARED:
-        from torch._dynamo.exc import UnsafeScriptObjectError
+    (what torch raises at the same place), made on first use (Dynamo's
+    module is not imported before a compilation needs it)."""
+    from torch._dynamo.exc import UnsafeScriptObjectError
 
-        class UndeclaredMemberError(OpaqueMemberError, UnsafeScriptObjectError):
-            """An undeclared member of an opaque used in compiled code: the
-            library's ``OpaqueMemberError`` (and printed as one), and torch's
-            ``UnsafeScriptObjectError``."""
+    class UndeclaredMemberError(OpaqueMemberError, UnsafeScriptObjectError):
+        """An undeclared member of an opaque used in compiled code: the
+        library's ``OpaqueMemberError`` (and printed as one), and torch's
+        ``UnsafeScriptObjectError``."""
 
-        UndeclaredMemberError.__module__ = OpaqueMemberError.__module__
-        UndeclaredMemberError.__name__ = UndeclaredMemberError.__qualname__ = OpaqueMemberError.__name__
-        _UNDECLARED.append(UndeclaredMemberError)
-    return _UNDECLARED[0]
+    UndeclaredMemberError.__module__ = OpaqueMemberError.__module__
+    UndeclaredMemberError.__name__ = UndeclaredMemberError.__qualname__ = OpaqueMemberError.__name__
+    return UndeclaredMemberError
 
 
 def check_declared(variable: Any, tx: Any, name: str) -> None:
