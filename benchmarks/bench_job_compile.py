@@ -95,7 +95,7 @@ def sharded_model(mesh: Any) -> Any:
     """The MLP with ``ShardedTensor`` weights over the mesh's tp dimension (the same weights on every rank)."""
     import torch
 
-    from opaque_subclass.sharded.demo import shard_module
+    from opaque_subclass.sharded import shard_module
 
     tp, _ = _tp_dp(mesh)
     torch.manual_seed(0)

@@ -26,9 +26,9 @@ from torch import nn
 
 import opaque_subclass.export as oexport
 from opaque_subclass import unwrap_tensor_subclass_parameters
-from opaque_subclass.sharded import ShardedTensor
+from opaque_subclass.cli.demo import MLP_PLAN
+from opaque_subclass.sharded import ShardedTensor, shard_module
 from opaque_subclass.sharded.collectives import record_collectives
-from opaque_subclass.sharded.demo import MLP_PLAN, shard_module
 
 
 def _model() -> nn.Sequential:

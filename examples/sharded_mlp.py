@@ -23,8 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from opaque_subclass.sharded import record_collectives
-from opaque_subclass.sharded.demo import shard_module
+from opaque_subclass.sharded import record_collectives, shard_module
 from opaque_subclass.testing import run_local_workers
 
 PLAN = {"0.weight": 0, "0.bias": 0, "2.weight": 1, "2.bias": None}

@@ -298,7 +298,7 @@ def lint_real_programs(rank: int, world_size: int, payload: dict[str, Any]) -> d
       two fixes applied as written (the class's and the function's source) and
       the fixed program compiled once and called with the world group and with
       this rank's group of one.
-    * ``sharded``: the demo's training step (``opaque_subclass.sharded.demo``)
+    * ``sharded``: the demo's training step (``opaque_subclass.cli.demo``)
       on ``ShardedTensor`` weights, 2 steps on one mesh and 1 on a mesh of a
       new group, compiled with ``payload["backend"]``.
     * ``dtensor``: :func:`dtensor_step` on a row-sharded DTensor.
@@ -315,7 +315,8 @@ def lint_real_programs(rank: int, world_size: int, payload: dict[str, Any]) -> d
     from torch.distributed.tensor import Shard, distribute_tensor
 
     import compile_passes
-    from opaque_subclass.sharded.demo import MLP_PLAN, _loss, _mlp, shard_module
+    from opaque_subclass.cli.demo import MLP_PLAN, _loss, _mlp
+    from opaque_subclass.sharded import shard_module
 
     opaque_subclass.register_opaque(ProcessGroup)
     torch._inductor.config.compile_threads = 1  # no pool of compile workers per rank: 2 ranks share the CPUs

@@ -106,13 +106,14 @@ LAZY_OK = {
     ("opaque_subclass.cli", "opaque_subclass.cli.selfcheck"),
     ("opaque_subclass.cli", "opaque_subclass"),
     ("opaque_subclass.cli", "opaque_subclass.releases"),
-    ("opaque_subclass.cli", "opaque_subclass.sharded.demo"),
+    ("opaque_subclass.cli", "opaque_subclass.cli.demo"),
     # the self-check's lint check runs compile_passes, which stands on top of the library
     ("opaque_subclass.cli.selfcheck", "compile_passes"),
     # the demo's module is imported by the CLI in processes without torch.distributed;
     # its rank bodies import the sharded tensor and the library in the worker process
-    ("opaque_subclass.sharded.demo", "opaque_subclass.sharded.tensor"),
-    ("opaque_subclass.sharded.demo", "opaque_subclass"),
+    ("opaque_subclass.cli.demo", "opaque_subclass.sharded.plan"),
+    ("opaque_subclass.cli.demo", "opaque_subclass.sharded.tensor"),
+    ("opaque_subclass.cli.demo", "opaque_subclass"),
 }
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch.distributed as dist
 
 from opaque_subclass import cli
-from opaque_subclass.sharded import demo
+from opaque_subclass.cli import demo
 from opaque_subclass.testing import workers
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available in this build")

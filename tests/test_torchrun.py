@@ -1,4 +1,4 @@
-"""The demo under torchrun: ``torchrun --nproc-per-node 2 -m opaque_subclass.sharded.demo``.
+"""The demo under torchrun: ``torchrun --nproc-per-node 2 -m opaque_subclass.cli.demo``.
 
 torchrun is ``python -m torch.distributed.run``; each test runs it in a
 subprocess on a free port of 127.0.0.1. The failure test runs this file under
@@ -61,7 +61,7 @@ def _torchrun(
 
 
 def test_torchrun_runs_the_demo(tmp_path):
-    proc, _ = _torchrun(["-m", "opaque_subclass.sharded.demo"], tmp_path)
+    proc, _ = _torchrun(["-m", "opaque_subclass.cli.demo"], tmp_path)
     assert proc.returncode == 0, proc.stdout
     passed = [line for line in proc.stdout.splitlines() if line.startswith("[PASS] torch ")]
     assert len(passed) == 1, proc.stdout  # rank 0 alone prints the report
@@ -100,7 +100,7 @@ def test_a_failing_rank_fails_the_command_and_shows_its_error(tmp_path):
 
 
 if __name__ == "__main__":  # one rank under torchrun, for the failure test
-    from opaque_subclass.sharded import demo
+    from opaque_subclass.cli import demo
 
     demo.train_worker = failing_worker  # the per-rank function the demo's entry runs
     sys.exit(demo.main([]))

@@ -530,7 +530,7 @@ def test_compile_passes_refuse_a_non_graph_module(function):
 
 
 def test_shard_module_refuses_a_non_module():
-    from opaque_subclass.sharded.demo import shard_module
+    from opaque_subclass.sharded import shard_module
 
     _raises(lambda: shard_module(None, None, {}), OpaqueTypeError, "shard_module", "NoneType")
 

@@ -1,5 +1,5 @@
 """``python -m opaque_subclass``: report the mode on this torch, run live checks,
-then the sharded-training demo (:mod:`opaque_subclass.sharded.demo`; ``--no-demo`` skips it)."""
+then the sharded-training demo (:mod:`opaque_subclass.cli.demo`; ``--no-demo`` skips it)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def run_demo_section() -> bool:
     if not torch.distributed.is_available():
         print("  [FAIL] torch.distributed is not available in this torch build. Fix: run with --no-demo.")
         return False
-    from opaque_subclass.sharded.demo import DemoError, run_demo
+    from opaque_subclass.cli.demo import DemoError, run_demo
 
     try:
         report = run_demo()

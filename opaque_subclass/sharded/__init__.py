@@ -1,7 +1,9 @@
 """The reference sharded tensor: :class:`ShardedTensor` (a local shard, its
 ``DeviceMesh`` as a reference opaque, a shard dim), its collectives (custom ops
-that take the mesh and resolve its process group when they run), and the demo
-of ``python -m opaque_subclass`` (:mod:`opaque_subclass.sharded.demo`).
+that take the mesh and resolve its process group when they run), and
+:func:`shard_module`, which shards an existing module's parameters by a plan.
+The demo of ``python -m opaque_subclass`` lives with the CLI
+(:mod:`opaque_subclass.cli.demo`).
 
 Importing this package defines no collective op: the first ``ShardedTensor``
 collective, or the first access to an op here, does.
@@ -13,6 +15,7 @@ from typing import Any
 
 from opaque_subclass.sharded import collectives as _collectives
 from opaque_subclass.sharded.collectives import CollectiveRecord, define_ops, record_collectives
+from opaque_subclass.sharded.plan import shard_module
 from opaque_subclass.sharded.tensor import ShardedTensor
 
 __all__ = [
@@ -23,6 +26,7 @@ __all__ = [
     "define_ops",
     "local_chunk",
     "record_collectives",
+    "shard_module",
 ]
 
 

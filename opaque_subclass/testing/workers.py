@@ -1,7 +1,7 @@
 """The one multi-process launcher: run a function in every rank of a local gloo
 group on 127.0.0.1, every wait bounded, so that a failure never hangs.
 
-Used by the demo (:mod:`opaque_subclass.sharded.demo`), the examples and the
+Used by the demo (:mod:`opaque_subclass.cli.demo`), the examples and the
 tests::
 
     from opaque_subclass.testing import run_local_workers

@@ -17,8 +17,8 @@ recompile, it must still match, and the collectives must run on the new group
 :func:`~opaque_subclass.testing.run_local_workers`. Run as a module, the demo
 also works under torchrun, one rank per process::
 
-    python -m opaque_subclass.sharded.demo                          # its own 2 local workers
-    torchrun --nproc-per-node 2 -m opaque_subclass.sharded.demo     # torchrun's ranks
+    python -m opaque_subclass.cli.demo                          # its own 2 local workers
+    torchrun --nproc-per-node 2 -m opaque_subclass.cli.demo     # torchrun's ranks
 
 With torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``) each rank joins a gloo group by env:// rendezvous and runs
@@ -38,14 +38,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from opaque_subclass.core.checks import require_module
 from opaque_subclass.testing.workers import WorkersFailed, run_local_workers
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
     from torch.distributed import ProcessGroup
-    from torch.distributed.device_mesh import DeviceMesh
 
     from opaque_subclass.sharded.tensor import ShardedTensor
 
@@ -55,7 +53,6 @@ __all__ = [
     "DemoReport",
     "run_demo",
     "run_rank",
-    "shard_module",
     "train_worker",
 ]
 
@@ -87,33 +84,6 @@ def _mlp() -> nn.Sequential:
     import torch.nn as nn
 
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 8))
-
-
-def shard_module(module: nn.Module, mesh: DeviceMesh, plan: Mapping[str, int | None]) -> nn.Module:
-    """Replace the parameters named in ``plan`` by ``nn.Parameter(ShardedTensor)``, in place.
-
-    Each value is the shard dim (``None``: replicated) of that parameter, whose
-    current value (a plain tensor, or a ShardedTensor on another mesh) is the
-    same on every rank. Returns ``module``.
-    """
-    import torch.nn as nn
-
-    from opaque_subclass.sharded.tensor import ShardedTensor
-
-    require_module(module, "opaque_subclass.sharded.demo.shard_module")
-    names = dict(module.named_parameters())
-    missing = sorted(set(plan) - set(names))
-    if missing:
-        raise ValueError(
-            f"shard_module: the plan names {missing}, which are not parameters of {type(module).__qualname__}"
-        )
-    for name, dim in plan.items():
-        value = names[name].detach()
-        full = value.full_tensor() if isinstance(value, ShardedTensor) else value
-        owner_name, _, attr = name.rpartition(".")
-        owner = module.get_submodule(owner_name)
-        setattr(owner, attr, nn.Parameter(ShardedTensor.from_full(full, mesh, dim)))
-    return module
 
 
 def _loss(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -152,6 +122,7 @@ def train_worker(rank: int, world_size: int, payload: Mapping[str, Any]) -> dict
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     import opaque_subclass
+    from opaque_subclass.sharded.plan import shard_module
     from opaque_subclass.sharded.tensor import record_collectives
 
     torch.set_num_threads(1)
@@ -359,7 +330,7 @@ def run_demo(
     payload = {"steps": steps, "backend": backend, "lr": lr, "seed": seed}
     try:
         results = run_local_workers(
-            "opaque_subclass.sharded.demo:train_worker", world_size, payload=payload, timeout=timeout
+            "opaque_subclass.cli.demo:train_worker", world_size, payload=payload, timeout=timeout
         )
     except WorkersFailed as e:
         raise DemoError(f"demo failed: {e}") from e
@@ -457,13 +428,13 @@ def _main_torchrun(steps: int, backend: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m opaque_subclass.sharded.demo [--steps N] [--world-size N] [--backend B]``,
+    """``python -m opaque_subclass.cli.demo [--steps N] [--world-size N] [--backend B]``,
     or under ``torchrun --nproc-per-node N``."""
     import argparse
 
     args = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
-        prog="python -m opaque_subclass.sharded.demo",
+        prog="python -m opaque_subclass.cli.demo",
         description=(__doc__ or "").split("\n\n")[0],
         epilog="Under torchrun (its RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set) every process runs one "
         "rank and the world size is torchrun's.",
