@@ -856,14 +856,7 @@ def _dtensor_share_compiles_job() -> Observation:
     DTensor's sharding cache) and the rank-free ``(t * 2 + 1).to_local()``:
     per rank, whether each was refused or compiled right, and its AOTAutograd
     cache hits (pytorch/pytorch#188390's reproduction)."""
-    import tempfile
-
-    from opaque_subclass.testing import simulate_job
-
-    with tempfile.TemporaryDirectory(prefix="conformance-job-") as cache:
-        report = simulate_job(
-            f"{Path(__file__).with_name('dist_workers.py')}:shared_chunk_step", 2, ranks=[0, 1], cache_dir=cache
-        )
+    from scenarios import shared_chunk_job
 
     def outcome(program: dict[str, Any]) -> str:
         if "refused" in program:
@@ -871,8 +864,8 @@ def _dtensor_share_compiles_job() -> Observation:
         return "right" if program["compiled"] == program["eager"] else f"WRONG: {program['compiled']}"
 
     return [
-        {name: {"outcome": outcome(r.value[name]), "aot_hits": r.value[name]["aot_hits"]} for name in ("chunk", "free")}
-        for r in report.ranks
+        {name: {"outcome": outcome(value[name]), "aot_hits": value[name]["aot_hits"]} for name in ("chunk", "free")}
+        for value in shared_chunk_job()
     ]
 
 

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import logging
 import re
+import tempfile
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -774,3 +777,24 @@ def share_compiles_refuses_the_new_shard_dim_of_an_output() -> None:
 
 
 SHARED_NEW_SHARD_DIM_FAILURE = StockFailure(AssertionError, r"^compiled with this rank's part: \[")
+
+
+#: The xdist group of the tests that read :func:`shared_chunk_job` (one worker runs them, so the
+#: job runs once per test session instead of once per test).
+SHARED_CHUNK_JOB_GROUP = "shared-chunk-job"
+
+
+@functools.cache
+def shared_chunk_job() -> tuple[dict[str, Any], ...]:
+    """Each rank's ``tests/dist_workers.py:shared_chunk_step`` result in a simulated job of two
+    ranks (one process each, fake process group, one shared compile-cache directory), in rank
+    order. The job is the same for every reader (tests/test_dtensor_share.py and the conformance
+    entry ``dtensor/share-compiles-job-of-two-ranks``), so it runs once per process."""
+    from pathlib import Path
+
+    from opaque_subclass.testing import simulate_job
+
+    workers = Path(__file__).with_name("dist_workers.py")
+    with tempfile.TemporaryDirectory(prefix="opaque-subclass-job-") as cache:
+        report = simulate_job(f"{workers}:shared_chunk_step", 2, ranks=[0, 1], cache_dir=cache)
+    return tuple(r.value for r in report.ranks)

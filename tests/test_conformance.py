@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conformance import ENTRIES, REFERENCE, compare, run_entry
+from scenarios import SHARED_CHUNK_JOB_GROUP
 
 from opaque_subclass.releases import NEWEST, RELEASES, current
 
@@ -49,7 +50,15 @@ def test_every_listed_difference_names_corpus_entries():
     assert not RELEASES[NEWEST].differences, "the reference release differs from nothing"
 
 
-@pytest.mark.parametrize("name", sorted(ENTRIES))
+#: Entries that read a scenario some test of another module reads too (cached per process):
+#: one xdist worker runs them all, so the scenario runs once per session.
+_GROUPS = {"dtensor/share-compiles-job-of-two-ranks": SHARED_CHUNK_JOB_GROUP}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.xdist_group(_GROUPS[n])) if n in _GROUPS else n for n in sorted(ENTRIES)],
+)
 def test_entry_matches_reference(name):
     observed = run_entry(name)
     _OBSERVED[name] = observed

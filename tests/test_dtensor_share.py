@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from scenarios import SHARED_CHUNK_JOB_GROUP, shared_chunk_job
 from subclasses import fake_world
 from torch._dynamo.utils import counters
 from torch.distributed.device_mesh import DeviceMesh
@@ -152,7 +153,8 @@ def test_a_graph_that_uses_this_ranks_position_is_refused():
         assert torch.compile(chunk_of_this_rank)(x).tolist() == [[2.0, 3.0]]  # outside it: this rank's chunk
 
 
-def test_a_job_never_loads_the_chunk_another_rank_compiled(tmp_path):
+@pytest.mark.xdist_group(SHARED_CHUNK_JOB_GROUP)
+def test_a_job_never_loads_the_chunk_another_rank_compiled():
     """Two ranks of a job, one shared cache directory: ``(t * 2).redistribute(
     t.device_mesh, [Shard(0)])`` redistributes an operator's output, whose
     spec DTensor's sharding cache gives the real mesh, so the coordinate is read
@@ -161,9 +163,9 @@ def test_a_job_never_loads_the_chunk_another_rank_compiled(tmp_path):
     returning rank 0's chunk), while the rank-free program still compiles once
     per job (rank 1 loads rank 0's entry). torch 2.11 bypasses its cache for
     DTensor graphs: each rank compiles its own chunk."""
-    report = simulate_job(f"{WORKERS}:shared_chunk_step", 2, ranks=[0, 1], cache_dir=tmp_path / "cache")
-    chunk = [r.value["chunk"] for r in report.ranks]
-    free = [r.value["free"] for r in report.ranks]
+    job = shared_chunk_job()  # the conformance entry dtensor/share-compiles-job-of-two-ranks reads it too
+    chunk = [value["chunk"] for value in job]
+    free = [value["free"] for value in job]
     assert [c["eager"] for c in chunk] == [[0.0, 2.0, 4.0, 6.0], [8.0, 10.0, 12.0, 14.0]]
     if TORCH_2_11:
         assert [c.get("compiled") for c in chunk] == [c["eager"] for c in chunk], chunk
