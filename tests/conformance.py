@@ -1667,6 +1667,113 @@ entry("sharded/redistribute/16-ranks")(lambda: _sharded_meshes(16, (16, 16), lam
 
 
 # ---------------------------------------------------------------------------
+# What torch's own tests look at, as stock torch gives it with the library
+# imported (#38: torch's test files run stock and with the library by
+# tools/torch_tests.py; docs/compatibility.md). Error classes and first
+# sentences that tests match, and the graph inputs of compiled programs, named.
+
+
+class CBin(OpaqueBase):
+    """A reference opaque whose attribute ``shelved`` (declared ``USE_REAL``)
+    holds other opaques: one, or a list of them."""
+
+    def __init__(self, shelved: Any) -> None:
+        self.shelved = shelved
+
+
+opaque_subclass.register_opaque(CBin, members={"shelved": Member.USE_REAL})
+
+
+class _ListsWhatItHolds(CHand):
+    """A hand-written subclass listing ``_config`` (whatever it holds) with its tensors."""
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return ["_data", "_config"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
+        return cls(inner["_data"], None, inner["_config"])
+
+
+def _as_torch_raises(run: Callable[[], object], sentence: str, *classes: type) -> Observation:
+    """The exception ``run`` raises: its type, which of torch's ``classes`` it
+    is an instance of (what ``assertRaises`` checks), and whether its message
+    starts with torch's ``sentence`` (what ``assertRaisesRegex`` matches)."""
+    with fresh():
+        try:
+            run()
+        except Exception as e:
+            return {
+                "raised": type(e).__name__,
+                "torch's classes": [c.__name__ for c in classes if isinstance(e, c)],
+                "torch's sentence first": str(e).startswith(sentence),
+            }
+    return {"raised": None}
+
+
+def _listed_in_tensor_attrs(held: object) -> Observation:
+    name = type(held).__name__
+    return _as_torch_raises(
+        lambda: torch.compile(lambda t: t + 1, backend="eager", fullgraph=True)(
+            _ListsWhatItHolds(torch.ones(2), None, held)
+        ),
+        f"'{name}' found in tensor attrs of _ListsWhatItHolds.__tensor_flatten__(). Only tensors and "
+        "reference-type opaques are allowed in tensor attrs.",
+        RuntimeError,
+    )
+
+
+entry("torch-parity/value-opaque-in-tensor-attrs-error")(lambda: _listed_in_tensor_attrs(CConfig(8)))
+entry("torch-parity/builtin-in-tensor-attrs-error")(lambda: _listed_in_tensor_attrs(7))
+
+
+@entry("torch-parity/undeclared-member-error")
+def _undeclared_member_as_torch() -> Observation:
+    """Compiled without ``fullgraph``, as a graph break would allow."""
+    return _as_torch_raises(
+        lambda: torch.compile(lambda t: t._data * t._gauge.other(), backend="eager")(
+            CGaugeTensor(torch.ones(2), CGauge(3))
+        ),
+        "Attempted to access unregistered member on an OpaqueObject",
+        RuntimeError,
+        torch._dynamo.exc.UnsafeScriptObjectError,
+    )
+
+
+def _input_names(fn: Callable[..., Any], *args: Any) -> Observation:
+    """The placeholders of the graph Dynamo builds for ``fn``, by name, in order."""
+    graphs: list[list[str]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        graphs.append([n.name for n in gm.graph.nodes if n.op == "placeholder"])
+        return gm.forward
+
+    with fresh():
+        out = torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return {"inputs": graphs, "out": describe(out)}
+
+
+def _one_shelved(b: CBin, x: torch.Tensor) -> torch.Tensor:
+    mesh = b.shelved  # read before x is used: Dynamo makes it a graph input where the code first uses it
+    y = x * 3
+    return torch.ops.conformance.name_length(y, mesh)
+
+
+def _each_shelved(b: CBin, x: torch.Tensor) -> torch.Tensor:
+    for mesh in b.shelved:
+        x = torch.ops.conformance.name_length(x, mesh)
+    return x
+
+
+entry("torch-parity/graph-inputs-of-an-opaque-attribute")(
+    lambda: _input_names(_one_shelved, CBin(CMesh("ab")), torch.ones(2))
+)
+entry("torch-parity/graph-inputs-of-a-list-of-opaques-attribute")(
+    lambda: _input_names(_each_shelved, CBin([CMesh("a"), CMesh("bcd")]), torch.ones(2))
+)
+
+
+# ---------------------------------------------------------------------------
 # Running and comparing.
 
 

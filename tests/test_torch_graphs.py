@@ -86,15 +86,76 @@ def test_an_attribute_read_before_use_keeps_torchs_placeholder_order():
         stock = _placeholders(reads_then_uses, *args)
     finally:
         osc.enable()
-    if current().release == (2, 12):
-        # torch 2.12 names an attribute read through its fake wrapper's __getattribute__ by that call
-        # (object_getattribute_L_holder_inner_); the library's recording of such reads makes Dynamo read
-        # it as an attribute, named as on 2.13 and newer (docs/compatibility.md): the order is torch's
-        assert [name.replace("object_getattribute_", "").strip("_").lower() for name in stock] == [
-            name.strip("_") for name in ours
-        ], (stock, ours)
-        return
     assert ours == stock
+
+
+class Shelf(OpaqueBase):
+    """A reference opaque whose attribute ``boxes`` (declared ``USE_REAL``) is a list of opaques."""
+
+    def __init__(self, boxes: list[Box]) -> None:
+        self.boxes = boxes
+
+
+osc.register_opaque(Shelf, members={"boxes": Member.USE_REAL})
+
+
+def fills_each_box(shelf, x):
+    for box in shelf.boxes:
+        x = put(box, x)
+    return x
+
+
+def _stock_and_ours(fn, *args) -> tuple[list[str], list[str]]:
+    ours = _placeholders(fn, *args)
+    osc.disable()
+    try:
+        stock = _placeholders(fn, *args)
+    finally:
+        osc.enable()
+    return stock, ours
+
+
+@pytest.mark.skipif(current().release == (2, 11), reason="stock torch 2.11 cannot compile opaque members")
+@pytest.mark.parametrize("program", ["one attribute", "a list attribute"])
+def test_an_opaque_read_from_an_attribute_keeps_torchs_input_name(program):
+    """torch 2.12's Dynamo traces an attribute read of an opaque through its
+    fake wrapper's ``__getattribute__`` and names the graph input after that call
+    (``object_getattribute_L_holder_inner_``; 2.13 and newer: ``l_holder_inner``).
+    The library replaces that method to record member reads below Dynamo; the
+    replacement used to be a descriptor Dynamo did not trace, which renamed the
+    input on 2.12 (``l_holder_inner``) and changed the text of graphs torch's own
+    tests compare. Names equal to stock's on every release."""
+    if program == "one attribute":
+        stock, ours = _stock_and_ours(reads_then_uses, Holder(Box()), torch.ones(2))
+    else:
+        stock, ours = _stock_and_ours(fills_each_box, Shelf([Box(), Box()]), torch.ones(2))
+        assert len(ours) == 3, ours
+    assert ours == stock
+
+
+@pytest.mark.skipif(current().release == (2, 11), reason="stock torch 2.11 cannot compile opaque members")
+def test_the_recompile_reason_of_an_attribute_member_is_torchs():
+    """The guard on a plain value read from an opaque's attribute fails with
+    stock torch's reason text, library or not (2.12:
+    ``object.__getattribute__(g, 'v') == 3``, 2.13 and newer ``g.v == 3``)."""
+
+    def reasons() -> list[str]:
+        torch._dynamo.reset()
+        f = torch.compile(lambda g, x: x * g.v, backend="eager", fullgraph=True)
+        f(Gauge(3), torch.ones(1))
+        f(Gauge(4), torch.ones(1))
+        failures = torch._dynamo.utils.guard_failures
+        found = [reason for reasons in failures.values() for reason in reasons if "== 3" in reason]
+        torch._dynamo.reset()
+        return found
+
+    ours = reasons()
+    osc.disable()
+    try:
+        stock = reasons()
+    finally:
+        osc.enable()
+    assert ours and ours == stock, (stock, ours)
 
 
 @pytest.mark.parametrize(

@@ -188,37 +188,39 @@ def _watched(value: Any, name: str, on_use: Callable[[], None]) -> Any:
     return value
 
 
-class _RecordingGetattribute:
-    """``FakeScriptObject.__getattribute__`` as a descriptor that is not a plain
-    function: CPython binds and calls it like the method it replaces, and
-    Dynamo, which traces a class's ``__getattribute__`` only when it is a
-    Python function, reads the fake object's members as it reads any object's
-    (the members torch binds onto it are in its ``__dict__``) instead of
-    tracing this recording code."""
+#: torch's ``FakeScriptObject.__getattribute__`` (or what another package put
+#: in its place), set by :func:`make_fake_object_getattribute`. A module global,
+#: not a closure: Dynamo inlines the replacement (below) and reaches this through
+#: a global, whose guard it can evaluate; a closure's source would be read
+#: through the real object's ``__getattribute__``, which is ``object``'s.
+_TORCH_GETATTRIBUTE: Callable[..., Any] = object.__getattribute__
 
-    __slots__ = ("original",)
 
-    def __init__(self, original: Callable[..., Any]) -> None:
-        self.original = original
+def _fake_object_getattribute(self: Any, name: str) -> Any:
+    """``FakeScriptObject.__getattribute__``: torch's, with each member read
+    while a compilation traces below Dynamo recorded (:func:`reads_of`).
 
-    def __get__(self, obj: object, objtype: type | None = None) -> Any:
-        if obj is None:
-            return self
-        return functools.partial(self, obj)
-
-    def __call__(self, obj: Any, name: str) -> Any:
-        value = self.original(obj, name)
-        if name in _OWN:
-            return value
-        context = _tracing_context()
-        if context is None:
-            return value
-        real = object.__getattribute__(obj, "real_obj")
-        with _LOCK:
-            _READS.setdefault(context, {}).setdefault(id(real), (type(real), set()))[1].add(name)
-        if name in POSITION_MEMBERS and sharing_across_ranks():
-            return _watched(value, name, functools.partial(_note_use, context, real, name))
+    A Python function, as torch's is, so Dynamo traces a read of an opaque's
+    member as stock torch does (it inlines a class's ``__getattribute__`` only
+    when it is a Python function; torch 2.12 names such a graph input
+    ``object_getattribute_L_..._`` after the call it traces). While Dynamo
+    traces, the function is torch's alone: Dynamo reads the fake object, and
+    the member's value is guarded by Dynamo, not recorded here.
+    """
+    if torch.compiler.is_dynamo_compiling():
+        return _TORCH_GETATTRIBUTE(self, name)
+    value = _TORCH_GETATTRIBUTE(self, name)
+    if name in _OWN:
         return value
+    context = _tracing_context()
+    if context is None:
+        return value
+    real = object.__getattribute__(self, "real_obj")
+    with _LOCK:
+        _READS.setdefault(context, {}).setdefault(id(real), (type(real), set()))[1].add(name)
+    if name in POSITION_MEMBERS and sharing_across_ranks():
+        return _watched(value, name, functools.partial(_note_use, context, real, name))
+    return value
 
 
 @composes
@@ -231,14 +233,14 @@ def make_fake_object_getattribute(original: Callable[..., Any]) -> Any:
     narrow guard of :mod:`opaque_subclass.fixes.mesh_guards`, and another mesh
     of the shape would run with the first one's coordinate. With it, torch's
     method runs unchanged and each member it answers while a compilation
-    traces is recorded (:func:`reads_of`). The replacement is a callable
-    descriptor (:class:`_RecordingGetattribute`), not a function, so Dynamo
-    reads the fake object's members from its ``__dict__`` as it reads any
-    object's instead of tracing the recording code (on torch 2.12 its recompile
-    reason on an attribute member then reads ``t._gauge.offset``, as on 2.13
-    and newer, where it read ``object.__getattribute__(t._gauge, 'offset')``).
+    traces is recorded (:func:`reads_of`); Dynamo traces the replacement as it
+    traces torch's method (:func:`_fake_object_getattribute`), so the graph and
+    guards of a program that reads an opaque's attribute are stock torch's, input
+    names included.
     """
-    return _RecordingGetattribute(original)
+    global _TORCH_GETATTRIBUTE
+    _TORCH_GETATTRIBUTE = original
+    return _fake_object_getattribute
 
 
 #: The modules of DTensor whose reads of a real mesh's position are watched: the

@@ -16,7 +16,7 @@ from __future__ import annotations
 from opaque_subclass.patching import Patch
 from opaque_subclass.releases.fix_table import fix_rows
 from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, Difference, ReleaseSupport
-from opaque_subclass.releases.shared import ATTRIBUTE_GUARD_TEXT, FOREIGN_ISINSTANCE
+from opaque_subclass.releases.shared import ATTRIBUTE_SOURCE_ENTRIES, ATTRIBUTE_SOURCE_TEXT, FOREIGN_ISINSTANCE
 
 #: The torch source files the fingerprints of this release's rows are read from, and their digests
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
@@ -296,10 +296,7 @@ RELEASE = ReleaseSupport(
             "them by value and offer no hook to refuse",
             ("export/torch-save-direct",),
         ),
-        Difference(
-            ATTRIBUTE_GUARD_TEXT,
-            ("members/attribute-use-real", "collectives/functional-all-reduce"),
-        ),
+        Difference(ATTRIBUTE_SOURCE_TEXT, ATTRIBUTE_SOURCE_ENTRIES),
         Difference(
             "a mesh that reaches DTensor.from_local or redistribute in compiled code only as an "
             "argument (not read from a DTensor input) is compiled in, guarded by equality: a later "

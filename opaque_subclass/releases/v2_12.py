@@ -14,8 +14,8 @@ What a row is, and how the set is applied: :mod:`opaque_subclass.releases`.
 from __future__ import annotations
 
 from opaque_subclass.releases.fix_table import fix_rows
-from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, ReleaseSupport
-from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
+from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, Difference, ReleaseSupport
+from opaque_subclass.releases.shared import ATTRIBUTE_SOURCE_ENTRIES, ATTRIBUTE_SOURCE_TEXT, FOREIGN_ISINSTANCE
 
 #: The torch source files the fingerprints of this release's rows are read from, and their digests
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
@@ -44,6 +44,7 @@ RELEASE = ReleaseSupport(
     "native",
     OPAQUE_OBJECT_API,
     fixes=fix_rows((2, 12)),  # the table of fixes shared by releases: releases/fix_table.py
+    differences=(Difference(ATTRIBUTE_SOURCE_TEXT, ATTRIBUTE_SOURCE_ENTRIES),),
     limits=(
         FOREIGN_ISINSTANCE,
         "torch 2.12's CUDA build without a GPU may abort at interpreter exit ('terminate called "
