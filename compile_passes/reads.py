@@ -341,9 +341,10 @@ def _members_of(cls: type) -> tuple[dict[object, str], dict[types.CodeType, str]
 
 
 def _fake_getattribute_code() -> types.CodeType | None:
-    """The code of torch's ``FakeScriptObject.__getattribute__``, also where a
-    fix of the library replaced it by a callable that calls torch's function
-    (found among the replacement's attributes)."""
+    """The code of ``FakeScriptObject.__getattribute__`` as installed: torch's
+    function, or the library's replacement (a plain function; its frames count
+    as torch's, see ``_PATCH_DIRS``); for a callable object another package put
+    there, the function it holds (among its attributes)."""
     try:
         from torch._library.fake_class_registry import FakeScriptObject
     except ImportError:  # pragma: no cover - every supported torch has it

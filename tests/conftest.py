@@ -13,6 +13,14 @@ if _WORKER:
         os.path.join(_BASE, _WORKER) if _BASE else tempfile.mkdtemp(prefix=f"opaque-subclass-inductor-{_WORKER}-")
     )
 
+# Inductor compiles in the process that asks (TORCHINDUCTOR_COMPILE_THREADS=1) unless the caller
+# chose otherwise: with its default on this 2-core machine (one thread per CPU) every process that
+# compiles with inductor first starts a pool of compile workers, a fresh interpreter importing torch,
+# which for the suite's small graphs costs more than the compilation (test_compile_cache's two
+# cross-process tests: 94 s instead of 352 s, 2.13). The subprocesses of tests inherit it. The pool
+# stays covered: tests/test_compile_workers.py compiles with it on every leg.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
