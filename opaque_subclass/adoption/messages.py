@@ -1,0 +1,155 @@
+"""The errors of :func:`opaque_subclass.adopt`: each names the class, the
+attribute and path, the type found, and a fix that runs as written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opaque_subclass.core.errors import (
+    OpaqueAttributeError,
+    OpaqueSubclassError,
+    OpaqueTypeError,
+    OpaqueValueError,
+    describe_type,
+    import_fix,
+    qualified_name,
+    subject,
+)
+
+__all__ = [
+    "adopted_elsewhere",
+    "bad_declaration",
+    "bad_name",
+    "bad_path",
+    "missing_opaque",
+    "not_a_subclass",
+    "path_not_found",
+    "unregistered_type",
+    "wrong_type_at_path",
+    "wrong_type_in_slot",
+]
+
+
+def _adopt_call(cls: type, name: str, path: str, opaque_cls: type | str) -> str:
+    """``import ...; opaque_subclass.adopt(Cls, {...})`` as a runnable fix."""
+    opaque = opaque_cls if isinstance(opaque_cls, str) else opaque_cls.__qualname__
+    call = f"opaque_subclass.adopt({{cls}}, {{{{{name!r}: opaque_subclass.ContextOpaque({path!r}, {opaque})}}}})"
+    fix = import_fix(cls, call)
+    if not isinstance(opaque_cls, str) and opaque_cls.__module__ not in ("__main__", "builtins"):
+        top = opaque_cls.__qualname__.split(".", 1)[0]
+        if "<locals>" not in opaque_cls.__qualname__ and opaque_cls.__module__ != cls.__module__:
+            fix = fix.replace("`import opaque_subclass; ", f"`import opaque_subclass; from {opaque_cls.__module__} import {top}; ", 1)
+    return fix
+
+
+def not_a_subclass(cls: object) -> OpaqueTypeError:
+    shown = cls.__qualname__ if isinstance(cls, type) else describe_type(cls)
+    return OpaqueTypeError(
+        f"opaque_subclass.adopt({shown}, ...): adopt takes a tensor subclass that defines "
+        f"__tensor_flatten__ and __tensor_unflatten__, got {describe_type(cls) if not isinstance(cls, type) else qualified_name(cls)}. "
+        "Fix: pass the class whose flatten context holds the object, e.g. `opaque_subclass.adopt(type(x), ...)` "
+        "for an instance x of it."
+    )
+
+
+def bad_declaration(cls: type, name: object, value: object) -> OpaqueTypeError:
+    path = value if isinstance(value, str) else ".mesh"
+    return OpaqueTypeError(
+        f"{subject(cls)}: adopt's opaques[{name!r}] must be an opaque_subclass.ContextOpaque(path, cls) "
+        f"(where the object sits in the flatten context, and its registered class), got {describe_type(value)}. "
+        f"Fix: `opaques = {{{str(name)!r}: opaque_subclass.ContextOpaque({path!r}, YourOpaqueClass)}}` "
+        "with YourOpaqueClass the object's class (DeviceMesh for a mesh)."
+    )
+
+
+def bad_name(cls: type, name: object, why: str) -> OpaqueValueError:
+    fixed = "_adopted_" + "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in str(name)).strip("_")
+    return OpaqueValueError(
+        f"{subject(cls)}: adopt's attribute name {name!r} {why}; it becomes an attribute of "
+        f"{cls.__qualname__} listed by __tensor_flatten__. Fix: name it e.g. {fixed!r}."
+    )
+
+
+def bad_path(cls: type, name: str, path: object, opaque_cls: type) -> OpaqueValueError:
+    return OpaqueValueError(
+        f"{subject(cls)}: adopt's opaques[{name!r}] has path {path!r}, which is not a path into a "
+        "flatten context: steps are .attribute, [index] or ['key'] (the notation of lint OSC001's "
+        "'<context>' paths), e.g. '.mesh' or \"[0].mesh\". Fix: "
+        + _adopt_call(cls, name, "[0].mesh" if isinstance(path, str) and path.startswith("[") else ".mesh", opaque_cls)
+    )
+
+
+def unregistered_type(cls: type, name: str, opaque_cls: object, kind: str | None) -> OpaqueTypeError:
+    if not isinstance(opaque_cls, type):
+        return OpaqueTypeError(
+            f"{subject(cls)}: adopt's opaques[{name!r}] names {describe_type(opaque_cls)} (an instance) as "
+            "the opaque's class. Fix: name its class, opaque_subclass.ContextOpaque(path, type(obj))."
+        )
+    if kind == "value":
+        why = "a value opaque (compared by value and compiled in): it belongs in the flatten context as it is"
+        fix = "leave it in the context (do not adopt it), or adopt an object whose identity matters"
+        return OpaqueTypeError(
+            f"{subject(cls)}: adopt's opaques[{name!r}] names {qualified_name(opaque_cls)}, {why}. Fix: {fix}."
+        )
+    return OpaqueTypeError(
+        f"{subject(cls)}: adopt's opaques[{name!r}] names {qualified_name(opaque_cls)}, which is not a "
+        "registered reference opaque: an adopted object becomes a graph input passed by identity, which "
+        "torch allows only for registered reference opaques. Fix: register it first, "
+        + import_fix(opaque_cls, "opaque_subclass.register_opaque({cls})")
+    )
+
+
+def adopted_elsewhere(cls: type, existing: Any) -> OpaqueValueError:
+    return OpaqueValueError(
+        f"{subject(cls)} is adopted already, with {existing.describe()}; a class is adopted once. Fix: "
+        + import_fix(cls, "opaque_subclass.unadopt({cls})")
+        + " first, then adopt it with the new declaration."
+    )
+
+
+def path_not_found(cls: type, name: str, path: str, stopped_at: str, step: str, found: object,
+                   opaque_cls: type, suggestion: str | None) -> OpaqueAttributeError:  # fmt: skip
+    where = f"at {stopped_at!r}" if stopped_at else "as the context itself"
+    fix = (
+        _adopt_call(cls, name, suggestion, opaque_cls) + f" (a {opaque_cls.__qualname__} sits at {suggestion!r})"
+        if suggestion is not None
+        else f"the path of the {opaque_cls.__qualname__} in the context, e.g. " + _adopt_call(cls, name, ".mesh", opaque_cls)
+    )
+    return OpaqueAttributeError(
+        f"{subject(cls)}: adopt's opaques[{name!r}] has path {path!r}, but the flatten context holds a "
+        f"{describe_type(found)} {where}, which has no {step!r}. Fix: {fix}"
+    )
+
+
+def wrong_type_at_path(cls: type, name: str, path: str, found: object, opaque_cls: type,
+                       suggestion: str | None) -> OpaqueTypeError:  # fmt: skip
+    fix = (
+        _adopt_call(cls, name, suggestion, opaque_cls) + f" (a {opaque_cls.__qualname__} sits there)"
+        if suggestion is not None
+        else "declare the class of the object at that path, "
+        + _adopt_call(cls, name, path, type(found) if type(found).__module__ != "builtins" else "YourOpaqueClass")
+        + " (registered as a reference opaque), or the path of the object to adopt"
+    )
+    return OpaqueTypeError(
+        f"{subject(cls)}: adopt's opaques[{name!r}] expects a {qualified_name(opaque_cls)} at {path!r} of "
+        f"the flatten context, found {describe_type(found)}. Fix: {fix}"
+    )
+
+
+def wrong_type_in_slot(cls: type, name: str, found: object, opaque_cls: type) -> OpaqueTypeError:
+    return OpaqueTypeError(
+        f"{subject(cls)}.__tensor_unflatten__ got {describe_type(found)} for the adopted opaque {name!r}, "
+        f"which must be a {qualified_name(opaque_cls)}. Fix: pass the {opaque_cls.__qualname__} itself, "
+        f"inner[{name!r}] = x.{name} for an instance x of {cls.__qualname__}."
+    )
+
+
+def missing_opaque(cls: type, name: str, path: str) -> OpaqueSubclassError:
+    return OpaqueSubclassError(
+        f"{subject(cls)}.__tensor_unflatten__ was called without the adopted opaque {name!r}, and the "
+        f"context's {path!r} is the placeholder an adopted __tensor_flatten__ leaves there, not the "
+        "object: there is nothing to rebuild the instance with. Fix: pass the object, "
+        f"`inner[{name!r}] = x.{name}` with x the instance the context came from, or rebuild from a "
+        f"context of that instance's own, `x.__tensor_flatten__()` before adopting; code you do not own "
+        "that does this is a limit of the adoption (docs/adopting.md)."
+    )
