@@ -395,11 +395,6 @@ def adopt(cls: type, opaques: Mapping[str, ContextOpaque], *, example: object = 
     cls = _check_class(cls)
     if not isinstance(opaques, Mapping) or not opaques:
         raise messages.bad_declaration(cls, "_mesh", opaques)
-    slots = tuple(_check_slot(cls, name, decl) for name, decl in opaques.items())
-    paths = [slot.path for slot in slots]
-    for slot in slots:
-        if paths.count(slot.path) > 1:
-            raise messages.bad_name(cls, slot.name, f"shares its path {slot.path.text!r} with another declaration")
     with _LOCK:
         existing = _ADOPTIONS.get(cls)
         if existing is not None:
@@ -409,6 +404,11 @@ def adopt(cls: type, opaques: Mapping[str, ContextOpaque], *, example: object = 
         if _is_adoption_method(_raw(cls, _FLATTEN)):
             base = next(k for k in cls.__mro__ if k in _ADOPTIONS)
             raise messages.adopted_elsewhere(base, _ADOPTIONS[base])
+        slots = tuple(_check_slot(cls, name, decl) for name, decl in opaques.items())
+        paths = [slot.path for slot in slots]
+        for slot in slots:
+            if paths.count(slot.path) > 1:
+                raise messages.bad_name(cls, slot.name, f"shares its path {slot.path.text!r} with another declaration")
         if example is not None:
             _check_example(cls, slots, example)
         flatten, unflatten, coerce = _raw(cls, _FLATTEN), _raw(cls, _UNFLATTEN), _raw(cls, _COERCE)

@@ -15,6 +15,7 @@ from opaque_subclass.core.errors import (
     qualified_name,
     subject,
 )
+from opaque_subclass.core.registry import is_torch_handled_type
 
 __all__ = [
     "adopted_elsewhere",
@@ -31,15 +32,17 @@ __all__ = [
 
 
 def _adopt_call(cls: type, name: str, path: str, opaque_cls: type | str) -> str:
-    """``import ...; opaque_subclass.adopt(Cls, {...})`` as a runnable fix."""
+    """``import ...; opaque_subclass.adopt(Cls, {...})`` as a runnable fix (the
+    opaque's class imported too, unless it is a placeholder name)."""
     opaque = opaque_cls if isinstance(opaque_cls, str) else opaque_cls.__qualname__
     call = f"opaque_subclass.adopt({{cls}}, {{{{{name!r}: opaque_subclass.ContextOpaque({path!r}, {opaque})}}}})"
-    fix = import_fix(cls, call)
-    if not isinstance(opaque_cls, str) and opaque_cls.__module__ not in ("__main__", "builtins"):
-        top = opaque_cls.__qualname__.split(".", 1)[0]
-        if "<locals>" not in opaque_cls.__qualname__ and opaque_cls.__module__ != cls.__module__:
-            fix = fix.replace("`import opaque_subclass; ", f"`import opaque_subclass; from {opaque_cls.__module__} import {top}; ", 1)
-    return fix
+    if isinstance(opaque_cls, type) and _importable(opaque_cls) and opaque_cls.__module__ != cls.__module__:
+        call = f"from {opaque_cls.__module__} import {opaque}; " + call
+    return import_fix(cls, call)
+
+
+def _importable(cls: type) -> bool:
+    return "<locals>" not in cls.__qualname__ and cls.__module__ not in ("__main__", "builtins")
 
 
 def not_a_subclass(cls: object) -> OpaqueTypeError:
@@ -83,13 +86,15 @@ def unregistered_type(cls: type, name: str, opaque_cls: object, kind: str | None
     if not isinstance(opaque_cls, type):
         return OpaqueTypeError(
             f"{subject(cls)}: adopt's opaques[{name!r}] names {describe_type(opaque_cls)} (an instance) as "
-            "the opaque's class. Fix: name its class, opaque_subclass.ContextOpaque(path, type(obj))."
+            "the opaque's class. Fix: name its class, `opaque_subclass.ContextOpaque(path, type(obj))`."
         )
-    if kind == "value":
-        why = "a value opaque (compared by value and compiled in): it belongs in the flatten context as it is"
-        fix = "leave it in the context (do not adopt it), or adopt an object whose identity matters"
+    if kind == "value" or opaque_cls.__module__ == "builtins" or is_torch_handled_type(opaque_cls):
+        shown = opaque_cls.__qualname__ if opaque_cls.__module__ == "builtins" else qualified_name(opaque_cls)
         return OpaqueTypeError(
-            f"{subject(cls)}: adopt's opaques[{name!r}] names {qualified_name(opaque_cls)}, {why}. Fix: {fix}."
+            f"{subject(cls)}: adopt's opaques[{name!r}] names {shown}, a value that torch.compile compares "
+            "and compiles in: it stays in the flatten context, where the guard on equality is right for it. "
+            "Only objects whose identity matters (a mesh, a process group) are adopted. Fix: drop "
+            f"{name!r} from the declaration."
         )
     return OpaqueTypeError(
         f"{subject(cls)}: adopt's opaques[{name!r}] names {qualified_name(opaque_cls)}, which is not a "
@@ -124,7 +129,7 @@ def path_not_found(cls: type, name: str, path: str, stopped_at: str, step: str, 
 def wrong_type_at_path(cls: type, name: str, path: str, found: object, opaque_cls: type,
                        suggestion: str | None) -> OpaqueTypeError:  # fmt: skip
     fix = (
-        _adopt_call(cls, name, suggestion, opaque_cls) + f" (a {opaque_cls.__qualname__} sits there)"
+        _adopt_call(cls, name, suggestion, opaque_cls) + f" (a {opaque_cls.__qualname__} sits at {suggestion!r})"
         if suggestion is not None
         else "declare the class of the object at that path, "
         + _adopt_call(cls, name, path, type(found) if type(found).__module__ != "builtins" else "YourOpaqueClass")
