@@ -55,6 +55,7 @@ exclude_patterns = ["_build", "__pycache__"]
 GUIDE = [
     "core",
     "authoring",
+    "adopting",
     "export",
     "distributed",
     "large_jobs",
