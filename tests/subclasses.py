@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 
 import opaque_subclass
 from opaque_subclass import OpaqueBase
+from opaque_subclass.core.registry import opaque_type_of
 
 
 class Mesh(OpaqueBase):
@@ -518,7 +519,7 @@ class PhysicsNeMoLikeShardTensor(torch.Tensor):
     def _stable_hash_for_caching(self) -> str:
         # As PhysicsNeMo's: the instance's spec by value (the mesh by its class), never an id().
         spec = self._spec
-        key = (opaque_subclass.core.registry.opaque_type_of(spec.mesh).__qualname__, spec.placements,
+        key = (opaque_type_of(spec.mesh).__qualname__, spec.placements,
                spec.sharding_shapes, tuple(self.shape), str(self.dtype), self.requires_grad)  # fmt: skip
         return hashlib.blake2b(repr(key).encode(), digest_size=16).hexdigest()
 
@@ -536,4 +537,6 @@ class PhysicsNeMoLikeShardTensor(torch.Tensor):
         if spec.placements == self._spec.placements:
             return self
         # As PhysicsNeMo rebuilds a tangent: _local_tensor alone, and the recorded context.
-        return type(self).__tensor_unflatten__({"_local_tensor": self._local_tensor}, expected, self.shape, self.stride())
+        return type(self).__tensor_unflatten__(
+            {"_local_tensor": self._local_tensor}, expected, self.shape, self.stride()
+        )

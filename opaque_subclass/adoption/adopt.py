@@ -63,7 +63,7 @@ import torch
 from opaque_subclass.adoption import messages
 from opaque_subclass.adoption.paths import ContextPath, Placeholder, parse_path
 from opaque_subclass.core.context import walk_context
-from opaque_subclass.core.errors import OpaqueTypeError, qualified_name, subject
+from opaque_subclass.core.errors import qualified_name
 from opaque_subclass.core.registry import is_torch_own_opaque_type, opaque_kind, opaque_type_of, register_opaque
 
 __all__ = ["Adoption", "ContextOpaque", "adopt", "adoptions", "unadopt"]
@@ -162,10 +162,7 @@ class _AdoptedAttribute:
         return self._slot.read(ctx)
 
     def __set__(self, obj: object, value: object) -> None:
-        raise AttributeError(
-            f"{subject(type(obj))}.{self._slot.name} is adopted: it is read from the flatten context's "
-            f"{self._slot.path.text}, and it is set by building the instance with that object."
-        )
+        raise messages.set_adopted(type(obj), self._slot.name, self._slot.path.text)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -281,11 +278,7 @@ def _check_slot(cls: type, name: object, decl: object) -> _Slot:
 
 def _check_example(cls: type, slots: tuple[_Slot, ...], example: object) -> None:
     if not isinstance(example, cls):
-        raise OpaqueTypeError(
-            f"{subject(cls)}: adopt's example must be an instance of {cls.__qualname__}, got "
-            f"{qualified_name(type(example))}. Fix: pass example=x for an instance x of {cls.__qualname__}, "
-            "or leave example out (the declaration is then checked on the first flatten)."
-        )
+        raise messages.wrong_example(cls, example)
     names, ctx = _raw(cls, _FLATTEN).__get__(example, type(example))()
     for slot in slots:
         if slot.name in names:
@@ -345,9 +338,10 @@ def _make_coerce(slots: tuple[_Slot, ...], coerce: Any, flatten: Any) -> Callabl
 
 def _is_adoption_method(fn: object) -> bool:
     fn = getattr(fn, "__func__", fn)
-    return getattr(fn, "__qualname__", "").startswith(("_make_flatten.", "_make_unflatten.")) and getattr(
-        fn, "__module__", ""
-    ) == __name__
+    return (
+        getattr(fn, "__qualname__", "").startswith(("_make_flatten.", "_make_unflatten."))
+        and getattr(fn, "__module__", "") == __name__
+    )
 
 
 def adopt(cls: type, opaques: Mapping[str, ContextOpaque], *, example: object = None) -> Adoption:
@@ -387,11 +381,7 @@ def adopt(cls: type, opaques: Mapping[str, ContextOpaque], *, example: object = 
         ``example``'s context has nothing at a path.
     """
     if torch.compiler.is_compiling():
-        raise OpaqueTypeError(
-            f"opaque_subclass.adopt({getattr(cls, '__qualname__', cls)}, ...) was called inside torch.compile; "
-            "adopting changes a class for every program. Fix: call it before compiling, at import of your "
-            "training script."
-        )
+        raise messages.adopt_while_compiling(cls)
     cls = _check_class(cls)
     if not isinstance(opaques, Mapping) or not opaques:
         raise messages.bad_declaration(cls, "_mesh", opaques)

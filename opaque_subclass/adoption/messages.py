@@ -15,9 +15,10 @@ from opaque_subclass.core.errors import (
     qualified_name,
     subject,
 )
-from opaque_subclass.core.registry import is_torch_handled_type
+from opaque_subclass.core.registry import is_torch_handled_type, opaque_kind, opaque_type_of
 
 __all__ = [
+    "adopt_while_compiling",
     "adopted_elsewhere",
     "bad_declaration",
     "bad_name",
@@ -25,7 +26,9 @@ __all__ = [
     "missing_opaque",
     "not_a_subclass",
     "path_not_found",
+    "set_adopted",
     "unregistered_type",
+    "wrong_example",
     "wrong_type_at_path",
     "wrong_type_in_slot",
 ]
@@ -46,22 +49,21 @@ def _importable(cls: type) -> bool:
 
 
 def not_a_subclass(cls: object) -> OpaqueTypeError:
-    shown = cls.__qualname__ if isinstance(cls, type) else describe_type(cls)
+    shown = qualified_name(cls) if isinstance(cls, type) else f"an instance of {describe_type(cls)}"
     return OpaqueTypeError(
-        f"opaque_subclass.adopt({shown}, ...): adopt takes a tensor subclass that defines "
-        f"__tensor_flatten__ and __tensor_unflatten__, got {describe_type(cls) if not isinstance(cls, type) else qualified_name(cls)}. "
-        "Fix: pass the class whose flatten context holds the object, e.g. `opaque_subclass.adopt(type(x), ...)` "
-        "for an instance x of it."
+        f"opaque_subclass.adopt takes a tensor subclass that defines __tensor_flatten__ and "
+        f"__tensor_unflatten__, got {shown}. Fix: pass the class whose flatten context holds the object "
+        "(type(x) for an instance x of it)."
     )
 
 
 def bad_declaration(cls: type, name: object, value: object) -> OpaqueTypeError:
-    path = value if isinstance(value, str) else ".mesh"
+    path = value if isinstance(value, str) else "[0].mesh"
     return OpaqueTypeError(
         f"{subject(cls)}: adopt's opaques[{name!r}] must be an opaque_subclass.ContextOpaque(path, cls) "
         f"(where the object sits in the flatten context, and its registered class), got {describe_type(value)}. "
-        f"Fix: `opaques = {{{str(name)!r}: opaque_subclass.ContextOpaque({path!r}, YourOpaqueClass)}}` "
-        "with YourOpaqueClass the object's class (DeviceMesh for a mesh)."
+        f"Fix: opaques = {{{str(name)!r}: opaque_subclass.ContextOpaque({path!r}, C)}} with C the object's "
+        "class (DeviceMesh for a mesh)."
     )
 
 
@@ -112,32 +114,38 @@ def adopted_elsewhere(cls: type, existing: Any) -> OpaqueValueError:
     )
 
 
+def _fix_with_suggestion(cls: type, name: str, path: str, opaque_cls: type, suggestion: str | None) -> str:
+    """``; a Mesh sits at '[0].mesh'. Fix: <adopt with that path>`` (or a fix on the declared path)."""
+    if suggestion is not None:
+        return f"; a {opaque_cls.__qualname__} sits at {suggestion!r}. Fix: " + _adopt_call(
+            cls, name, suggestion, opaque_cls
+        )
+    return (
+        f". Fix: declare the path of a {opaque_cls.__qualname__} in the context (lint OSC001 reports the "
+        "paths of objects that stand for one), or leave the attribute out; there is none in this context"
+    )
+
+
 def path_not_found(cls: type, name: str, path: str, stopped_at: str, step: str, found: object,
                    opaque_cls: type, suggestion: str | None) -> OpaqueAttributeError:  # fmt: skip
     where = f"at {stopped_at!r}" if stopped_at else "as the context itself"
-    fix = (
-        _adopt_call(cls, name, suggestion, opaque_cls) + f" (a {opaque_cls.__qualname__} sits at {suggestion!r})"
-        if suggestion is not None
-        else f"the path of the {opaque_cls.__qualname__} in the context, e.g. " + _adopt_call(cls, name, ".mesh", opaque_cls)
-    )
     return OpaqueAttributeError(
         f"{subject(cls)}: adopt's opaques[{name!r}] has path {path!r}, but the flatten context holds a "
-        f"{describe_type(found)} {where}, which has no {step!r}. Fix: {fix}"
+        f"{describe_type(found)} {where}, which has no {step!r}"
+        + _fix_with_suggestion(cls, name, path, opaque_cls, suggestion)
     )
 
 
 def wrong_type_at_path(cls: type, name: str, path: str, found: object, opaque_cls: type,
                        suggestion: str | None) -> OpaqueTypeError:  # fmt: skip
-    fix = (
-        _adopt_call(cls, name, suggestion, opaque_cls) + f" (a {opaque_cls.__qualname__} sits at {suggestion!r})"
-        if suggestion is not None
-        else "declare the class of the object at that path, "
-        + _adopt_call(cls, name, path, type(found) if type(found).__module__ != "builtins" else "YourOpaqueClass")
-        + " (registered as a reference opaque), or the path of the object to adopt"
-    )
+    found_cls = opaque_type_of(found)
+    if suggestion is None and opaque_kind(found_cls) == "reference":
+        fix = f". Fix: declare its class, {_adopt_call(cls, name, path, found_cls)}"
+    else:
+        fix = _fix_with_suggestion(cls, name, path, opaque_cls, suggestion)
     return OpaqueTypeError(
         f"{subject(cls)}: adopt's opaques[{name!r}] expects a {qualified_name(opaque_cls)} at {path!r} of "
-        f"the flatten context, found {describe_type(found)}. Fix: {fix}"
+        f"the flatten context, found {describe_type(found)}" + fix
     )
 
 
@@ -153,8 +161,31 @@ def missing_opaque(cls: type, name: str, path: str) -> OpaqueSubclassError:
     return OpaqueSubclassError(
         f"{subject(cls)}.__tensor_unflatten__ was called without the adopted opaque {name!r}, and the "
         f"context's {path!r} is the placeholder an adopted __tensor_flatten__ leaves there, not the "
-        "object: there is nothing to rebuild the instance with. Fix: pass the object, "
-        f"`inner[{name!r}] = x.{name}` with x the instance the context came from, or rebuild from a "
-        f"context of that instance's own, `x.__tensor_flatten__()` before adopting; code you do not own "
-        "that does this is a limit of the adoption (docs/adopting.md)."
+        f"object: there is nothing to rebuild the instance with. Fix: pass the object in inner[{name!r}] "
+        f"(x.{name} for the instance x the context came from), or rebuild from a context that holds it "
+        "(the class's own, read before adopting); code you do not own that does this is a limit of the "
+        "adoption (docs/adopting.md)."
+    )
+
+
+def set_adopted(cls: type, name: str, path: str) -> OpaqueAttributeError:
+    return OpaqueAttributeError(
+        f"{subject(cls)}.{name} is adopted: it is read from the flatten context's {path!r}, never set. "
+        f"Fix: build a new {cls.__qualname__} whose context holds the object."
+    )
+
+
+def wrong_example(cls: type, example: object) -> OpaqueTypeError:
+    return OpaqueTypeError(
+        f"{subject(cls)}: adopt's example must be an instance of {cls.__qualname__}, got "
+        f"{describe_type(example)}. Fix: pass example=x for an instance x of {cls.__qualname__}, or leave "
+        "example out (the declaration is then checked on the first flatten)."
+    )
+
+
+def adopt_while_compiling(cls: object) -> OpaqueTypeError:
+    return OpaqueTypeError(
+        f"opaque_subclass.adopt({getattr(cls, '__qualname__', cls)}, ...) was called inside torch.compile; "
+        "an adoption changes a class for every program. Fix: adopt before compiling (when your script "
+        "starts)."
     )

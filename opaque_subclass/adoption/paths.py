@@ -20,7 +20,7 @@ import dataclasses
 import re
 from typing import Any
 
-__all__ = ["ContextPath", "Placeholder", "PathStep", "parse_path"]
+__all__ = ["ContextPath", "PathStep", "Placeholder", "parse_path"]
 
 # One step: ".name" | "[<python literal>]"
 _STEP = re.compile(r"\.(?P<attr>[A-Za-z_]\w*)|\[(?P<item>[^\]]+)\]")
@@ -99,7 +99,7 @@ def _step_into(obj: object, step: PathStep) -> tuple[bool, object]:
             return False, None
     try:
         if isinstance(obj, dict) or (isinstance(obj, (tuple, list)) and isinstance(step.key, int)):
-            return True, obj[step.key]  # type: ignore[index]  # checked: a mapping or a sequence
+            return True, obj[step.key]
     except (KeyError, IndexError):
         pass
     return False, None

@@ -50,7 +50,7 @@ def physicsnemo_shard_tensor() -> Adoption:
             "torch.distributed.device_mesh import DeviceMesh; opaque_subclass.adopt(ShardTensor, "
             '{"_mesh": opaque_subclass.ContextOpaque("[0].mesh", DeviceMesh)})`'
         )
-    from physicsnemo.domain_parallel import ShardTensor
+    from physicsnemo.domain_parallel import ShardTensor  # type: ignore[import-not-found]  # an optional client package
     from torch.distributed.device_mesh import DeviceMesh
 
     return adopt(ShardTensor, {"_mesh": ContextOpaque("[0].mesh", DeviceMesh)})
