@@ -300,6 +300,10 @@ def test_undo_restores_the_class_exactly(meshes):
     before = _own_dict()
     with osc.adopt(ST, _declaration()) as adoption:
         assert adoption.active and osc.adoptions() == (adoption,)
+        assert osc.support().adopted == (
+            "subclasses.PhysicsNeMoLikeShardTensor: __coerce_same_metadata_as_tangent__, __tensor_flatten__, "
+            "__tensor_unflatten__ replaced; _mesh <- <context>[0].mesh",
+        )
         assert set(_own_dict()) - set(before) == {"_mesh"}
         assert all(vars(ST)[n] is not before[n] for n in ("__tensor_flatten__", "__tensor_unflatten__"))
         assert osc.adopt(ST, _declaration()) is adoption  # the same declaration again: the same adoption
@@ -312,7 +316,7 @@ def test_undo_restores_the_class_exactly(meshes):
         )
     after = _own_dict()
     assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)
-    assert not adoption.active and osc.adoptions() == () and not osc.unadopt(ST)
+    assert not adoption.active and osc.adoptions() == () and not osc.unadopt(ST) and osc.support().adopted == ()
     x = _shard(meshes[0])
     assert x.__tensor_flatten__() == (["_local_tensor"], (x.spec, False)) and not hasattr(x, "_mesh")
 

@@ -205,6 +205,13 @@ class Adoption:
                     setattr(self.cls, name, before)
             del _ADOPTIONS[self.cls]
 
+    def summary(self) -> str:
+        """One line for ``support().adopted``: the class, the methods replaced,
+        each adopted object (``_mesh <- <context>[0].mesh``)."""
+        methods = sorted(n for n in self._installed if n.startswith("__"))
+        moved = ", ".join(f"{s.name} <- <context>{s.path.text}" for s in self._slots)
+        return f"{qualified_name(self.cls)}: {', '.join(methods)} replaced; {moved}"
+
     def describe(self) -> str:
         shown = ", ".join(f"{n!r}: ContextOpaque({o.path!r}, {o.cls.__qualname__})" for n, o in self.opaques.items())
         return f"opaques {{{shown}}}"
