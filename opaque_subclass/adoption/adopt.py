@@ -94,8 +94,10 @@ class ContextOpaque:
 
 @dataclasses.dataclass(frozen=True)
 class _Slot:
-    """One checked declaration: the attribute name, the parsed path, the class."""
+    """One checked declaration of ``owner`` (the adopted class): the attribute
+    name, the parsed path, the opaque's class, the placeholder it leaves."""
 
+    owner: type
     name: str
     path: ContextPath
     cls: type
@@ -119,12 +121,13 @@ class _Slot:
         return value
 
     def check(self, ctx: object, value: object) -> None:
-        if not isinstance(value, Placeholder) and not issubclass(opaque_type_of(value), self.cls):
+        """``value``, read from the class's own context, is of the declared class
+        (a placeholder there is an instance built from an adopted context after
+        the adoption was undone: refused too)."""
+        if not issubclass(opaque_type_of(value), self.cls):
             raise messages.wrong_type_at_path(
                 self.owner, self.name, self.path.text, value, self.cls, _suggest(ctx, self.cls)
             )
-
-    owner: type = dataclasses.field(default=object, compare=False)
 
 
 def _suggest(ctx: object, opaque_cls: type) -> str | None:
@@ -280,7 +283,7 @@ def _check_slot(cls: type, name: object, decl: object) -> _Slot:
     path = parse_path(decl.path)
     if path is None:
         raise messages.bad_path(cls, name, decl.path, opaque_cls)
-    return _Slot(name, path, opaque_cls, Placeholder(name), owner=cls)
+    return _Slot(cls, name, path, opaque_cls, Placeholder(name))
 
 
 def _check_example(cls: type, slots: tuple[_Slot, ...], example: object) -> None:
