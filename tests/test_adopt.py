@@ -231,12 +231,16 @@ def test_a_non_opaque_type_is_refused_with_a_fix_that_runs(meshes):
         osc.adopt(ST, {"_handle": ContextOpaque("[0].mesh", Handle)})
     message = str(info.value)
     assert message.startswith(
-        "subclasses.PhysicsNeMoLikeShardTensor: adopt's opaques['_handle'] names "
+        "subclasses.PhysicsNeMoLikeShardTensor: adopt's opaques['_handle'] (at '[0].mesh') names "
         "test_adopt.test_a_non_opaque_type_is_refused_with_a_fix_that_runs.<locals>.Handle, which is not a "
         "registered reference opaque"
     ), message
+    assert _fix(message) == "import opaque_subclass; opaque_subclass.register_opaque(Handle)"
+    exec(_fix(message), {"Handle": Handle})  # as written, with Handle in scope (the message says so)
+    assert osc.opaque_kind(Handle) == "reference"
     with pytest.raises(
-        osc.OpaqueTypeError, match=r"adopt's opaques\['_spec'\] names tuple, a value that torch.compile compares"
+        osc.OpaqueTypeError,
+        match=r"adopt's opaques\['_spec'\] \(at '\[0\].placements'\) names tuple, a value that torch.compile",
     ):
         osc.adopt(ST, {"_spec": ContextOpaque("[0].placements", tuple)})
     # the object at the path is of another type: found and expected named, the mesh's path suggested

@@ -273,13 +273,13 @@ def _check_slot(cls: type, name: object, decl: object) -> _Slot:
         raise messages.bad_name(cls, name, f"is an attribute of {cls.__qualname__} already")
     opaque_cls = decl.cls
     if not isinstance(opaque_cls, type):
-        raise messages.unregistered_type(cls, name, opaque_cls, None)
+        raise messages.unregistered_type(cls, name, decl.path, opaque_cls, None)
     kind = opaque_kind(opaque_cls)
     if kind is None and is_torch_own_opaque_type(opaque_cls):
         register_opaque(opaque_cls)  # as torch registers it itself (see OpaqueSubclass.opaque_attrs)
         kind = opaque_kind(opaque_cls)
     if kind != "reference":
-        raise messages.unregistered_type(cls, name, opaque_cls, kind)
+        raise messages.unregistered_type(cls, name, decl.path, opaque_cls, kind)
     path = parse_path(decl.path)
     if path is None:
         raise messages.bad_path(cls, name, decl.path, opaque_cls)

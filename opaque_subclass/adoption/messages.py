@@ -84,22 +84,23 @@ def bad_path(cls: type, name: str, path: object, opaque_cls: type) -> OpaqueValu
     )
 
 
-def unregistered_type(cls: type, name: str, opaque_cls: object, kind: str | None) -> OpaqueTypeError:
+def unregistered_type(cls: type, name: str, path: object, opaque_cls: object, kind: str | None) -> OpaqueTypeError:
+    at = f"opaques[{name!r}] (at {path!r})"
     if not isinstance(opaque_cls, type):
         return OpaqueTypeError(
-            f"{subject(cls)}: adopt's opaques[{name!r}] names {describe_type(opaque_cls)} (an instance) as "
+            f"{subject(cls)}: adopt's {at} names {describe_type(opaque_cls)} (an instance) as "
             "the opaque's class. Fix: name its class, `opaque_subclass.ContextOpaque(path, type(obj))`."
         )
     if kind == "value" or opaque_cls.__module__ == "builtins" or is_torch_handled_type(opaque_cls):
         shown = opaque_cls.__qualname__ if opaque_cls.__module__ == "builtins" else qualified_name(opaque_cls)
         return OpaqueTypeError(
-            f"{subject(cls)}: adopt's opaques[{name!r}] names {shown}, a value that torch.compile compares "
+            f"{subject(cls)}: adopt's {at} names {shown}, a value that torch.compile compares "
             "and compiles in: it stays in the flatten context, where the guard on equality is right for it. "
             "Only objects whose identity matters (a mesh, a process group) are adopted. Fix: drop "
             f"{name!r} from the declaration."
         )
     return OpaqueTypeError(
-        f"{subject(cls)}: adopt's opaques[{name!r}] names {qualified_name(opaque_cls)}, which is not a "
+        f"{subject(cls)}: adopt's {at} names {qualified_name(opaque_cls)}, which is not a "
         "registered reference opaque: an adopted object becomes a graph input passed by identity, which "
         "torch allows only for registered reference opaques. Fix: register it first, "
         + import_fix(opaque_cls, "opaque_subclass.register_opaque({cls})")
