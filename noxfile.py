@@ -178,6 +178,33 @@ def _workers() -> list[str]:
     return ["-n", str(workers), "--dist", "loadgroup"] if workers > 0 else ["-n", "0"]
 
 
+#: The packages whose subclasses the library adopts (opaque_subclass.adoption's presets), with
+#: the torch the ``clients`` session tests them on.
+CLIENTS = ("nvidia-physicsnemo==2.2.2",)
+CLIENTS_TORCH = "2.13.0"
+
+
+@nox.session
+def clients(session: nox.Session) -> None:
+    """The adoption presets on the real packages (not a default session: they are
+    large, and the default legs test stand-ins of the same traits): NVIDIA
+    PhysicsNeMo's ``ShardTensor`` compiled with 8 meshes of one shape
+    (tests/test_adopt_physicsnemo.py) and docs/adopting.md's recipe on it, on
+    torch CLIENTS_TORCH."""
+    _install_torch(session, CLIENTS_TORCH)
+    session.install("-e", ".[test]", *CLIENTS, f"torch=={CLIENTS_TORCH}", env=_PIP_ENV)
+    session.run(
+        "python",
+        "-c",
+        "import torch, physicsnemo; print('torch', torch.__version__, 'physicsnemo', physicsnemo.__version__)",
+    )
+    with _fresh_inductor_cache() as env:
+        session.run(
+            "python", "-m", "pytest", "-v", "-n", "0", "tests/test_adopt_physicsnemo.py", *session.posargs, env=env
+        )
+        session.run("python", "docs/check_examples.py", "docs/adopting.md", env=env)
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check and strict mypy, on torch LINT_TORCH.

@@ -55,6 +55,7 @@ exclude_patterns = ["_build", "__pycache__"]
 GUIDE = [
     "core",
     "authoring",
+    "adopting",
     "export",
     "distributed",
     "large_jobs",
@@ -88,6 +89,7 @@ html_copy_source = False
 # The packages whose public names the reference documents.
 PUBLIC = (
     "opaque_subclass",
+    "opaque_subclass.adoption",
     "opaque_subclass.export",
     "opaque_subclass.sharded",
     "opaque_subclass.dtensor",

@@ -1895,6 +1895,239 @@ MEMBERS = Group(
     ),
 )
 
+ADOPTING = Group(
+    "adopting",
+    "Adopting a class you do not own: `adopt`",
+    """`osc.adopt(cls, {name: osc.ContextOpaque(path, opaque_cls)}, example=...)` makes the object at
+    `path` of `cls`'s flatten context the opaque attribute `name` of `cls`
+    ([adopting.md](adopting.md)). The declaration is checked when `adopt` runs (the paths on
+    `example`'s context when it is given, otherwise on the first flatten); the adopted
+    `__tensor_unflatten__` checks what it is given.""",
+    """
+    import dataclasses
+
+
+    @dataclasses.dataclass(frozen=True)
+    class Spec:
+        mesh: Mesh
+        dim: int
+
+
+    class Vendor(torch.Tensor):
+        # another package's class: its mesh in a spec, in the flatten context
+
+        @staticmethod
+        def __new__(cls, data, spec):
+            t = torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype)
+            t._data, t._spec = data, spec
+            return t
+
+        def __repr__(self):
+            return f"Vendor({self._spec})"
+
+        def __tensor_flatten__(self):
+            return ["_data"], (self._spec, False)
+
+        @classmethod
+        def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+            return cls(inner["_data"], ctx[0])
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            spec = next(a._spec for a in args if isinstance(a, cls))
+            out = func(*tree_map_only(cls, lambda t: t._data, args), **(kwargs or {}))
+            return tree_map_only(torch.Tensor, lambda t: cls(t, spec), out)
+
+
+    v = Vendor(torch.ones(2), Spec(Mesh(), 0))
+    """,
+    (
+        _e(
+            "adopt-not-a-subclass",
+            "OpaqueTypeError",
+            "not a tensor subclass",
+            "`adopt` was given something other than a tensor subclass with a flatten protocol (here an instance).",
+            'osc.adopt(v, {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)})',
+            "Pass the class (`type(v)`).",
+            fixed="""
+                with osc.adopt(type(v), {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)}):
+                    pass
+            """,
+        ),
+        _e(
+            "adopt-declaration",
+            "OpaqueTypeError",
+            "a path without its class",
+            "A declaration is not an `osc.ContextOpaque(path, cls)` (here the path alone).",
+            'osc.adopt(Vendor, {"_mesh": "[0].mesh"})',
+            'Wrap it: `osc.ContextOpaque("[0].mesh", Mesh)`, with the class of the object at the path.',
+            fixed="""
+                with osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)}):
+                    pass
+            """,
+        ),
+        _e(
+            "adopt-name",
+            "OpaqueValueError",
+            "an attribute name that is taken",
+            """The attribute name is not an identifier, shadows a `torch.Tensor` attribute, is an
+            attribute of the class already, or shares its path with another declaration.""",
+            'osc.adopt(Vendor, {"data": osc.ContextOpaque("[0].mesh", Mesh)})',
+            "Choose a name of its own, as the message suggests.",
+            fixed="""
+                with osc.adopt(Vendor, {"_adopted_data": osc.ContextOpaque("[0].mesh", Mesh)}):
+                    pass
+            """,
+        ),
+        _e(
+            "adopt-path-syntax",
+            "OpaqueValueError",
+            "not a path",
+            """The path is not written in the notation of a context path: `.attribute`, `[index]` and
+            `['key']` steps.""",
+            'osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0]..mesh", Mesh)})',
+            "Write the path as lint OSC001 writes it after `<context>`.",
+            fixed="""
+                {fix}
+                osc.unadopt(Vendor)
+            """,
+        ),
+        _e(
+            "adopt-unregistered",
+            "OpaqueTypeError",
+            "a class that is not a reference opaque",
+            """The declared class is not a registered reference opaque (an adopted object becomes a graph
+            input passed by identity), or it is a value torch.compile compares, which stays in the
+            context.""",
+            'osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].mesh", Handle)})',
+            "Register the class (`osc.register_opaque`); leave values out of the declaration.",
+            fixed="""
+                {fix}
+                with osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)}):
+                    pass
+            """,
+        ),
+        _e(
+            "adopt-value",
+            "OpaqueTypeError",
+            "a value in the declaration",
+            "The declared class is a value type (here `int`): it stays in the context, guarded by equality.",
+            'osc.adopt(Vendor, {"_dim": osc.ContextOpaque("[0].dim", int)})',
+            "Drop it from the declaration.",
+            fixed="""
+                with osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)}):
+                    pass
+            """,
+        ),
+        _e(
+            "adopt-path-not-found",
+            "OpaqueAttributeError",
+            "a path that leads nowhere",
+            """`example`'s context has nothing at the path (without `example`, the first flatten raises
+            the same). The message names what the path found where it stopped, and suggests the path
+            of an object of the declared class.""",
+            'osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].meshes", Mesh)}, example=v)',
+            "Use the suggested path (lint OSC001 reports it too).",
+            fixed="""
+                {fix}
+                osc.unadopt(Vendor)
+            """,
+        ),
+        _e(
+            "adopt-wrong-type",
+            "OpaqueTypeError",
+            "another class at the path",
+            "The object at the path of `example`'s context is not of the declared class.",
+            'osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].dim", Mesh)}, example=v)',
+            "Use the suggested path, or declare the class of the object there.",
+            fixed="""
+                {fix}
+                osc.unadopt(Vendor)
+            """,
+        ),
+        _e(
+            "adopt-example",
+            "OpaqueTypeError",
+            "an example of another class",
+            "`example` is not an instance of the class adopted.",
+            'osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)}, example=x)',
+            "Pass an instance of the class, or no example.",
+            fixed="""
+                with osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)}, example=v):
+                    pass
+            """,
+        ),
+        _e(
+            "adopt-twice",
+            "OpaqueValueError",
+            "adopted already",
+            """The class is adopted already with another declaration (the same declaration again returns
+            the adoption in force).""",
+            """
+            with osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)}):
+                osc.adopt(Vendor, {"_m": osc.ContextOpaque("[0].mesh", Mesh)})
+            """,
+            "Undo the first adoption, then adopt again.",
+            fixed="""
+                osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)})
+                {fix}
+                osc.adopt(Vendor, {"_m": osc.ContextOpaque("[0].mesh", Mesh)}).undo()
+            """,
+        ),
+        _e(
+            "adopted-unflatten-missing",
+            "OpaqueSubclassError",
+            "an unflatten with neither the object nor a context holding it",
+            """The adopted class's `__tensor_unflatten__` was called without the adopted attribute and
+            with a context from an adopted flatten (the placeholder where the object was). Code written
+            for the class's own flatten does this when it rebuilds from a context torch recorded.""",
+            """
+            with osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)}):
+                Vendor.__tensor_unflatten__({"_data": v._data}, v.__tensor_flatten__()[1], v.shape, v.stride())
+            """,
+            "Pass the object, or a context that holds it.",
+            fixed="""
+                with osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)}):
+                    inner = {"_data": v._data, "_mesh": v._mesh}
+                    Vendor.__tensor_unflatten__(inner, v.__tensor_flatten__()[1], v.shape, v.stride())
+            """,
+        ),
+        _e(
+            "adopted-unflatten-type",
+            "OpaqueTypeError",
+            "an unflatten given another object for the adopted attribute",
+            "The adopted `__tensor_unflatten__` got an object of another class for the adopted attribute.",
+            """
+            with osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)}):
+                inner = {"_data": v._data, "_mesh": torch.zeros(0)}
+                Vendor.__tensor_unflatten__(inner, v.__tensor_flatten__()[1], v.shape, v.stride())
+            """,
+            "Pass the object itself.",
+            fixed="""
+                with osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)}):
+                    inner = {"_data": v._data, "_mesh": v._mesh}
+                    Vendor.__tensor_unflatten__(inner, v.__tensor_flatten__()[1], v.shape, v.stride())
+            """,
+        ),
+        _e(
+            "adopted-set",
+            "OpaqueAttributeError",
+            "setting the adopted attribute",
+            "The adopted attribute was assigned; it is read from the instance's context.",
+            """
+            with osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)}):
+                v._mesh = Mesh("other")
+            """,
+            "Build a new instance whose context holds the object.",
+            fixed="""
+                with osc.adopt(Vendor, {"_mesh": osc.ContextOpaque("[0].mesh", Mesh)}):
+                    w = Vendor(v._data, Spec(Mesh("other"), 0))
+                    assert w._mesh.name == "other"
+            """,
+        ),
+    ),
+)
+
 GROUPS: tuple[Group, ...] = (
     REGISTRATION,
     MEMBERS,
@@ -1909,6 +2142,7 @@ GROUPS: tuple[Group, ...] = (
     TANGENTS,
     MODULES,
     EXPORT,
+    ADOPTING,
 )
 
 #: Entries without a ``fixed`` variant -> why their fix cannot be run here.
@@ -1974,6 +2208,14 @@ LEFT_OUT: tuple[tuple[str, str, str], ...] = (
         "saving a program whose graph constructs a subclass from a symbolic value, an unpicklable "
         "constant or an argument structure torch cannot serialize: these depend on what the torch "
         "release records in the graph.",
+    ),
+    (
+        "`adoption/presets.py` (`physicsnemo_shard_tensor`)",
+        "OpaqueValueError",
+        "the installed nvidia-physicsnemo is not a release the preset was written against (2.2.x): needs "
+        "another release of that package installed. The message names the installed version and gives the "
+        "declaration to adopt the class by hand. `adopt` called inside `torch.compile` "
+        "(`adopt_while_compiling`, an `OpaqueTypeError`) needs a compilation.",
     ),
     (
         "everywhere",
@@ -2207,7 +2449,7 @@ def render(results: list[tuple[Group, list[Result]]]) -> str:
             out.append(f"**Fix{'' if has_fix else ' (the message has no `Fix:` part)'}:** {e.fix}\n")
     out.append('<a id="errors-left-out"></a>\n\n## Errors left out\n')
     out.append(
-        "Every `raise` of `opaque_subclass/core`, `authoring`, `modules` and `export` has an entry above,\n"
+        "Every `raise` of `opaque_subclass/core`, `authoring`, `adoption`, `modules` and `export` has an entry above,\n"
         "except these, which no ordinary input reaches on a supported torch or which need a compilation\n"
         "or a foreign archive to show:\n"
     )

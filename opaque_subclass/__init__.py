@@ -12,6 +12,9 @@
   :func:`wrap_tensor_subclasses_maybe_joint`, :func:`process_runtime_tangent`;
 * guards - :func:`opaque_alias_pattern`, :class:`OpaqueAliasPattern`;
 * authoring - :class:`OpaqueSubclass`, a declarative base class;
+* adoption - :func:`adopt`, :func:`unadopt`, :func:`adoptions`, :class:`ContextOpaque`,
+  :class:`Adoption`: objects of the flatten context of a class you do not own
+  made opaque attributes (presets in :mod:`opaque_subclass.adoption`);
 * modules - :func:`unwrap_tensor_subclass_parameters`, :func:`is_exportable_constructor`,
   :func:`untyped_storages`;
 * mode - :func:`support`, :func:`enable`, :func:`disable`;
@@ -41,6 +44,7 @@ __version__ = LIBRARY_VERSION
 # release-specific is imported (opaque_subclass.gate says why).
 if TYPE_CHECKING or _gate.REFUSAL is None:
     from opaque_subclass.activation import disable, enable, support
+    from opaque_subclass.adoption.adopt import Adoption, ContextOpaque, adopt, adoptions, unadopt
     from opaque_subclass.authoring.base import OpaqueAttr, OpaqueSubclass
     from opaque_subclass.core.aliasing import OpaqueAliasPattern, opaque_alias_pattern
     from opaque_subclass.core.flatten import (
@@ -96,6 +100,8 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "KIND_ALIASES",
     "SUPPORTED_TORCH",
+    "Adoption",
+    "ContextOpaque",
     "Member",
     "OpaqueAliasPattern",
     "OpaqueAttr",
@@ -113,6 +119,8 @@ __all__ = [
     "Support",
     "SymIntMeta",
     "__version__",
+    "adopt",
+    "adoptions",
     "create_subclass_meta",
     "disable",
     "enable",
@@ -127,6 +135,7 @@ __all__ = [
     "process_runtime_tangent",
     "register_opaque",
     "support",
+    "unadopt",
     "unflatten_subclass",
     "untyped_storages",
     "unwrap_tensor_subclass_parameters",

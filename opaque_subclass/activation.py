@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from opaque_subclass.adoption.adopt import adoptions
 from opaque_subclass.core.registry import opaque_kind, register_opaque
 from opaque_subclass.gate import unsupported_warning
 from opaque_subclass.mode import Mode, Support
@@ -273,4 +274,6 @@ def disable() -> Support:
 
 def support() -> Support:
     """The library's :class:`~opaque_subclass.Support` on the running torch."""
-    return _STATE.support()
+    adopted = tuple(adoption.summary() for adoption in adoptions())
+    state = _STATE.support()
+    return dataclasses.replace(state, adopted=adopted) if adopted else state

@@ -63,6 +63,11 @@ class Support:
         because another package's replacement cannot take it (also in
         ``problem``, with the fix), ours kept beneath another package's after
         :func:`~opaque_subclass.disable`. Empty when no other package patched them.
+    adopted
+        The classes adopted with :func:`~opaque_subclass.adopt`, one line each:
+        the class, the methods replaced on it, and each object of its flatten
+        context made an opaque attribute (``_mesh <- <context>[0].mesh``).
+        Empty when none is.
     """
 
     mode: Mode
@@ -71,3 +76,4 @@ class Support:
     fixes: tuple[str, ...] = ()
     problem: str | None = None
     others: tuple[str, ...] = ()
+    adopted: tuple[str, ...] = ()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import enum
 import io
 import json
@@ -1803,6 +1804,102 @@ def compare(reference: dict[str, Observation], observed: dict[str, Observation])
         for name in sorted(set(reference) | set(observed))
         if reference.get(name) != observed.get(name)
     }
+
+
+# ---------------------------------------------------------------------------
+# Adopting a class you do not own (opaque_subclass.adopt): a PhysicsNeMo-like
+# class, its DeviceMesh in a spec in its flatten context.
+
+
+@dataclasses.dataclass(frozen=True)
+class CVendorSpec:
+    """A sharding spec holding its mesh (compared by DeviceMesh's ==: its layout)."""
+
+    mesh: Any
+    placements: tuple[int, ...]
+
+
+class CVendorShard(torch.Tensor):
+    """Another package's sharded tensor: the context ``(spec, requires_grad)``, a
+    ``__metadata_guard__`` comparing contexts, op outputs built as the class itself."""
+
+    @staticmethod
+    def __new__(cls, local: torch.Tensor, spec: CVendorSpec, *, requires_grad: bool = False) -> Any:
+        t = torch.Tensor._make_wrapper_subclass(cls, local.shape, dtype=local.dtype, requires_grad=requires_grad)
+        t._local_tensor, t._spec = local, spec
+        return t
+
+    def __init__(self, local: torch.Tensor, spec: CVendorSpec, *, requires_grad: bool = False) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"CVendorShard(placements={self._spec.placements})"
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return ["_local_tensor"], (self._spec, self.requires_grad)
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
+        spec, requires_grad = ctx
+        return cls(inner["_local_tensor"], spec, requires_grad=requires_grad)
+
+    @classmethod
+    def __metadata_guard__(cls, orig: Any, other: Any) -> bool:
+        return bool(orig == other)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        from torch.utils._pytree import tree_map_only
+
+        spec = next(a._spec for a in args if isinstance(a, CVendorShard))
+        out = func(*tree_map_only(CVendorShard, lambda t: t._local_tensor, args), **(kwargs or {}))
+        return tree_map_only(torch.Tensor, lambda t: CVendorShard(t, spec), out)
+
+
+def _vendor_meshes(meshes: list[Any]) -> Observation:
+    """``t * 2 + 1`` compiled once and called on each mesh, then backward: which
+    call's mesh each output and gradient carries (by the index of its call)."""
+    count = counter("aot_eager")
+    compiled = torch.compile(lambda t: t * 2 + 1, backend=count)
+    outputs, grads = [], []
+    for mesh in meshes:
+        x = CVendorShard(torch.ones(2), CVendorSpec(mesh, (0,)), requires_grad=True)
+        out = compiled(x)
+        out.backward(CVendorShard(torch.ones(2), CVendorSpec(mesh, (0,))))
+        outputs.append(next(i for i, m in enumerate(meshes) if m is out._spec.mesh))
+        grads.append(next(i for i, m in enumerate(meshes) if m is x.grad._spec.mesh))
+    return {"output meshes": outputs, "gradient meshes": grads, "compilations": count.frame_count}
+
+
+@entry("adopt/physicsnemo-like/8-meshes")
+def _adopt_physicsnemo_like() -> Observation:
+    """Stock, then adopted (the mesh at ``[0].mesh`` made the attribute
+    ``_mesh``), then undone: 8 equal meshes over 8 process groups."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    with fake_world(2):
+        meshes = [DeviceMesh.from_group(dist.new_group([0, 1]), "cpu") for _ in range(8)]
+        before = dict(vars(CVendorShard))
+        declaration = {"_mesh": opaque_subclass.ContextOpaque("[0].mesh", DeviceMesh)}
+        observed: dict[str, Any] = {}
+        with fresh():
+            observed["stock"] = _vendor_meshes(meshes)
+        with (
+            fresh(),
+            opaque_subclass.adopt(
+                CVendorShard, declaration, example=CVendorShard(torch.ones(2), CVendorSpec(meshes[0], (0,)))
+            ),
+        ):
+            x = CVendorShard(torch.ones(2), CVendorSpec(meshes[0], (0,)))
+            names, ctx = x.__tensor_flatten__()
+            observed["adopted"] = _vendor_meshes(meshes) | {"flatten names": names, "context mesh": repr(ctx[0].mesh)}
+        after = dict(vars(CVendorShard))
+        observed["undone"] = {
+            "class restored": after.keys() == before.keys() and all(after[k] is before[k] for k in before),
+            "adoptions": len(opaque_subclass.adoptions()),
+        }
+        return observed
 
 
 def main(argv: Sequence[str] | None = None) -> int:

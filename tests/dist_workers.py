@@ -400,10 +400,10 @@ def lint_real_programs(rank: int, world_size: int, payload: dict[str, Any]) -> d
     def double(t: Any) -> Any:
         return t * 2
 
-    report = compile_passes.explain(double, PhysicsNeMoLikeShardTensor(torch.ones(2), ctx=spec))
+    report = compile_passes.explain(double, PhysicsNeMoLikeShardTensor(torch.ones(2), spec))
     compiled = torch.compile(double, backend=backend)
-    first = compiled(PhysicsNeMoLikeShardTensor(torch.ones(2), ctx=spec)).spec.mesh
-    second = compiled(PhysicsNeMoLikeShardTensor(torch.ones(2), ctx=other_spec)).spec.mesh
+    first = compiled(PhysicsNeMoLikeShardTensor(torch.ones(2), spec)).spec.mesh
+    second = compiled(PhysicsNeMoLikeShardTensor(torch.ones(2), other_spec)).spec.mesh
     out["physicsnemo"] = {
         "findings": _rows(report.findings),
         "errors": report.errors,

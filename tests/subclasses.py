@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,6 +17,7 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 
 import opaque_subclass
 from opaque_subclass import OpaqueBase
+from opaque_subclass.core.registry import opaque_type_of
 
 
 class Mesh(OpaqueBase):
@@ -467,18 +469,74 @@ class ShardTensorSpec:
     sharding_shapes: tuple[tuple[int, ...], ...]
 
 
-class PhysicsNeMoLikeShardTensor(_Wrapper):
-    """A PhysicsNeMo-like ``ShardTensor``: a local shard and a
-    :class:`ShardTensorSpec` (holding a ``DeviceMesh``) in the flatten context,
-    with a ``__metadata_guard__`` that compares specs by ``==``, as DTensor's
-    subclasses have (so torch compiles it): OSC001, the stale mesh."""
+class PhysicsNeMoLikeShardTensor(torch.Tensor):
+    """A PhysicsNeMo-like ``ShardTensor`` (nvidia-physicsnemo 2.2): a local shard
+    and a :class:`ShardTensorSpec` (holding a ``DeviceMesh``) in the flatten
+    context ``(spec, requires_grad)``, with a ``__metadata_guard__`` that
+    compares specs by ``==``, as DTensor's subclasses have (so torch compiles
+    it): OSC001, the stale mesh. As PhysicsNeMo's does, it builds every op
+    output (so every gradient) as ``PhysicsNeMoLikeShardTensor`` itself, not
+    as the class of its arguments, and its tangent hook
+    (``__coerce_same_metadata_as_tangent__``) rebuilds a tangent through
+    ``__tensor_unflatten__`` with ``_local_tensor`` alone and the recorded
+    context."""
 
-    INNER = ("_local_tensor",)
+    @staticmethod
+    def __new__(cls, local_tensor: torch.Tensor, spec: ShardTensorSpec, *, requires_grad: bool = False) -> Any:
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            local_tensor.shape,
+            strides=local_tensor.stride(),
+            dtype=local_tensor.dtype,
+            device=local_tensor.device,
+            requires_grad=requires_grad,
+        )
+        r._local_tensor, r._spec = local_tensor, spec
+        return r
+
+    def __init__(self, local_tensor: torch.Tensor, spec: ShardTensorSpec, *, requires_grad: bool = False) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"PhysicsNeMoLikeShardTensor(shape={tuple(self.shape)}, placements={self._spec.placements})"
 
     @property
     def spec(self) -> ShardTensorSpec:
-        return self._ctx  # type: ignore[no-any-return]  # set by _Wrapper
+        return self._spec  # type: ignore[no-any-return]  # set by __new__
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return ["_local_tensor"], (self._spec, self.requires_grad)
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
+        spec, requires_grad = ctx
+        return cls(inner["_local_tensor"], spec, requires_grad=requires_grad)
 
     @classmethod
     def __metadata_guard__(cls, orig: Any, other: Any) -> bool:
         return bool(orig == other)
+
+    def _stable_hash_for_caching(self) -> str:
+        # As PhysicsNeMo's: the instance's spec by value (the mesh by its class), never an id().
+        spec = self._spec
+        key = (opaque_type_of(spec.mesh).__qualname__, spec.placements,
+               spec.sharding_shapes, tuple(self.shape), str(self.dtype), self.requires_grad)  # fmt: skip
+        return hashlib.blake2b(repr(key).encode(), digest_size=16).hexdigest()
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        proto = next(a for a in tree_leaves((args, kwargs)) if isinstance(a, PhysicsNeMoLikeShardTensor))
+        unwrap = lambda t: t._local_tensor  # noqa: E731
+        kw = tree_map_only(PhysicsNeMoLikeShardTensor, unwrap, kwargs or {})
+        out = func(*tree_map_only(PhysicsNeMoLikeShardTensor, unwrap, args), **kw)
+        # PhysicsNeMo builds results as ShardTensor itself, whatever the arguments' class
+        return tree_map_only(torch.Tensor, lambda t: PhysicsNeMoLikeShardTensor(t, proto._spec), out)
+
+    def __coerce_same_metadata_as_tangent__(self, expected: Any, expected_type: Any = None) -> Any:
+        spec, _ = expected
+        if spec.placements == self._spec.placements:
+            return self
+        # As PhysicsNeMo rebuilds a tangent: _local_tensor alone, and the recorded context.
+        return type(self).__tensor_unflatten__(
+            {"_local_tensor": self._local_tensor}, expected, self.shape, self.stride()
+        )

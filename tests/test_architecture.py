@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "opaque_subclass._version": 0,
     "opaque_subclass.core": 1,
     "opaque_subclass.authoring": 2,
+    "opaque_subclass.adoption": 2,
     "opaque_subclass.modules": 2,
     "opaque_subclass.backport": 2,
     "opaque_subclass.fixes": 2,
@@ -41,6 +42,7 @@ LAYERS: dict[str, int] = {
 _LIBRARY = (
     "opaque_subclass.core",
     "opaque_subclass.authoring",
+    "opaque_subclass.adoption",
     "opaque_subclass.modules",
     "opaque_subclass.backport",
     "opaque_subclass.fixes",
@@ -71,31 +73,47 @@ FORBIDDEN = {
         "opaque_subclass.fixes",
         "opaque_subclass.modules",
         "opaque_subclass.export",
+        "opaque_subclass.adoption",
+    ),
+    "opaque_subclass.adoption": (
+        "opaque_subclass.backport",
+        "opaque_subclass.fixes",
+        "opaque_subclass.authoring",
+        "opaque_subclass.modules",
+        "opaque_subclass.export",
     ),
     "opaque_subclass.modules": (
         "opaque_subclass.backport",
         "opaque_subclass.fixes",
         "opaque_subclass.authoring",
         "opaque_subclass.export",
+        "opaque_subclass.adoption",
     ),
     "opaque_subclass.export": (
         "opaque_subclass.backport",
         "opaque_subclass.fixes",
         "opaque_subclass.authoring",
         "opaque_subclass.modules",
+        "opaque_subclass.adoption",
     ),
-    "opaque_subclass.backport": ("opaque_subclass.authoring", "opaque_subclass.modules", "opaque_subclass.export"),
+    "opaque_subclass.backport": (
+        "opaque_subclass.authoring",
+        "opaque_subclass.modules",
+        "opaque_subclass.export",
+        "opaque_subclass.adoption",
+    ),
     "opaque_subclass.fixes": (
         "opaque_subclass.authoring",
         "opaque_subclass.modules",
         "opaque_subclass.export",
         "opaque_subclass.backport",
+        "opaque_subclass.adoption",
     ),
 }
 
 #: Packages whose code runs per compiled call or per dispatched op: no
 #: function-level imports of the library there.
-HOT = ("opaque_subclass.core", "opaque_subclass.authoring", "opaque_subclass.modules")
+HOT = ("opaque_subclass.core", "opaque_subclass.authoring", "opaque_subclass.adoption", "opaque_subclass.modules")
 
 #: The function-level imports of the library that remain, and why each is lazy.
 LAZY_OK = {

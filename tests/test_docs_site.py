@@ -27,6 +27,7 @@ API = DOCS / "api"
 # The packages whose public names the reference documents (PUBLIC in docs/conf.py).
 PUBLIC = [
     "opaque_subclass",
+    "opaque_subclass.adoption",
     "opaque_subclass.export",
     "opaque_subclass.sharded",
     "opaque_subclass.dtensor",

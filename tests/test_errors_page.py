@@ -14,7 +14,7 @@ drifting:
   applied (its backticked snippet executed), which the generator runs and which
   must raise nothing, except exactly those of the generator's ``NOT_FIXED``;
 * every exception class the library exports has an entry;
-* every file of ``opaque_subclass/{core,authoring,modules,export}`` that raises
+* every file of ``opaque_subclass/{core,authoring,adoption,modules,export}`` that raises
   an error has an entry, or a line among the errors the page leaves out.
 """
 
@@ -33,7 +33,7 @@ import opaque_subclass as osc
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "errors.md"
-PACKAGES = ("core", "authoring", "modules", "export")
+PACKAGES = ("core", "authoring", "adoption", "modules", "export")
 
 # One entry: its anchor, exception type, the file that raised it and the message.
 ENTRY = re.compile(
