@@ -1674,6 +1674,54 @@ entry("sharded/redistribute/16-ranks")(lambda: _sharded_meshes(16, (16, 16), lam
 
 
 # ---------------------------------------------------------------------------
+# Upstream's own bugs (docs/compatibility.md, "Upstream's own bugs in this feature"): one entry each.
+
+
+def _returned(value: object) -> str:
+    """A value opaque returned by compiled code: its repr, or the type torch put in its place
+    (torch's fake wrapper passes ``isinstance``, so the exact type is compared)."""
+    return repr(value) if type(value) is CConfig else type(value).__name__
+
+
+@entry("upstream/193190-value-opaque-beside-subclass-output")
+def _value_opaque_beside_subclass_output() -> Observation:
+    """pytorch/pytorch#193190: ``f(x) = (x * 2, CConfig(7))`` with ``x`` a
+    subclass, compiled with inductor, then compiled again in the same process
+    from AOTAutograd's and inductor's caches (Dynamo reset, inductor's loaded
+    modules forgotten, one fresh cache directory). Each time: the subclass
+    output, what was returned beside it, and whether the cache served it."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.codecache import PyCodeCache
+    from torch._inductor.utils import fresh_cache
+
+    def fn(x: Any) -> Any:
+        return x * 2, CConfig(7)
+
+    seen = []
+    with fresh_cache():
+        for _ in range(2):
+            with fresh():
+                counters.clear()
+                PyCodeCache.cache_clear()  # the second compilation loads the graph from the disk cache
+                mesh = CMesh("a")
+                try:
+                    out, config = torch.compile(fn, backend="inductor", fullgraph=True)(
+                        CSharded(torch.ones(2), mesh, "t")
+                    )
+                except Exception as e:  # the observation is the exception
+                    seen.append(error(e))
+                    continue
+                seen.append(
+                    {
+                        "out": describe(out, {"input mesh": mesh}),
+                        "returned": _returned(config),
+                        "served from cache": counters["aot_autograd"]["autograd_cache_hit"] > 0,
+                    }
+                )
+    return seen
+
+
+# ---------------------------------------------------------------------------
 # Running and comparing.
 
 

@@ -45,6 +45,7 @@ from scenarios import (
     undeclared_member_is_named,
 )
 from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor
+from upstream_scenarios import VALUE_OPAQUE_OUTPUT_FAILURE, value_opaque_beside_subclass_output_survives_the_caches
 
 import opaque_subclass as osc
 from opaque_subclass import activation
@@ -290,6 +291,11 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[in
         # A wrong result: the output's mesh is an equal one of an earlier program, compiled in.
         dtensor_programs_keep_runtime_meshes,
         DTENSOR_CACHED_MESH_FAILURE,
+    ),
+    "torch._functorch._aot_autograd.subclass_utils.unwrap_tensor_subclasses": (  # 2.12 - 2.14
+        # a wrong result: torch's fake wrapper (2.12, 2.13) or None from the caches (2.14)
+        value_opaque_beside_subclass_output_survives_the_caches,
+        VALUE_OPAQUE_OUTPUT_FAILURE,
     ),
     "torch._dynamo.convert_frame._compile": (  # 2.12 - 2.15
         # the library's error re-raised as InternalTorchDynamoError("OpaqueTypeError: ...")

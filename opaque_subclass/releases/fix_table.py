@@ -157,6 +157,17 @@ FIXES: tuple[Fix, ...] = (
             (2, 15): "26aa5a210e4eaa85",
         },
     ),
+    # a value opaque beside a subclass stays a constant of the graph, not torch's fake wrapper
+    # (pytorch/pytorch#193190, fixed in torch 2.15; fixes/value_outputs.py)
+    Fix(
+        "opaque_subclass.fixes.value_outputs:make_unwrap_tensor_subclasses",
+        "torch._functorch._aot_autograd.subclass_utils.unwrap_tensor_subclasses",
+        {
+            (2, 12): "f395de8ec079cf2e",
+            (2, 13): "f395de8ec079cf2e",
+            (2, 14): "7fc1ad2aed19d225",
+        },
+    ),
     # members of opaques in compiled code: baked values guarded, undeclared ones named
     Fix(
         "opaque_subclass.fixes.members:make_call_method",

@@ -314,6 +314,14 @@ RELEASE = ReleaseSupport(
             "the library: compile from one long-lived thread",
             ("threads/compile-after-thread-exit",),
         ),
+        Difference(
+            "torch 2.11's Dynamo cannot return a value opaque constructed inside the compiled region "
+            "(Unsupported: reconstruction failure), with or without the library; 2.12 and newer return "
+            "it (the library fixes pytorch/pytorch#193190 on 2.12 - 2.14, where such an object beside "
+            "a subclass output came back as torch's fake wrapper or None). Construct it outside the "
+            "compiled function and pass it in, or return it from eager code",
+            ("upstream/193190-value-opaque-beside-subclass-output",),
+        ),
     ),
     limits=(FOREIGN_ISINSTANCE,),
     sources=SOURCES,

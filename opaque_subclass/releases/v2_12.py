@@ -21,7 +21,7 @@ from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
 SOURCES = (
     # recorded on torch 2.12.0+cu130 by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "8887caf7423f84c2"),
+    ("<fingerprints>", "c0d83472707dd625"),
     ("_dynamo/convert_frame.py", "6ac6d2468a8471b1"),
     ("_dynamo/guards.py", "82346f2141628052"),
     ("_dynamo/variables/builder.py", "4078e9dd9b68e136"),
@@ -29,6 +29,7 @@ SOURCES = (
     ("_export/non_strict_utils.py", "a2b044daec08a3f3"),
     ("_functorch/_aot_autograd/autograd_cache.py", "a2e517f85123a041"),
     ("_functorch/_aot_autograd/runtime_wrappers.py", "b64a44fe5afc6b5e"),
+    ("_functorch/_aot_autograd/subclass_utils.py", "4870495de45b714f"),
     ("_library/fake_class_registry.py", "4df93aef5bac991e"),
     ("_opaque_base.py", "df542d181832f880"),
     ("_subclasses/fake_tensor.py", "0e4139b0f63ee0a4"),
