@@ -45,7 +45,12 @@ from scenarios import (
     undeclared_member_is_named,
 )
 from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor
-from upstream_scenarios import VALUE_OPAQUE_OUTPUT_FAILURE, value_opaque_beside_subclass_output_survives_the_caches
+from upstream_scenarios import (
+    MADE_WHILE_TRACING_FAILURE,
+    VALUE_OPAQUE_OUTPUT_FAILURE,
+    reference_opaque_made_while_tracing_is_named,
+    value_opaque_beside_subclass_output_survives_the_caches,
+)
 
 import opaque_subclass as osc
 from opaque_subclass import activation
@@ -296,6 +301,19 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[in
         # a wrong result: torch's fake wrapper (2.12, 2.13) or None from the caches (2.14)
         value_opaque_beside_subclass_output_survives_the_caches,
         VALUE_OPAQUE_OUTPUT_FAILURE,
+    ),
+    "torch.fx.experimental.proxy_tensor.PythonKeyTracer.create_arg": (  # 2.11 - 2.15
+        # a wrong result: the Tally made while tracing compiled in, shared by every call
+        reference_opaque_made_while_tracing_is_named,
+        MADE_WHILE_TRACING_FAILURE,
+    ),
+    "torch._opaque_base.OpaqueBaseMeta.__call__": (  # 2.11 - 2.13 (nothing recorded, nothing refused)
+        reference_opaque_made_while_tracing_is_named,
+        MADE_WHILE_TRACING_FAILURE,
+    ),
+    "torch._custom_class_base.CustomClassBaseMeta.__call__": (  # 2.14, 2.15
+        reference_opaque_made_while_tracing_is_named,
+        MADE_WHILE_TRACING_FAILURE,
     ),
     "torch._dynamo.convert_frame._compile": (  # 2.12 - 2.15
         # the library's error re-raised as InternalTorchDynamoError("OpaqueTypeError: ...")

@@ -11,7 +11,17 @@ not sound. The scenarios: ``tests/upstream_scenarios.py``.
 from __future__ import annotations
 
 import pytest
-from upstream_scenarios import value_opaque_beside_subclass_output_survives_the_caches
+import torch
+from upstream_scenarios import (
+    GLOBAL_TALLY,
+    CarriedTallied,
+    GlobalTallied,
+    Tally,
+    multiply,
+    reference_opaque_made_while_tracing_is_named,
+    tallied_outputs,
+    value_opaque_beside_subclass_output_survives_the_caches,
+)
 
 from opaque_subclass.releases import current
 
@@ -26,3 +36,34 @@ def test_193190_value_opaque_beside_subclass_output():
     """pytorch/pytorch#193190 (fixed upstream in torch 2.15; the library's fix
     on 2.12 - 2.14): the value opaque comes back real, compiled and from the caches."""
     value_opaque_beside_subclass_output_survives_the_caches()
+
+
+def test_176044_reference_opaque_made_while_tracing_is_named():
+    """pytorch/pytorch#176044 (every release): a reference opaque made in
+    ``__torch_dispatch__`` while torch traces is refused by name, not compiled
+    in as a constant every call shares."""
+    reference_opaque_made_while_tracing_is_named()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_176044_reference_opaques_made_before_the_trace_compile(backend):
+    """The refusal is about objects made while tracing only: a Tally carried as
+    an attribute (a graph input: each call's own) and a module-level Tally read
+    below Dynamo (torch compiles it in; eager uses that same object) compile
+    and give eager's outputs."""
+
+    def carried():
+        return CarriedTallied(torch.ones(2), Tally()), CarriedTallied(torch.full((2,), 2.0), Tally())
+
+    def global_():
+        return GlobalTallied(torch.ones(2)), GlobalTallied(torch.full((2,), 2.0))
+
+    for make in (carried, global_):
+        torch._dynamo.reset()
+        GLOBAL_TALLY.count = 0
+        eager = tallied_outputs(multiply, make)
+        GLOBAL_TALLY.count = 0
+        compiled = torch.compile(multiply, backend=backend, fullgraph=True)
+        assert tallied_outputs(compiled, make) == eager, make.__name__
+    assert eager == [[2.0, 2.0], [4.0, 4.0], [6.0, 6.0]]  # the global one counts every call
+    torch._dynamo.reset()

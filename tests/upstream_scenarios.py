@@ -9,12 +9,27 @@ matches that message (the ``*_FAILURE`` records, measured on each release);
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from scenarios import StockFailure, fresh_inductor_cache
 from subclasses import Config, Mesh, MeshTensor
+from torch.utils._pytree import tree_map_only
+
+import opaque_subclass
+from opaque_subclass import OpaqueBase
 
 __all__ = [
+    "GLOBAL_TALLY",
+    "MADE_WHILE_TRACING_FAILURE",
     "VALUE_OPAQUE_OUTPUT_FAILURE",
+    "CarriedTallied",
+    "GlobalTallied",
+    "Tallied",
+    "Tally",
+    "multiply",
+    "reference_opaque_made_while_tracing_is_named",
+    "tallied_outputs",
     "value_opaque_beside_subclass_output_survives_the_caches",
 ]
 
@@ -56,3 +71,127 @@ VALUE_OPAQUE_OUTPUT_FAILURE = {
     (2, 13): StockFailure(AssertionError, r"^compiled: returned FakeScriptObject, expected Config\(7\)$"),
     (2, 14): StockFailure(AssertionError, r"^loaded from the caches: returned NoneType, expected Config\(7\)$"),
 }
+
+
+class Tally(OpaqueBase):
+    """Mutable state of one call: counts the ops it served (a reference opaque)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+opaque_subclass.register_opaque(Tally)
+
+
+@torch.library.custom_op("osc_upstream::tally_scale", mutates_args=())
+def _tally_scale(t: torch.Tensor, tally: Tally) -> torch.Tensor:
+    tally.count += 1
+    return t * tally.count
+
+
+@_tally_scale.register_fake
+def _(t: torch.Tensor, tally: Tally) -> torch.Tensor:
+    return torch.empty_like(t)
+
+
+class Tallied(torch.Tensor):
+    """A subclass whose multiplication scales by a Tally's count, with a fresh
+    Tally per operation, made in ``__torch_dispatch__`` (see :meth:`tally`)."""
+
+    OPAQUES: tuple[str, ...] = ()
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, tally: Any = None) -> Any:
+        r = torch.Tensor._make_wrapper_subclass(cls, data.shape, strides=data.stride(), dtype=data.dtype)
+        r._data = data
+        r._tally = tally
+        return r
+
+    def __init__(self, data: torch.Tensor, tally: Any = None) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(shape={tuple(self.shape)})"
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return ["_data", *self.OPAQUES], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
+        return cls(inner["_data"], inner.get("_tally"))
+
+    def tally(self) -> Tally:
+        return Tally()
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        proto = next(a for a in args if isinstance(a, Tallied))
+        args, kwargs = tree_map_only(Tallied, lambda t: t._data, (args, kwargs or {}))
+        if func is torch.ops.aten.mul.Tensor:
+            out = torch.ops.osc_upstream.tally_scale(args[0] * args[1], proto.tally())
+            return cls(out, proto._tally)
+        return tree_map_only(torch.Tensor, lambda t: cls(t, proto._tally), func(*args, **kwargs))
+
+
+class CarriedTallied(Tallied):
+    """Uses the Tally it carries as an attribute listed in ``__tensor_flatten__``: a graph input."""
+
+    OPAQUES = ("_tally",)
+
+    def tally(self) -> Tally:
+        return self._tally  # type: ignore[no-any-return]
+
+
+#: The Tally that ``GlobalTallied`` reads below Dynamo, made before any trace.
+GLOBAL_TALLY = Tally()
+
+
+class GlobalTallied(Tallied):
+    """Uses a module-level Tally, read in ``__torch_dispatch__`` (torch compiles it in)."""
+
+    def tally(self) -> Tally:
+        return GLOBAL_TALLY
+
+
+def tallied_outputs(fn: Any, make: Any, calls: int = 3) -> list[list[float]]:
+    """``fn(*make())`` ``calls`` times: each output's values."""
+    return [fn(*make())._data.tolist() for _ in range(calls)]
+
+
+def multiply(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x * y
+
+
+def reference_opaque_made_while_tracing_is_named() -> None:
+    """pytorch/pytorch#176044: ``x * y`` of two subclasses whose
+    ``__torch_dispatch__`` makes a fresh ``Tally`` and passes it to a custom
+    op; eager gives 2, 2, 2 over three calls. Compiled, the library refuses
+    the program by name (torch alone compiles the trace's one Tally in, and
+    counts on: 2, 4, 6)."""
+    from opaque_subclass.fixes.traced_opaques import OpaqueCreatedWhileTracingError
+
+    def make() -> tuple[Tallied, Tallied]:
+        return Tallied(torch.ones(2)), Tallied(torch.full((2,), 2.0))
+
+    eager = tallied_outputs(multiply, make)
+    assert eager == [[2.0, 2.0]] * 3, eager
+    torch._dynamo.reset()
+    compiled = torch.compile(multiply, backend="aot_eager", fullgraph=True)
+    try:
+        outs = tallied_outputs(compiled, make)
+    except OpaqueCreatedWhileTracingError as e:
+        text = str(e)
+        assert text.startswith("a reference opaque upstream_scenarios.Tally was created while torch traced"), text
+        assert "pytorch/pytorch#176044" in text and "Fix: create it outside the compiled function" in text, text
+        assert 'register_opaque(Tally, kind="value")' in text, text
+    else:
+        raise AssertionError(f"compiled outputs {outs}, eager {eager}: no error")
+    finally:
+        torch._dynamo.reset()
+
+
+#: With either half of the fix suspended (the metaclass's record, or the
+#: tracer's refusal): torch compiles the Tally in, silently (every release).
+MADE_WHILE_TRACING_FAILURE = StockFailure(
+    AssertionError, r"^compiled outputs \[\[2\.0, 2\.0\], \[4\.0, 4\.0\], \[6\.0, 6\.0\]\], eager .*: no error$"
+)

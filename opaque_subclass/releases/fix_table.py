@@ -168,6 +168,35 @@ FIXES: tuple[Fix, ...] = (
             (2, 14): "7fc1ad2aed19d225",
         },
     ),
+    # a reference opaque made while torch traces, about to be compiled in as a constant shared by
+    # every call: a named error (pytorch/pytorch#176044; fixes/traced_opaques.py). The metaclass
+    # records what is made while a tracer is active, the tracer refuses it.
+    Fix(
+        "opaque_subclass.fixes.traced_opaques:make_metaclass_call",
+        "torch._opaque_base.OpaqueBaseMeta.__call__",
+        {
+            (2, 11): "6e55a720a260c8b9",
+            (2, 12): "957c2bcd4b456c41",
+            (2, 13): "254c60e78e476733",
+            (2, 14): "729c67bd71741eb6",
+            (2, 15): "729c67bd71741eb6",
+        },
+        targets={
+            (2, 14): "torch._custom_class_base.CustomClassBaseMeta.__call__",
+            (2, 15): "torch._custom_class_base.CustomClassBaseMeta.__call__",
+        },
+    ),
+    Fix(
+        "opaque_subclass.fixes.traced_opaques:make_create_arg",
+        "torch.fx.experimental.proxy_tensor.PythonKeyTracer.create_arg",
+        {
+            (2, 11): "8c4f80b12bc187da",
+            (2, 12): "c90c85935675c922",
+            (2, 13): "c90c85935675c922",
+            (2, 14): "1d30f068379213a6",
+            (2, 15): "1d30f068379213a6",
+        },
+    ),
     # members of opaques in compiled code: baked values guarded, undeclared ones named
     Fix(
         "opaque_subclass.fixes.members:make_call_method",

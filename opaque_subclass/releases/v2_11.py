@@ -22,7 +22,7 @@ from opaque_subclass.releases.shared import ATTRIBUTE_GUARD_TEXT, FOREIGN_ISINST
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
 SOURCES = (
     # recorded on torch 2.11.0+cu130 by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "7efb4b4563e634ff"),
+    ("<fingerprints>", "20563b20e78e852f"),
     ("_dynamo/convert_frame.py", "83a2b7a0b709d79c"),
     ("_dynamo/functional_export.py", "557d63f060bb5192"),
     ("_dynamo/guards.py", "da50f73d94d9ef5f"),
@@ -41,6 +41,7 @@ SOURCES = (
     ("_functorch/_aot_autograd/subclass_parametrization.py", "bf4b130207b18fe3"),
     ("_functorch/_aot_autograd/subclass_utils.py", "c5cacbc8995b6d5c"),
     ("_library/fake_class_registry.py", "544721a2f9e728db"),
+    ("_opaque_base.py", "33ed0b32c00622a9"),
     ("_subclasses/fake_tensor.py", "8a0a123ea1f105c7"),
     ("_subclasses/meta_utils.py", "df61ea372c75a0d4"),
     ("distributed/_tools/common_utils.py", "5032b738e5757687"),

@@ -17,7 +17,7 @@ from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
 SOURCES = (
     # recorded on torch 2.13.0+cpu by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "0e52c53437a064e1"),
+    ("<fingerprints>", "0e6749e23d26972a"),
     ("_dynamo/convert_frame.py", "ca21a952feec8255"),
     ("_dynamo/guards.py", "882940c8d52d7e16"),
     ("_dynamo/variables/builder.py", "d05d046e77ed7fab"),
@@ -27,6 +27,7 @@ SOURCES = (
     ("_functorch/_aot_autograd/runtime_wrappers.py", "efa73da320f9df6f"),
     ("_functorch/_aot_autograd/subclass_utils.py", "e1116f45ce271115"),
     ("_library/fake_class_registry.py", "14f12e8d9fec7e90"),
+    ("_opaque_base.py", "a5a342950a1af6b4"),
     ("_subclasses/fake_tensor.py", "72a5c601389be918"),
     ("distributed/device_mesh.py", "acccb6b20491160b"),
     ("fx/experimental/proxy_tensor.py", "be14c189319501fc"),
