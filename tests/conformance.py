@@ -1797,6 +1797,62 @@ def _reference_opaque_made_while_tracing() -> Observation:
         return {"eager": eager, "compiled": outs}
 
 
+class CQuantizer(OpaqueBase):
+    """A value opaque that is also callable (a quantizer applied to a tensor)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def factor(self) -> int:
+        return self.k
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        return t * self.k
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CQuantizer) and other.k == self.k
+
+    def __hash__(self) -> int:
+        return hash(self.k)
+
+    def __fx_repr__(self) -> tuple[str, dict[str, type]]:
+        return f"CQuantizer({self.k})", {"CQuantizer": CQuantizer}
+
+    def __repr__(self) -> str:
+        return f"CQuantizer({self.k})"
+
+
+opaque_subclass.register_opaque(CQuantizer, kind="value", members={"factor": Member.USE_REAL})
+
+
+@entry("upstream/188796-callable-value-opaque-on-intermediate")
+def _callable_value_opaque_on_intermediate() -> Observation:
+    """pytorch/pytorch#188796: a method of a callable value opaque (``CHand``'s
+    context) read off a subclass tensor made inside the compiled region, and
+    the opaque itself called on it, each with ``fullgraph=True``: one graph
+    each (torch 2.11 - 2.14 alone: a graph break)."""
+
+    def method(t: torch.Tensor) -> torch.Tensor:
+        y = t + 1
+        return y * y._config.factor()
+
+    def call(t: torch.Tensor) -> torch.Tensor:
+        y = t + 1
+        return y._config(y)
+
+    seen = {}
+    for name, fn in (("method", method), ("call", call)):
+        with fresh():
+            count = counter("aot_eager")
+            m = CMesh("a")
+            try:
+                out = torch.compile(fn, backend=count, fullgraph=True)(CHand(torch.arange(3.0), m, CQuantizer(3)))
+                seen[name] = {"out": describe(out, {"input mesh": m}), "compilations": count.frame_count}
+            except Exception as e:  # the observation is the exception
+                seen[name] = {"error": error(e), "compilations": count.frame_count}
+    return seen
+
+
 # ---------------------------------------------------------------------------
 # Running and comparing.
 

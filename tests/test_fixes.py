@@ -46,8 +46,10 @@ from scenarios import (
 )
 from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor
 from upstream_scenarios import (
+    CALLABLE_VALUE_FAILURE,
     MADE_WHILE_TRACING_FAILURE,
     VALUE_OPAQUE_OUTPUT_FAILURE,
+    callable_value_opaque_on_an_intermediate_compiles,
     reference_opaque_made_while_tracing_is_named,
     value_opaque_beside_subclass_output_survives_the_caches,
 )
@@ -314,6 +316,11 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[in
     "torch._custom_class_base.CustomClassBaseMeta.__call__": (  # 2.14, 2.15
         reference_opaque_made_while_tracing_is_named,
         MADE_WHILE_TRACING_FAILURE,
+    ),
+    "torch._dynamo.variables.tensor.TensorVariable.dynamic_getattr": (  # 2.12 - 2.14
+        # a graph break (Unsupported under fullgraph=True)
+        callable_value_opaque_on_an_intermediate_compiles,
+        CALLABLE_VALUE_FAILURE,
     ),
     "torch._dynamo.convert_frame._compile": (  # 2.12 - 2.15
         # the library's error re-raised as InternalTorchDynamoError("OpaqueTypeError: ...")

@@ -29,9 +29,9 @@ def test_mode_matches_running_torch():
     [
         ("2.10.1", "unsupported", None, 0, 0),
         ("2.11.0+cu130", "backport", OPAQUE_OBJECT_API, 48, 0),
-        ("2.12.0", "native", OPAQUE_OBJECT_API, 0, 22),
-        ("2.13.0+cpu", "native", OPAQUE_OBJECT_API, 0, 18),
-        ("2.14.1+cu130", "native", CUSTOM_CLASS_API, 0, 19),
+        ("2.12.0", "native", OPAQUE_OBJECT_API, 0, 23),
+        ("2.13.0+cpu", "native", OPAQUE_OBJECT_API, 0, 19),
+        ("2.14.1+cu130", "native", CUSTOM_CLASS_API, 0, 20),
         ("2.15.0", "native", CUSTOM_CLASS_API, 0, 18),
         ("1.13.0", "unsupported", None, 0, 0),
         ("garbage", "unsupported", None, 0, 0),

@@ -17,6 +17,7 @@ from upstream_scenarios import (
     CarriedTallied,
     GlobalTallied,
     Tally,
+    callable_value_opaque_on_an_intermediate_compiles,
     multiply,
     reference_opaque_made_while_tracing_is_named,
     tallied_outputs,
@@ -67,3 +68,13 @@ def test_176044_reference_opaques_made_before_the_trace_compile(backend):
         assert tallied_outputs(compiled, make) == eager, make.__name__
     assert eager == [[2.0, 2.0], [4.0, 4.0], [6.0, 6.0]]  # the global one counts every call
     torch._dynamo.reset()
+
+
+@pytest.mark.skipif(
+    ROW.release < (2, 12),
+    reason="torch 2.11: the method call is a graph break still (a listed difference)",
+)
+def test_188796_callable_value_opaque_on_an_intermediate():
+    """pytorch/pytorch#188796 (fixed upstream in torch 2.15; the library's fix
+    on 2.12 - 2.14): one graph, eager's values."""
+    callable_value_opaque_on_an_intermediate_compiles()

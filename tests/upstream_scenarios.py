@@ -20,13 +20,16 @@ import opaque_subclass
 from opaque_subclass import OpaqueBase
 
 __all__ = [
+    "CALLABLE_VALUE_FAILURE",
     "GLOBAL_TALLY",
     "MADE_WHILE_TRACING_FAILURE",
     "VALUE_OPAQUE_OUTPUT_FAILURE",
     "CarriedTallied",
     "GlobalTallied",
+    "Quantizer",
     "Tallied",
     "Tally",
+    "callable_value_opaque_on_an_intermediate_compiles",
     "multiply",
     "reference_opaque_made_while_tracing_is_named",
     "tallied_outputs",
@@ -195,3 +198,61 @@ def reference_opaque_made_while_tracing_is_named() -> None:
 MADE_WHILE_TRACING_FAILURE = StockFailure(
     AssertionError, r"^compiled outputs \[\[2\.0, 2\.0\], \[4\.0, 4\.0\], \[6\.0, 6\.0\]\], eager .*: no error$"
 )
+
+
+class Quantizer(OpaqueBase):
+    """A value opaque that is also callable (a quantizer applied to a tensor)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def factor(self) -> int:
+        return self.k
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        return t * self.k
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Quantizer) and other.k == self.k
+
+    def __hash__(self) -> int:
+        return hash(self.k)
+
+    def __fx_repr__(self) -> tuple[str, dict[str, type]]:
+        return f"Quantizer({self.k})", {"Quantizer": Quantizer}
+
+
+opaque_subclass.register_opaque(Quantizer, kind="value", members={"factor": opaque_subclass.Member.USE_REAL})
+
+
+def callable_value_opaque_on_an_intermediate_compiles() -> None:
+    """pytorch/pytorch#188796: a subclass tensor made in the compiled region
+    (``y = t + 1``) carries a callable value opaque in its flatten context;
+    calling its method, and the opaque itself, compiles to one graph each with
+    ``fullgraph=True`` and gives eager's values."""
+
+    def method(t: torch.Tensor) -> torch.Tensor:
+        y = t + 1
+        return y * y._ctx.factor()
+
+    def call(t: torch.Tensor) -> torch.Tensor:
+        y = t + 1
+        return y._ctx(y)
+
+    for fn in (method, call):
+        torch._dynamo.reset()
+        mesh = Mesh("q")
+        x = MeshTensor(torch.arange(3.0), mesh, ctx=Quantizer(3))
+        out = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+        assert out._data.tolist() == [3.0, 6.0, 9.0] and out._mesh is mesh, fn.__name__
+    torch._dynamo.reset()
+
+
+_METHOD_CALL = StockFailure(torch._dynamo.exc.Unsupported, r"^Unsupported method call\n")
+
+#: With the fix of ``TensorVariable.dynamic_getattr`` suspended: a graph break on the method call.
+CALLABLE_VALUE_FAILURE = {
+    (2, 12): _METHOD_CALL,
+    (2, 13): _METHOD_CALL,
+    (2, 14): StockFailure(torch._dynamo.exc.Unsupported, r"^Unsupported python_type\(\) call\n"),
+}

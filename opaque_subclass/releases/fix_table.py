@@ -197,6 +197,17 @@ FIXES: tuple[Fix, ...] = (
             (2, 15): "1d30f068379213a6",
         },
     ),
+    # a callable value opaque read off a subclass tensor made in the compiled region is a constant,
+    # not a graph break (pytorch/pytorch#188796, fixed in torch 2.15; fixes/callable_values.py)
+    Fix(
+        "opaque_subclass.fixes.callable_values:make_dynamic_getattr",
+        "torch._dynamo.variables.tensor.TensorVariable.dynamic_getattr",
+        {
+            (2, 12): "4ed66bcafa1eb1ee",
+            (2, 13): "77feddea6b6e578e",
+            (2, 14): "63011ce542e0a14d",
+        },
+    ),
     # members of opaques in compiled code: baked values guarded, undeclared ones named
     Fix(
         "opaque_subclass.fixes.members:make_call_method",

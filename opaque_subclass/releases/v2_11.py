@@ -323,6 +323,15 @@ RELEASE = ReleaseSupport(
             "compiled function and pass it in, or return it from eager code",
             ("upstream/193190-value-opaque-beside-subclass-output",),
         ),
+        Difference(
+            "a method of a callable value opaque (one defining __call__) read off a subclass tensor "
+            "made inside the compiled region (y = t + 1; y._config.factor()) is a graph break "
+            "(Unsupported under fullgraph=True; calling the opaque itself compiles): torch 2.11's "
+            "Dynamo takes such an attribute for a generic one (pytorch/pytorch#188796). 2.12 - 2.14 "
+            "get the library's fix, 2.15 torch's. Read the member off an input instead, or call it "
+            "outside the compiled function",
+            ("upstream/188796-callable-value-opaque-on-intermediate",),
+        ),
     ),
     limits=(FOREIGN_ISINSTANCE,),
     sources=SOURCES,

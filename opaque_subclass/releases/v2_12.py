@@ -21,11 +21,12 @@ from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
 SOURCES = (
     # recorded on torch 2.12.0+cu130 by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "74e70733cc3f3b9f"),
+    ("<fingerprints>", "1e182dd2a9029599"),
     ("_dynamo/convert_frame.py", "6ac6d2468a8471b1"),
     ("_dynamo/guards.py", "82346f2141628052"),
     ("_dynamo/variables/builder.py", "4078e9dd9b68e136"),
     ("_dynamo/variables/script_object.py", "fb1c909fba18bd41"),
+    ("_dynamo/variables/tensor.py", "e73537540f5e52a8"),
     ("_export/non_strict_utils.py", "a2b044daec08a3f3"),
     ("_functorch/_aot_autograd/autograd_cache.py", "a2e517f85123a041"),
     ("_functorch/_aot_autograd/runtime_wrappers.py", "b64a44fe5afc6b5e"),

@@ -17,11 +17,12 @@ from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
 SOURCES = (
     # recorded on torch 2.13.0+cpu by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "0e6749e23d26972a"),
+    ("<fingerprints>", "81385294d68a3030"),
     ("_dynamo/convert_frame.py", "ca21a952feec8255"),
     ("_dynamo/guards.py", "882940c8d52d7e16"),
     ("_dynamo/variables/builder.py", "d05d046e77ed7fab"),
     ("_dynamo/variables/script_object.py", "6df0ec30283d4dee"),
+    ("_dynamo/variables/tensor.py", "b919e7350f893bf5"),
     ("_export/non_strict_utils.py", "ffed1b37d143a2b1"),
     ("_functorch/_aot_autograd/autograd_cache.py", "c8581bdaa75922e3"),
     ("_functorch/_aot_autograd/runtime_wrappers.py", "efa73da320f9df6f"),
