@@ -1853,6 +1853,35 @@ def _callable_value_opaque_on_intermediate() -> Observation:
     return seen
 
 
+@entry("upstream/179047-nested-compile-under-outer-trace")
+def _nested_compile_under_outer_trace() -> Observation:
+    """pytorch/pytorch#179047 (torchtitan#2771): a compiled region that an
+    outer ``make_fx``-based trace (functorch's ``aot_function``, as
+    torchtitan's graph trainer) traces over, kept as an ``invoke_subgraph``
+    HOP; Dynamo compiles it while the outer trace runs, when the input's mesh
+    is torch's fake wrapper of it. Its guard on the mesh's type must hold for
+    the wrapper and the real mesh alike (torch 2.12: guarded on the wrapper's
+    type, so the trace's second pass recompiles)."""
+    from functorch.compile import aot_function, nop
+
+    with fresh(), torch._dynamo.config.patch(force_compile_during_fx_trace=True):
+        count = counter("invoke_subgraph")
+        inner = torch.compile(lambda t: t * 2 + 1, backend=count, fullgraph=True)
+        m = CMesh("a")
+        x = CSharded(torch.arange(3.0), m, "t", requires_grad=True)
+        seen: dict[str, Any] = {}
+        try:
+            out = aot_function(lambda t: inner(t).sin(), fw_compiler=nop, bw_compiler=nop)(x)
+            seen["out"] = describe(out, {"input mesh": m})
+        except Exception as e:  # the observation is the exception
+            seen["out"] = error(e)
+        seen["compilations in the outer trace"] = count.frame_count
+        # the reasons naming the opaque attribute (those on global state and the mode stack are
+        # torch's own, on every release)
+        seen["reasons on the mesh"] = [r for r in recompile_reasons() if "._mesh" in r]
+        return seen
+
+
 # ---------------------------------------------------------------------------
 # Running and comparing.
 

@@ -332,6 +332,18 @@ RELEASE = ReleaseSupport(
             "outside the compiled function",
             ("upstream/188796-callable-value-opaque-on-intermediate",),
         ),
+        Difference(
+            "a compiled region that Dynamo compiles while an outer make_fx trace runs "
+            "(torch._dynamo.config.force_compile_during_fx_trace, as torchtitan's graph trainer nests "
+            "regions) fails on torch 2.11: with plain tensors torch itself fails (AssertionError: Guard "
+            "failed on the same frame it was created, on the outer tracer's state); with an opaque "
+            "attribute the backport's trace reaches torch 2.11's AssertionError 'expected all "
+            "opaque_object_outs to be opaque types' first (its compiled forward does not take torch's "
+            "fake wrapper of an opaque saved for backward; 2.12 does), and accepting the wrapper there "
+            "only leads to the plain-tensor failure. Nested compiled regions need torch 2.12 or newer "
+            "(pytorch/pytorch#179047)",
+            ("upstream/179047-nested-compile-under-outer-trace",),
+        ),
     ),
     limits=(FOREIGN_ISINSTANCE,),
     sources=SOURCES,

@@ -14,7 +14,7 @@ What a row is, and how the set is applied: :mod:`opaque_subclass.releases`.
 from __future__ import annotations
 
 from opaque_subclass.releases.fix_table import fix_rows
-from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, ReleaseSupport
+from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, Difference, ReleaseSupport
 from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
 
 #: The torch source files the fingerprints of this release's rows are read from, and their digests
@@ -46,6 +46,17 @@ RELEASE = ReleaseSupport(
     "native",
     OPAQUE_OBJECT_API,
     fixes=fix_rows((2, 12)),  # the table of fixes shared by releases: releases/fix_table.py
+    differences=(
+        Difference(
+            "a compiled region that Dynamo compiles while an outer make_fx trace runs "
+            "(torch._dynamo.config.force_compile_during_fx_trace, as torchtitan's graph trainer nests "
+            "regions) guards an opaque input on the type of torch's fake wrapper (TYPE_MATCH): the outer "
+            "trace compiles the region once more (3 compilations where 2.13 and newer need 2) with a "
+            "recompile reason on the opaque; the outputs are right (pytorch/pytorch#179047, fixed in "
+            "torch 2.13 by FAKE_SCRIPT_TYPE_MATCH)",
+            ("upstream/179047-nested-compile-under-outer-trace",),
+        ),
+    ),
     limits=(
         FOREIGN_ISINSTANCE,
         "torch 2.12's CUDA build without a GPU may abort at interpreter exit ('terminate called "
