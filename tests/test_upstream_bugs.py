@@ -78,3 +78,18 @@ def test_188796_callable_value_opaque_on_an_intermediate():
     """pytorch/pytorch#188796 (fixed upstream in torch 2.15; the library's fix
     on 2.12 - 2.14): one graph, eager's values."""
     callable_value_opaque_on_an_intermediate_compiles()
+
+
+def test_176044_non_strict_export_of_a_forward_making_one_is_named():
+    """The same under non-strict ``torch.export``: a forward that makes a
+    reference opaque and passes it to a custom op is refused by name (stock:
+    exported with the object compiled in, calls count 1, 2, 3 where eager
+    gives 1, 1, 1; strict export and Dynamo refuse it themselves)."""
+    from opaque_subclass.fixes.traced_opaques import OpaqueCreatedWhileTracingError
+
+    class MakesOne(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.osc_upstream.tally_scale(x, Tally())
+
+    with pytest.raises(OpaqueCreatedWhileTracingError, match=r"^a reference opaque upstream_scenarios\.Tally "):
+        torch.export.export(MakesOne(), (torch.ones(2),), strict=False)

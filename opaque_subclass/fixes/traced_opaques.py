@@ -1,16 +1,21 @@
 """Reference opaques made while torch traces (pytorch/pytorch#176044; torch 2.11 - 2.15).
 
-A tensor subclass's ``__torch_dispatch__`` (or a fake kernel) that makes a
-*reference* opaque and passes it to a custom op runs while AOTAutograd or
-``torch.export`` traces the program with ``make_fx``. No graph input tracks
+A tensor subclass's ``__torch_dispatch__`` (or a fake kernel, or a module's
+``forward`` under non-strict ``torch.export``) that makes a *reference* opaque
+and passes it to a custom op runs while AOTAutograd or ``torch.export`` traces
+the program with ``make_fx``. No graph input tracks
 that object, so torch's FX tracer stores it on the graph module and reads it
 with ``get_attr``: every call of the compiled program then uses the one object
 made while tracing, where eager makes a new one per call. Measured with an op
 counting its calls on the object: eager 2, 2, 2; compiled 2, 4, 6 on every
 release, ``aot_eager`` and inductor alike, with no error and no warning.
-Compiling it right would need the constructor to be an operation of the
-graph, so the library refuses it by name instead (no release refuses or fixes
-it; the upstream attempts were not merged).
+Non-strict ``torch.export`` of a forward that makes one is the same: the
+exported module's calls return 1, 2, 3 where eager returns 1, 1, 1 (strict
+export and Dynamo refuse an opaque made in the traced region themselves:
+"An opaque object was created in the middle of the program"). Compiling it
+right would need the constructor to be an operation of the graph, so the
+library refuses it by name instead (no release refuses or fixes it; the
+upstream attempts were not merged).
 
 Two replacements share this module's record of what was made while tracing:
 torch's opaque metaclass's ``__call__`` notes each reference opaque built
@@ -121,7 +126,8 @@ def _message(obj: object) -> str:
     pass_in = import_fix(cls, 'opaque_subclass.register_opaque({cls}, kind="value")')
     return (
         f"a reference opaque {subject(cls)} was created while torch traced the program (in a tensor "
-        f"subclass's __torch_dispatch__ or a fake kernel) and used by the graph: torch would compile "
+        f"subclass's __torch_dispatch__, a fake kernel, or a forward under non-strict torch.export) and "
+        f"used by the graph: torch would compile "
         f"that one object into the graph as a constant, shared by every call, where eager creates a new "
         f"one per call (pytorch/pytorch#176044: silently wrong results). Fix: create it outside the "
         f"compiled function and pass it in (an argument, or an attribute the subclass lists in "
