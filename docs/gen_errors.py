@@ -2157,6 +2157,16 @@ NOT_FIXED: dict[str, str] = {
 #: (where, exception type, why).
 LEFT_OUT: tuple[tuple[str, str, str], ...] = (
     (
+        "`fixes/traced_opaques.py` (`PythonKeyTracer.create_arg`)",
+        "OpaqueCreatedWhileTracingError (an OpaqueValueError)",
+        "a reference opaque made while torch traces (in a subclass's `__torch_dispatch__` or a fake "
+        "kernel) and used by the graph, which torch would compile in as a constant every call shares "
+        "(pytorch/pytorch#176044): raised only while AOTAutograd or torch.export traces, which this "
+        "page does not run. The message names the class, the bug and the fix (create the object "
+        "outside the compiled function and pass it in, or register an immutable class as a value "
+        "opaque); tests/test_upstream_bugs.py shows it, docs/compatibility.md lists the bug.",
+    ),
+    (
         "`core/checks.py` (`check_guardable_context`)",
         "OpaqueTypeError",
         "a flatten context not equal to its own deep copy (an object compared by identity in it): "

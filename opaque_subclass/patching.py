@@ -61,6 +61,7 @@ __all__ = [
     "Patch",
     "PatchRefused",
     "PatchSet",
+    "attribute_fingerprint",
     "composes",
     "file_digest",
     "fingerprint",
@@ -74,6 +75,31 @@ def fingerprint(obj: Any) -> str:
     """A short hash of an object's source text (dedented), stable across Python versions."""
     source = textwrap.dedent(inspect.getsource(obj))
     return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def _inherited_text(attr: str, class_source: str) -> str:
+    return hashlib.sha256(f"{attr} inherited from a builtin by:\n{class_source}".encode()).hexdigest()[:16]
+
+
+def _builtin_inherited(owner: Any, attr: str) -> bool:
+    """Whether the class ``owner`` takes ``attr`` from a builtin type (``type``,
+    ``object``): no Python class of its MRO defines it (a metaclass's ``__call__``)."""
+    if not isinstance(owner, type):
+        return False
+    for klass in owner.__mro__:
+        if attr in vars(klass):
+            return klass.__module__ == "builtins"
+    return False
+
+
+def attribute_fingerprint(owner: Any, attr: str) -> str:
+    """:func:`fingerprint` of ``owner.attr``; for an attribute a class inherits
+    from a builtin type (it has no source), a fingerprint of the class's own
+    source that says so: the patch of such an attribute is written against a
+    class that, as recorded, defines none of its own."""
+    if _builtin_inherited(owner, attr):
+        return _inherited_text(attr, textwrap.dedent(inspect.getsource(owner)))
+    return fingerprint(_function(_raw(owner, attr)))
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -363,22 +389,42 @@ def source_fingerprint(module_name: str, path: tuple[str, ...], read: list[str] 
         if imported is not None:  # ``from .x import f``: f's definition in x
             return source_fingerprint(imported, path, read)
     node: ast.stmt | None = None
-    for name in path:
+    for depth, name in enumerate(path):
         found = [
             n
             for n in _definitions(body)
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name
         ]
         if not found:
+            if depth == len(path) - 1 and _takes_from_builtins(node, name):
+                return _inherited_text(name, _node_source(text, node))  # type: ignore[arg-type]  # a ClassDef
             return None
         node = found[-1]  # the last definition is the one the module keeps
         body = node.body
     if node is None or node.end_lineno is None:
         return None
+    return hashlib.sha256(_node_source(text, node).encode()).hexdigest()[:16]
+
+
+def _node_source(text: str, node: ast.stmt) -> str:
+    """The dedented source of a ``def``/``class`` statement, decorators included."""
     first = min([node.lineno, *(d.lineno for d in node.decorator_list)])  # type: ignore[attr-defined]  # def/class nodes have decorator_list
     lines = text.splitlines(keepends=True)[first - 1 : node.end_lineno]
-    source = textwrap.dedent("".join(lines))
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
+    return textwrap.dedent("".join(lines))
+
+
+def _takes_from_builtins(node: ast.stmt | None, name: str) -> bool:
+    """Whether the class statement ``node``, whose body defines no ``name``,
+    inherits it from a builtin type: its bases are ``type`` or ``object`` only
+    and ``name`` is a dunder (read from the source, as :func:`_builtin_inherited`
+    decides on the live class)."""
+    if not isinstance(node, ast.ClassDef) or not (name.startswith("__") and name.endswith("__")):
+        return False
+    for statement in _definitions(node.body):
+        targets = statement.targets if isinstance(statement, ast.Assign) else [getattr(statement, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return False  # ``__call__ = something`` in the class body
+    return all(isinstance(b, ast.Name) and b.id in ("type", "object") for b in node.bases)
 
 
 def file_digest(file: str) -> str:
@@ -565,7 +611,7 @@ class PatchSet:
         owner, attr, _ = _resolve(target)
         current = _function(_raw(owner, attr))
         try:
-            return fingerprint(current), None, current
+            return attribute_fingerprint(owner, attr), None, current
         except (OSError, TypeError):
             if _foreign_module(current) is None:
                 raise
@@ -730,7 +776,7 @@ class PatchSet:
                 return
             try:
                 for p in patches:
-                    if fingerprint(_function(_raw(*_resolve(p.target)[:2]))) != p.fingerprint:
+                    if attribute_fingerprint(*_resolve(p.target)[:2]) != p.fingerprint:
                         raise PatchRefused(f"{p.target}: the imported definition differs from its source file")
                     self._applied.append(self._apply(p))
             except BaseException as e:  # never leave a half-patched torch behind

@@ -1775,6 +1775,215 @@ entry("torch-parity/graph-inputs-of-a-list-of-opaques-attribute")(
 
 
 # ---------------------------------------------------------------------------
+# Upstream's own bugs (docs/compatibility.md, "Upstream's own bugs in this feature"): one entry each.
+
+
+def _returned(value: object) -> str:
+    """A value opaque returned by compiled code: its repr, or the type torch put in its place
+    (torch's fake wrapper passes ``isinstance``, so the exact type is compared)."""
+    return repr(value) if type(value) is CConfig else type(value).__name__
+
+
+@entry("upstream/193190-value-opaque-beside-subclass-output")
+def _value_opaque_beside_subclass_output() -> Observation:
+    """pytorch/pytorch#193190: ``f(x) = (x * 2, CConfig(7))`` with ``x`` a
+    subclass, compiled with inductor, then compiled again in the same process
+    from AOTAutograd's and inductor's caches (Dynamo reset, inductor's loaded
+    modules forgotten, one fresh cache directory). Each time: the subclass
+    output, what was returned beside it, and whether the cache served it."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.codecache import PyCodeCache
+    from torch._inductor.utils import fresh_cache
+
+    def fn(x: Any) -> Any:
+        return x * 2, CConfig(7)
+
+    seen = []
+    with fresh_cache():
+        for _ in range(2):
+            with fresh():
+                counters.clear()
+                PyCodeCache.cache_clear()  # the second compilation loads the graph from the disk cache
+                mesh = CMesh("a")
+                try:
+                    out, config = torch.compile(fn, backend="inductor", fullgraph=True)(
+                        CSharded(torch.ones(2), mesh, "t")
+                    )
+                except Exception as e:  # the observation is the exception
+                    seen.append(error(e))
+                    continue
+                seen.append(
+                    {
+                        "out": describe(out, {"input mesh": mesh}),
+                        "returned": _returned(config),
+                        "served from cache": counters["aot_autograd"]["autograd_cache_hit"] > 0,
+                    }
+                )
+    return seen
+
+
+class CTally(OpaqueBase):
+    """Mutable state of one call: counts the ops it served (a reference opaque)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+opaque_subclass.register_opaque(CTally)
+
+
+@torch.library.custom_op("conformance::tally_scale", mutates_args=())
+def _tally_scale(t: torch.Tensor, tally: CTally) -> torch.Tensor:
+    tally.count += 1
+    return t * tally.count
+
+
+@_tally_scale.register_fake
+def _(t: torch.Tensor, tally: CTally) -> torch.Tensor:
+    return torch.empty_like(t)
+
+
+class CTallied(torch.Tensor):
+    """A subclass whose multiplication passes a CTally made in ``__torch_dispatch__`` to a custom op."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor) -> Any:
+        r = torch.Tensor._make_wrapper_subclass(cls, data.shape, strides=data.stride(), dtype=data.dtype)
+        r._data = data
+        return r
+
+    def __init__(self, data: torch.Tensor) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"CTallied(shape={tuple(self.shape)})"
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return ["_data"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
+        return CTallied(inner["_data"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        from torch.utils._pytree import tree_map_only
+
+        args, kwargs = tree_map_only(CTallied, lambda t: t._data, (args, kwargs or {}))
+        if func is torch.ops.aten.mul.Tensor:
+            return CTallied(torch.ops.conformance.tally_scale(args[0] * args[1], CTally()))
+        return tree_map_only(torch.Tensor, CTallied, func(*args, **kwargs))
+
+
+@entry("upstream/176044-reference-opaque-made-while-tracing")
+def _reference_opaque_made_while_tracing() -> Observation:
+    """pytorch/pytorch#176044: ``x * y`` of two subclasses whose
+    ``__torch_dispatch__`` passes a fresh ``CTally`` to a custom op, three
+    calls, eager then compiled. torch alone compiles the trace's one CTally in
+    (2, 4, 6 where eager gives 2, 2, 2); the library refuses it by name."""
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * y
+
+    def args() -> tuple[CTallied, CTallied]:
+        return CTallied(torch.ones(2)), CTallied(torch.full((2,), 2.0))
+
+    eager = [_values(fn(*args())._data) for _ in range(3)]
+    with fresh():
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        try:
+            outs: Any = [_values(compiled(*args())._data) for _ in range(3)]
+        except Exception as e:  # the observation is the exception
+            outs = error(e, "CTally", "pytorch/pytorch#176044")
+        return {"eager": eager, "compiled": outs}
+
+
+class CQuantizer(OpaqueBase):
+    """A value opaque that is also callable (a quantizer applied to a tensor)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def factor(self) -> int:
+        return self.k
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        return t * self.k
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CQuantizer) and other.k == self.k
+
+    def __hash__(self) -> int:
+        return hash(self.k)
+
+    def __fx_repr__(self) -> tuple[str, dict[str, type]]:
+        return f"CQuantizer({self.k})", {"CQuantizer": CQuantizer}
+
+    def __repr__(self) -> str:
+        return f"CQuantizer({self.k})"
+
+
+opaque_subclass.register_opaque(CQuantizer, kind="value", members={"factor": Member.USE_REAL})
+
+
+@entry("upstream/188796-callable-value-opaque-on-intermediate")
+def _callable_value_opaque_on_intermediate() -> Observation:
+    """pytorch/pytorch#188796: a method of a callable value opaque (``CHand``'s
+    context) read off a subclass tensor made inside the compiled region, and
+    the opaque itself called on it, each with ``fullgraph=True``: one graph
+    each (torch 2.11 - 2.14 alone: a graph break)."""
+
+    def method(t: torch.Tensor) -> torch.Tensor:
+        y = t + 1
+        return y * y._config.factor()
+
+    def call(t: torch.Tensor) -> torch.Tensor:
+        y = t + 1
+        return y._config(y)
+
+    seen = {}
+    for name, fn in (("method", method), ("call", call)):
+        with fresh():
+            count = counter("aot_eager")
+            m = CMesh("a")
+            try:
+                out = torch.compile(fn, backend=count, fullgraph=True)(CHand(torch.arange(3.0), m, CQuantizer(3)))
+                seen[name] = {"out": describe(out, {"input mesh": m}), "compilations": count.frame_count}
+            except Exception as e:  # the observation is the exception
+                seen[name] = {"error": error(e), "compilations": count.frame_count}
+    return seen
+
+
+@entry("upstream/179047-nested-compile-under-outer-trace")
+def _nested_compile_under_outer_trace() -> Observation:
+    """pytorch/pytorch#179047 (torchtitan#2771): a compiled region that an
+    outer ``make_fx``-based trace (functorch's ``aot_function``, as
+    torchtitan's graph trainer) traces over, kept as an ``invoke_subgraph``
+    HOP; Dynamo compiles it while the outer trace runs, when the input's mesh
+    is torch's fake wrapper of it. Its guard on the mesh's type must hold for
+    the wrapper and the real mesh alike (torch 2.12: guarded on the wrapper's
+    type, so the trace's second pass recompiles)."""
+    from functorch.compile import aot_function, nop
+
+    with fresh(), torch._dynamo.config.patch(force_compile_during_fx_trace=True):
+        count = counter("invoke_subgraph")
+        inner = torch.compile(lambda t: t * 2 + 1, backend=count, fullgraph=True)
+        m = CMesh("a")
+        x = CSharded(torch.arange(3.0), m, "t", requires_grad=True)
+        seen: dict[str, Any] = {}
+        try:
+            out = aot_function(lambda t: inner(t).sin(), fw_compiler=nop, bw_compiler=nop)(x)
+            seen["out"] = describe(out, {"input mesh": m})
+        except Exception as e:  # the observation is the exception
+            seen["out"] = error(e)
+        seen["compilations in the outer trace"] = count.frame_count
+        # the reasons naming the opaque attribute (those on global state and the mode stack are
+        # torch's own, on every release)
+        seen["reasons on the mesh"] = [r for r in recompile_reasons() if "._mesh" in r]
+        return seen
+
+
+# ---------------------------------------------------------------------------
 # Running and comparing.
 
 

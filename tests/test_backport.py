@@ -52,6 +52,7 @@ from scenarios import (
     undeclared_member_is_named,
 )
 from subclasses import Mesh, MeshTensor, registered_mesh_world_of_one
+from upstream_scenarios import MADE_WHILE_TRACING_FAILURE, reference_opaque_made_while_tracing_is_named
 
 import opaque_subclass
 from opaque_subclass.patching import Patch, PatchRefused, PatchSet, fingerprint
@@ -927,6 +928,15 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         # the library's error re-raised as InternalTorchDynamoError("OpaqueTypeError: ...")
         compile_raises_the_librarys_error,
         LIBRARY_ERROR_WRAPPED_FAILURE,
+    ),
+    # a wrong result: the Tally made while tracing compiled in, shared by every call (pytorch#176044)
+    "torch.fx.experimental.proxy_tensor.PythonKeyTracer.create_arg": (
+        reference_opaque_made_while_tracing_is_named,
+        MADE_WHILE_TRACING_FAILURE,
+    ),
+    "torch._opaque_base.OpaqueBaseMeta.__call__": (
+        reference_opaque_made_while_tracing_is_named,
+        MADE_WHILE_TRACING_FAILURE,
     ),
 }
 

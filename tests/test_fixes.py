@@ -45,6 +45,14 @@ from scenarios import (
     undeclared_member_is_named,
 )
 from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor
+from upstream_scenarios import (
+    CALLABLE_VALUE_FAILURE,
+    MADE_WHILE_TRACING_FAILURE,
+    VALUE_OPAQUE_OUTPUT_FAILURE,
+    callable_value_opaque_on_an_intermediate_compiles,
+    reference_opaque_made_while_tracing_is_named,
+    value_opaque_beside_subclass_output_survives_the_caches,
+)
 
 import opaque_subclass as osc
 from opaque_subclass import activation
@@ -290,6 +298,29 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[in
         # A wrong result: the output's mesh is an equal one of an earlier program, compiled in.
         dtensor_programs_keep_runtime_meshes,
         DTENSOR_CACHED_MESH_FAILURE,
+    ),
+    "torch._functorch._aot_autograd.subclass_utils.unwrap_tensor_subclasses": (  # 2.12 - 2.14
+        # a wrong result: torch's fake wrapper (2.12, 2.13) or None from the caches (2.14)
+        value_opaque_beside_subclass_output_survives_the_caches,
+        VALUE_OPAQUE_OUTPUT_FAILURE,
+    ),
+    "torch.fx.experimental.proxy_tensor.PythonKeyTracer.create_arg": (  # 2.11 - 2.15
+        # a wrong result: the Tally made while tracing compiled in, shared by every call
+        reference_opaque_made_while_tracing_is_named,
+        MADE_WHILE_TRACING_FAILURE,
+    ),
+    "torch._opaque_base.OpaqueBaseMeta.__call__": (  # 2.11 - 2.13 (nothing recorded, nothing refused)
+        reference_opaque_made_while_tracing_is_named,
+        MADE_WHILE_TRACING_FAILURE,
+    ),
+    "torch._custom_class_base.CustomClassBaseMeta.__call__": (  # 2.14, 2.15
+        reference_opaque_made_while_tracing_is_named,
+        MADE_WHILE_TRACING_FAILURE,
+    ),
+    "torch._dynamo.variables.tensor.TensorVariable.dynamic_getattr": (  # 2.12 - 2.14
+        # a graph break (Unsupported under fullgraph=True)
+        callable_value_opaque_on_an_intermediate_compiles,
+        CALLABLE_VALUE_FAILURE,
     ),
     "torch._dynamo.convert_frame._compile": (  # 2.12 - 2.15
         # the library's error re-raised as InternalTorchDynamoError("OpaqueTypeError: ...")

@@ -15,7 +15,15 @@ say what fails without them and what changes with them.
   answers every name): bugs of every release, also installed by the 2.11
   backport;
 * :mod:`.registry` (torch 2.12), :mod:`.partitioner` (torch 2.14 and 2.15):
-  bugs of one release.
+  bugs of one release;
+* :mod:`.value_outputs` (torch 2.12 - 2.14): pytorch/pytorch#193190, a value
+  opaque beside a subclass turned into torch's fake wrapper (fixed in 2.15);
+* :mod:`.traced_opaques` (every release, also installed by the 2.11 backport):
+  pytorch/pytorch#176044, a reference opaque made while torch traces refused
+  by name instead of compiled in as a constant;
+* :mod:`.callable_values` (torch 2.12 - 2.14): pytorch/pytorch#188796, a
+  callable value opaque read off a subclass tensor made in the compiled
+  region (a graph break; fixed in 2.15).
 
 Which torch function each replaces on which release, with the fingerprint of
 the original, is a row of ``opaque_subclass/releases/v2_NN.py``.

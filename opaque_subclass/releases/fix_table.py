@@ -157,6 +157,57 @@ FIXES: tuple[Fix, ...] = (
             (2, 15): "26aa5a210e4eaa85",
         },
     ),
+    # a value opaque beside a subclass stays a constant of the graph, not torch's fake wrapper
+    # (pytorch/pytorch#193190, fixed in torch 2.15; fixes/value_outputs.py)
+    Fix(
+        "opaque_subclass.fixes.value_outputs:make_unwrap_tensor_subclasses",
+        "torch._functorch._aot_autograd.subclass_utils.unwrap_tensor_subclasses",
+        {
+            (2, 12): "f395de8ec079cf2e",
+            (2, 13): "f395de8ec079cf2e",
+            (2, 14): "7fc1ad2aed19d225",
+        },
+    ),
+    # a reference opaque made while torch traces, about to be compiled in as a constant shared by
+    # every call: a named error (pytorch/pytorch#176044; fixes/traced_opaques.py). The metaclass
+    # records what is made while a tracer is active, the tracer refuses it.
+    Fix(
+        "opaque_subclass.fixes.traced_opaques:make_metaclass_call",
+        "torch._opaque_base.OpaqueBaseMeta.__call__",
+        {
+            (2, 11): "6e55a720a260c8b9",
+            (2, 12): "957c2bcd4b456c41",
+            (2, 13): "254c60e78e476733",
+            (2, 14): "729c67bd71741eb6",
+            (2, 15): "729c67bd71741eb6",
+        },
+        targets={
+            (2, 14): "torch._custom_class_base.CustomClassBaseMeta.__call__",
+            (2, 15): "torch._custom_class_base.CustomClassBaseMeta.__call__",
+        },
+    ),
+    Fix(
+        "opaque_subclass.fixes.traced_opaques:make_create_arg",
+        "torch.fx.experimental.proxy_tensor.PythonKeyTracer.create_arg",
+        {
+            (2, 11): "8c4f80b12bc187da",
+            (2, 12): "c90c85935675c922",
+            (2, 13): "c90c85935675c922",
+            (2, 14): "1d30f068379213a6",
+            (2, 15): "1d30f068379213a6",
+        },
+    ),
+    # a callable value opaque read off a subclass tensor made in the compiled region is a constant,
+    # not a graph break (pytorch/pytorch#188796, fixed in torch 2.15; fixes/callable_values.py)
+    Fix(
+        "opaque_subclass.fixes.callable_values:make_dynamic_getattr",
+        "torch._dynamo.variables.tensor.TensorVariable.dynamic_getattr",
+        {
+            (2, 12): "4ed66bcafa1eb1ee",
+            (2, 13): "77feddea6b6e578e",
+            (2, 14): "63011ce542e0a14d",
+        },
+    ),
     # members of opaques in compiled code: baked values guarded, undeclared ones named
     Fix(
         "opaque_subclass.fixes.members:make_call_method",

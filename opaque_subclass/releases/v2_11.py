@@ -22,7 +22,7 @@ from opaque_subclass.releases.shared import ATTRIBUTE_SOURCE_ENTRIES, ATTRIBUTE_
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
 SOURCES = (
     # recorded on torch 2.11.0+cu130 by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "7efb4b4563e634ff"),
+    ("<fingerprints>", "20563b20e78e852f"),
     ("_dynamo/convert_frame.py", "83a2b7a0b709d79c"),
     ("_dynamo/functional_export.py", "557d63f060bb5192"),
     ("_dynamo/guards.py", "da50f73d94d9ef5f"),
@@ -41,6 +41,7 @@ SOURCES = (
     ("_functorch/_aot_autograd/subclass_parametrization.py", "bf4b130207b18fe3"),
     ("_functorch/_aot_autograd/subclass_utils.py", "c5cacbc8995b6d5c"),
     ("_library/fake_class_registry.py", "544721a2f9e728db"),
+    ("_opaque_base.py", "33ed0b32c00622a9"),
     ("_subclasses/fake_tensor.py", "8a0a123ea1f105c7"),
     ("_subclasses/meta_utils.py", "df61ea372c75a0d4"),
     ("distributed/_tools/common_utils.py", "5032b738e5757687"),
@@ -310,6 +311,35 @@ RELEASE = ReleaseSupport(
             "when a thread compiles after another compiling thread has exited, with or without "
             "the library: compile from one long-lived thread",
             ("threads/compile-after-thread-exit",),
+        ),
+        Difference(
+            "torch 2.11's Dynamo cannot return a value opaque constructed inside the compiled region "
+            "(Unsupported: reconstruction failure), with or without the library; 2.12 and newer return "
+            "it (the library fixes pytorch/pytorch#193190 on 2.12 - 2.14, where such an object beside "
+            "a subclass output came back as torch's fake wrapper or None). Construct it outside the "
+            "compiled function and pass it in, or return it from eager code",
+            ("upstream/193190-value-opaque-beside-subclass-output",),
+        ),
+        Difference(
+            "a method of a callable value opaque (one defining __call__) read off a subclass tensor "
+            "made inside the compiled region (y = t + 1; y._config.factor()) is a graph break "
+            "(Unsupported under fullgraph=True; calling the opaque itself compiles): torch 2.11's "
+            "Dynamo takes such an attribute for a generic one (pytorch/pytorch#188796). 2.12 - 2.14 "
+            "get the library's fix, 2.15 torch's. Read the member off an input instead, or call it "
+            "outside the compiled function",
+            ("upstream/188796-callable-value-opaque-on-intermediate",),
+        ),
+        Difference(
+            "a compiled region that Dynamo compiles while an outer make_fx trace runs "
+            "(torch._dynamo.config.force_compile_during_fx_trace, as torchtitan's graph trainer nests "
+            "regions) fails on torch 2.11: with plain tensors torch itself fails (AssertionError: Guard "
+            "failed on the same frame it was created, on the outer tracer's state); with an opaque "
+            "attribute the backport's trace reaches torch 2.11's AssertionError 'expected all "
+            "opaque_object_outs to be opaque types' first (its compiled forward does not take torch's "
+            "fake wrapper of an opaque saved for backward; 2.12 does), and accepting the wrapper there "
+            "only leads to the plain-tensor failure. Nested compiled regions need torch 2.12 or newer "
+            "(pytorch/pytorch#179047)",
+            ("upstream/179047-nested-compile-under-outer-trace",),
         ),
     ),
     limits=(FOREIGN_ISINSTANCE,),

@@ -21,14 +21,16 @@ from opaque_subclass.releases.shared import ATTRIBUTE_SOURCE_ENTRIES, ATTRIBUTE_
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
 SOURCES = (
     # recorded on torch 2.12.0+cu130 by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "8887caf7423f84c2"),
+    ("<fingerprints>", "1e182dd2a9029599"),
     ("_dynamo/convert_frame.py", "6ac6d2468a8471b1"),
     ("_dynamo/guards.py", "82346f2141628052"),
     ("_dynamo/variables/builder.py", "4078e9dd9b68e136"),
     ("_dynamo/variables/script_object.py", "fb1c909fba18bd41"),
+    ("_dynamo/variables/tensor.py", "e73537540f5e52a8"),
     ("_export/non_strict_utils.py", "a2b044daec08a3f3"),
     ("_functorch/_aot_autograd/autograd_cache.py", "a2e517f85123a041"),
     ("_functorch/_aot_autograd/runtime_wrappers.py", "b64a44fe5afc6b5e"),
+    ("_functorch/_aot_autograd/subclass_utils.py", "4870495de45b714f"),
     ("_library/fake_class_registry.py", "4df93aef5bac991e"),
     ("_opaque_base.py", "df542d181832f880"),
     ("_subclasses/fake_tensor.py", "0e4139b0f63ee0a4"),
@@ -44,7 +46,18 @@ RELEASE = ReleaseSupport(
     "native",
     OPAQUE_OBJECT_API,
     fixes=fix_rows((2, 12)),  # the table of fixes shared by releases: releases/fix_table.py
-    differences=(Difference(ATTRIBUTE_SOURCE_TEXT, ATTRIBUTE_SOURCE_ENTRIES),),
+    differences=(
+        Difference(ATTRIBUTE_SOURCE_TEXT, ATTRIBUTE_SOURCE_ENTRIES),
+        Difference(
+            "a compiled region that Dynamo compiles while an outer make_fx trace runs "
+            "(torch._dynamo.config.force_compile_during_fx_trace, as torchtitan's graph trainer nests "
+            "regions) guards an opaque input on the type of torch's fake wrapper (TYPE_MATCH): the outer "
+            "trace compiles the region once more (3 compilations where 2.13 and newer need 2) with a "
+            "recompile reason on the opaque; the outputs are right (pytorch/pytorch#179047, fixed in "
+            "torch 2.13 by FAKE_SCRIPT_TYPE_MATCH)",
+            ("upstream/179047-nested-compile-under-outer-trace",),
+        ),
+    ),
     limits=(
         FOREIGN_ISINSTANCE,
         "torch 2.12's CUDA build without a GPU may abort at interpreter exit ('terminate called "

@@ -21,14 +21,17 @@ from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
 #: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
 SOURCES = (
     # recorded on torch 2.14.1+cu130 by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "80cc0a909f59837b"),
+    ("<fingerprints>", "72e5d233c79072d7"),
+    ("_custom_class_base.py", "f5d26e00ab0c8622"),
     ("_dynamo/convert_frame.py", "b453c9d88aae46cf"),
     ("_dynamo/guards.py", "3ec7dc00edbf6156"),
     ("_dynamo/variables/builder.py", "900e23d3fad56363"),
     ("_dynamo/variables/script_object.py", "3894339cc3431945"),
+    ("_dynamo/variables/tensor.py", "0ce323ae582d1268"),
     ("_export/non_strict_utils.py", "a61b9fa9a90bbac9"),
     ("_functorch/_aot_autograd/autograd_cache.py", "8f8357618ef656dd"),
     ("_functorch/_aot_autograd/runtime_wrappers.py", "d787a15203c68b53"),
+    ("_functorch/_aot_autograd/subclass_utils.py", "3b98342a72983bb4"),
     ("_functorch/partitioners.py", "42a65410420df44a"),
     ("_library/fake_class_registry.py", "60e1d5b41c996373"),
     ("_library/opaque_object.py", "f3e0d89aba24d326"),
