@@ -51,7 +51,7 @@ from scenarios import (
     torch_subclass_parametrization_keeps_opaques,
     undeclared_member_is_named,
 )
-from subclasses import Mesh, MeshTensor, registered_mesh_world_of_one
+from subclasses import Mesh, MeshTensor, add_name_length, registered_mesh_world_of_one
 
 import opaque_subclass
 from opaque_subclass.patching import Patch, PatchRefused, PatchSet, fingerprint
@@ -972,3 +972,38 @@ def test_disable_restores_torch_modules_imported_after_enable():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "RESTORED" in out.stdout, out.stdout + out.stderr[-3000:]
+
+
+# --------------------------------------------------------------------------- torch's own tests on 2.11 (#38)
+# Programs of upstream's test_opaque_obj_v2.py in the backport's scope that stock torch 2.11 with the
+# patches as first written failed; each runs on every release (natively on 2.12+).
+
+
+def _opaque_of_a_subclass_made_in_the_graph() -> None:
+    """``y._mesh`` of a subclass ``y`` computed in the compiled function, passed to a custom op:
+    each call's mesh, one compilation."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        return add_name_length(y._data, y._mesh)
+
+    counter = CompileCounterWithBackend("aot_eager")
+    f = torch.compile(fn, backend=counter, fullgraph=True)
+    for name in ("ab", "abcd"):
+        out = f(MeshTensor(torch.ones(3), Mesh(name)))
+        assert out.tolist() == [2.0 + len(name)] * 3, f"Mesh({name!r}): {out.tolist()}"
+    assert counter.frame_count == 1, f"{counter.frame_count} compilations"
+
+
+def test_opaque_of_a_subclass_made_in_the_graph():
+    torch._dynamo.reset()
+    _opaque_of_a_subclass_made_in_the_graph()
+    if BACKPORT:  # stock torch 2.11 takes every listed attribute for a tensor
+        torch._dynamo.reset()
+        with PATCH_SET.suspended("torch._dynamo.variables.tensor.TensorVariable.dynamic_getattr"):
+            assert_fails_as(
+                _opaque_of_a_subclass_made_in_the_graph,
+                StockFailure(AssertionError, r"^\n\nfrom user code:\n(.|\n)*y\._mesh"),
+            )
+    torch._dynamo.reset()

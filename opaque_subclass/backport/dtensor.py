@@ -300,20 +300,55 @@ def make_dynamic_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
     ``VariableBuilder._wrap``), so DTensor code reading and comparing meshes
     compiles as before; outputs still carry the mesh of the call (the
     ``get_proxy_slot`` patch). torch 2.12+ reads it as an opaque
-    (pytorch/pytorch#176457). Every other attribute is torch's.
+    (pytorch/pytorch#176457).
+
+    The same assertion stops any other reference opaque that a subclass
+    computed in compiled code lists: without it, ``y._mesh`` (``y = x * 2``,
+    ``_mesh`` listed by ``__tensor_flatten__``) fails with a bare
+    ``AssertionError``. With it, the read is the ``getattr`` node torch 2.11
+    already makes for a reference opaque the subclass does *not* list (a
+    ``TorchScriptObjectVariable`` of torch's fake wrapper of it), as torch
+    2.12+ does for a listed one: the opaque can be returned, passed to custom
+    ops, and its members used as declared (a ``USE_REAL`` member of such an
+    opaque has no source to guard, as on torch 2.12+: recorded, lint OSC004).
+    Every other attribute is torch's.
     """
 
     def dynamic_getattr(self: Any, tx: Any, name: str) -> Any:
-        if name == MESH_ATTR and not self.source:
-            from torch._dynamo.variables.distributed import DeviceMeshVariable  # type: ignore[attr-defined]  # torch 2.11 only (removed in 2.12)
-            from torch.distributed.tensor import DTensor
-
+        if not self.source:
             fake = self.proxy.node.meta.get("example_value")
-            if isinstance(fake, DTensor):
-                return DeviceMeshVariable(fake.device_mesh)
+            if name == MESH_ATTR:
+                from torch._dynamo.variables.distributed import DeviceMeshVariable  # type: ignore[attr-defined]  # torch 2.11 only (removed in 2.12)
+                from torch.distributed.tensor import DTensor
+
+                if isinstance(fake, DTensor):
+                    return DeviceMeshVariable(fake.device_mesh)
+            listed = _listed_reference_opaque(fake, name)
+            if listed is not None:
+                from torch._dynamo.variables.script_object import TorchScriptObjectVariable
+                from torch._library.fake_class_registry import FakeScriptObject, maybe_to_fake_obj
+
+                wrapped = (
+                    listed if isinstance(listed, FakeScriptObject) else maybe_to_fake_obj(tx.output.fake_mode, listed)
+                )
+                return TorchScriptObjectVariable.create(getattr(self.as_proxy(), name), wrapped)
         return original(self, tx, name)
 
     return dynamic_getattr
+
+
+def _listed_reference_opaque(fake: object, name: str) -> object | None:
+    """The reference opaque (or torch's fake wrapper of one) that the traceable
+    subclass ``fake`` lists as ``name`` in ``__tensor_flatten__``, else ``None``."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(fake):
+        return None
+    names, _ctx = fake.__tensor_flatten__()
+    if name not in names:
+        return None
+    value = getattr(fake, name)
+    return value if opaque_kind(value) == "reference" else None
 
 
 _API = "torch.distributed.tensor._api.DTensor."
