@@ -1007,3 +1007,26 @@ def test_opaque_of_a_subclass_made_in_the_graph():
                 StockFailure(AssertionError, r"^\n\nfrom user code:\n(.|\n)*y\._mesh"),
             )
     torch._dynamo.reset()
+
+
+def test_compiled_autograd_backward_of_a_subclass_with_an_opaque():
+    """Compiled autograd fake-converts the gradient of ``sum()``, an ``expand`` view of the subclass:
+    each call's gradient is a ``MeshTensor`` carrying that call's mesh (2.11 with the describer's
+    view lookup; was ``KeyError: '_mesh'`` in torch's ``view_from_base``)."""
+    import torch._dynamo.compiled_autograd as compiled_autograd
+
+    torch._dynamo.reset()
+    try:
+        f = torch.compile(lambda x: x * 2, backend="aot_eager", fullgraph=True)
+        for i in range(2):
+            m = Mesh(str(i))
+            x = MeshTensor(torch.ones(3), m).requires_grad_(True)
+            out = f(x)
+            assert out._mesh is m, f"call {i}: the output carries {out._mesh!r}"
+            with compiled_autograd._enable(torch.compile(backend="eager")):
+                out.sum().backward()
+            assert isinstance(x.grad, MeshTensor), f"call {i}: x.grad is {type(x.grad).__name__}"
+            assert x.grad._mesh is m, f"call {i}: x.grad carries {x.grad._mesh!r}, expected {m!r}"
+            assert x.grad._data.tolist() == [2.0, 2.0, 2.0], f"call {i}: {x.grad._data.tolist()}"
+    finally:
+        torch._dynamo.reset()
