@@ -1030,3 +1030,60 @@ def test_compiled_autograd_backward_of_a_subclass_with_an_opaque():
             assert x.grad._data.tolist() == [2.0, 2.0, 2.0], f"call {i}: {x.grad._data.tolist()}"
     finally:
         torch._dynamo.reset()
+
+
+class _DeclaredBits(opaque_subclass.OpaqueBase):
+    """A value opaque declaring the attribute compiled code reads (``subclasses.Config`` declares none)."""
+
+    def __init__(self, bits: int) -> None:
+        self.bits = bits
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _DeclaredBits) and other.bits == self.bits
+
+    def __hash__(self) -> int:
+        return hash(self.bits)
+
+    def __fx_repr__(self) -> tuple[str, dict[str, type]]:
+        return f"_DeclaredBits({self.bits})", {"_DeclaredBits": _DeclaredBits}
+
+
+opaque_subclass.register_opaque(_DeclaredBits, kind="value", members={"bits": opaque_subclass.Member.USE_REAL})
+
+
+def _scaled_by_context_bits(make: Callable[[int], object]) -> None:
+    """``x * x._ctx.bits`` with a value opaque in the flatten context: each call's value (one
+    compilation per value, the value opaque's equality guard)."""
+    f = torch.compile(lambda x: x * x._ctx.bits, backend="aot_eager", fullgraph=True)
+    for bits in (3, 3, 5):
+        out = f(MeshTensor(torch.ones(2), Mesh(), ctx=make(bits)))
+        assert out._data.tolist() == [float(bits)] * 2, f"bits={bits}: {out._data.tolist()}"
+
+
+def test_member_of_a_value_opaque_in_the_context():
+    from subclasses import Config
+
+    torch._dynamo.reset()
+    try:
+        _scaled_by_context_bits(_DeclaredBits)  # declared: compiles on every release
+        torch._dynamo.reset()
+        if not BACKPORT:
+            _scaled_by_context_bits(Config)  # torch 2.12+ reads an undeclared one as a constant
+            return
+        # torch 2.11 compiles only declared members of a value opaque: the library's error names the fix
+        with pytest.raises(opaque_subclass.OpaqueMemberError) as info:
+            _scaled_by_context_bits(Config)
+        msg = str(info.value)
+        assert "'bits' of the value opaque subclasses.Config (at L['x']._ctx.bits" in msg, msg
+        assert 'members={"bits": opaque_subclass.Member.USE_REAL}' in msg, msg
+        torch._dynamo.reset()
+        with PATCH_SET.suspended("torch._dynamo.variables.script_object.TorchScriptObjectVariable.var_getattr"):
+            assert_fails_as(
+                lambda: _scaled_by_context_bits(Config),
+                StockFailure(
+                    _DYNAMO.InternalTorchDynamoError,
+                    r"^UnsafeScriptObjectError: Attempted to access unregistered member on an OpaqueObject",
+                ),
+            )
+    finally:
+        torch._dynamo.reset()

@@ -149,7 +149,7 @@ def _member_type(cls: type, name: str) -> Member | None:
     return member
 
 
-def _user_line(tx: Any) -> str:
+def user_line(tx: Any) -> str:
     """Where in the user's source the traced instruction is (Dynamo's frame)."""
     code = getattr(tx, "f_code", None)
     lineno = getattr(tx, "lineno", None)
@@ -225,7 +225,7 @@ def check_declared(variable: Any, tx: Any, name: str) -> None:
             + how
         )
     raise undeclared_member_error()(
-        f"{TORCH_SENTENCE}: compiled code uses {name!r} of {qualified_name(cls)} (at {path}.{name}, {_user_line(tx)}), a member "
+        f"{TORCH_SENTENCE}: compiled code uses {name!r} of {qualified_name(cls)} (at {path}.{name}, {user_line(tx)}), a member "
         f"its opaque registration does not declare, so torch.compile does not know whether to evaluate it "
         f"on the real object or trace it. Fix: {fix}"
     )
