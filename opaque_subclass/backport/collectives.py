@@ -116,6 +116,7 @@ def make_var_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def var_getattr(self: Any, tx: Any, name: str) -> Any:
         _check_value_member_declared(self, tx, name)
+        members.check_subclass_made_opaque(self, tx, name)
         if name in ("__bool__", "__len__"):
             from torch._dynamo.exc import raise_observed_exception
             from torch._library.opaque_object import get_member_type

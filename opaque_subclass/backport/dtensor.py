@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opaque_subclass.core.registry import opaque_kind, real_object
+from opaque_subclass.fixes.members import note_subclass_made_opaque
 
 __all__ = [
     "make_dynamic_getattr",
@@ -308,10 +309,13 @@ def make_dynamic_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
     ``AssertionError``. With it, the read is the ``getattr`` node torch 2.11
     already makes for a reference opaque the subclass does *not* list (a
     ``TorchScriptObjectVariable`` of torch's fake wrapper of it), as torch
-    2.12+ does for a listed one: the opaque can be returned, passed to custom
-    ops, and its members used as declared (a ``USE_REAL`` member of such an
-    opaque has no source to guard, as on torch 2.12+: recorded, lint OSC004).
-    Every other attribute is torch's.
+    2.12+ does for a listed one: the opaque can be passed to custom ops
+    (returning it from the compiled function is Dynamo 2.11's "Reconstruction
+    failure"). Its members are the library's ``OpaqueMemberError``
+    (``fixes.members.check_subclass_made_opaque``): such an opaque has no
+    source, so a ``USE_REAL`` value would be compiled in unguarded (torch 2.12 -
+    2.15 do so: the first call's value for every call) and an ``INLINED``
+    member cannot be traced on 2.11. Every other attribute is torch's.
     """
 
     def dynamic_getattr(self: Any, tx: Any, name: str) -> Any:
@@ -331,7 +335,9 @@ def make_dynamic_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
                 wrapped = (
                     listed if isinstance(listed, FakeScriptObject) else maybe_to_fake_obj(tx.output.fake_mode, listed)
                 )
-                return TorchScriptObjectVariable.create(getattr(self.as_proxy(), name), wrapped)
+                proxy = getattr(self.as_proxy(), name)
+                note_subclass_made_opaque(proxy.node, name)
+                return TorchScriptObjectVariable.create(proxy, wrapped)
         return original(self, tx, name)
 
     return dynamic_getattr

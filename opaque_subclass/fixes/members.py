@@ -54,7 +54,15 @@ from opaque_subclass.core.errors import OpaqueMemberError, import_fix, qualified
 from opaque_subclass.core.registry import Member, is_opaque, opaque_kind, real_object
 from opaque_subclass.patching import composes
 
-__all__ = ["MemberRead", "make_call_method", "make_getattr", "member_guard_text", "take_member_reads"]
+__all__ = [
+    "MemberRead",
+    "check_subclass_made_opaque",
+    "make_call_method",
+    "make_getattr",
+    "member_guard_text",
+    "note_subclass_made_opaque",
+    "take_member_reads",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +239,54 @@ def check_declared(variable: Any, tx: Any, name: str) -> None:
     )
 
 
+# torch 2.11 (the backport): the graph nodes that read a reference opaque listed by a tensor
+# subclass computed inside the compiled function (``y = x * 2; y._mesh``), made by the backport's
+# ``TensorVariable.dynamic_getattr``; each with the attribute's name. Weak keys: torch's nodes are
+# only looked up, never written to. Empty on torch 2.12+ (nothing adds to it there).
+_SUBCLASS_MADE_OPAQUES: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+
+
+def note_subclass_made_opaque(node: object, attr: str) -> None:
+    """Remember that graph node ``node`` reads opaque attribute ``attr`` of a
+    subclass computed inside the compiled function (torch 2.11)."""
+    _SUBCLASS_MADE_OPAQUES[node] = attr
+
+
+def check_subclass_made_opaque(variable: Any, tx: Any, name: str) -> None:
+    """Raise the library's error when compiled code uses a declared member of
+    an opaque read from a subclass computed inside the compiled function
+    (torch 2.11): such an opaque has no source, so a ``USE_REAL`` value would be
+    compiled in unguarded (every later call gets the first call's value: what
+    torch 2.12 - 2.15 do) and an ``INLINED`` member is put in the graph as a
+    call on torch's fake wrapper, which fails while AOTAutograd traces."""
+    if name.startswith("__") and name != "__getitem__":
+        return
+    proxy = getattr(variable, "proxy", None)
+    node = getattr(proxy, "node", None)
+    if node is None or variable.source is not None:
+        return
+    try:
+        attr = _SUBCLASS_MADE_OPAQUES.get(node)
+    except TypeError:  # not weak-referenceable: not ours
+        return
+    obj = _real(variable)
+    if attr is None or obj is None:
+        return
+    member = _member_type(type(obj), name)
+    if member is None:
+        return  # undeclared: check_declared's error
+    cls = type(obj)
+    use = f"x.{attr}[...]" if name == "__getitem__" else f"x.{attr}.{name}"
+    how = "read on the real object and guarded" if member == Member.USE_REAL else "traced"
+    raise OpaqueMemberError(
+        f"compiled code uses {name!r} ({member.name}) of {qualified_name(cls)} read from attribute {attr!r} of a "
+        f"tensor subclass computed inside the compiled function ({user_line(tx)}). torch 2.11 has no source "
+        f"for such an opaque: a USE_REAL member would be compiled in unguarded (the first call's value for every "
+        f"call) and an INLINED one cannot be traced. Fix: use the member of the input's attribute instead "
+        f"({use}, {how}), or pass the value in as an argument."
+    )
+
+
 def member_guard_text(path: str, name: str, args: Iterable[object], kwargs: Mapping[str, object], value: object) -> str:
     """How a member guard reads (and how Dynamo reports it when it fails)."""
     shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
@@ -278,6 +334,7 @@ def make_call_method(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def call_method(self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
         check_declared(self, tx, name)
+        check_subclass_made_opaque(self, tx, name)
         result = original(self, tx, name, args, kwargs)
         obj = _real(self)
         if obj is None or name == "__setattr__" or _member_type(type(obj), name) != Member.USE_REAL:
