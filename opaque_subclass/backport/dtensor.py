@@ -329,7 +329,9 @@ def make_dynamic_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
                     return DeviceMeshVariable(fake.device_mesh)
             listed = _listed_reference_opaque(fake, name)
             if listed is not None:
-                from torch._dynamo.variables.script_object import TorchScriptObjectVariable
+                from torch._dynamo.variables.script_object import (  # type: ignore[attr-defined]  # torch 2.11's name; mypy reads torch 2.14+, which renamed it
+                    TorchScriptObjectVariable,
+                )
                 from torch._library.fake_class_registry import FakeScriptObject, maybe_to_fake_obj
 
                 wrapped = (
