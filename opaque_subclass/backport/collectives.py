@@ -150,14 +150,14 @@ def _check_value_member_declared(variable: Any, tx: Any, name: str) -> None:
     if not hasattr(real, name):
         return
     cls = type(real)
-    path = source_name(variable.source) if variable.source is not None else "a value opaque"
+    where = f"at {source_name(variable.source)}.{name}, " if variable.source is not None else ""
     fix = import_fix(
         cls,
         f'opaque_subclass.register_opaque({{cls}}, kind="value", members={{{{"{name}": opaque_subclass.Member.USE_REAL}}}})',
     )
     raise members.undeclared_member_error()(
         f"{members.TORCH_SENTENCE}: compiled code reads {name!r} of the value opaque {qualified_name(cls)} "
-        f"(at {path}.{name}, {members.user_line(tx)}), a member its registration does not declare. torch 2.11 "
+        f"({where}{members.user_line(tx)}), a member its registration does not declare. torch 2.11 "
         f"compiles a member of a value opaque only when it is declared (torch 2.12+ reads it as a constant). "
         f"Fix: declare it where the class is registered (the first registration), {fix} (USE_REAL reads it "
         f"while tracing; the value opaque's equality guard covers it)."
