@@ -30,6 +30,10 @@ and a type's own ``guard`` covers its value equality), ``__setattr__`` (a
 mutation, not a value), and a member of an opaque that has no source (one
 produced inside the graph by an ``INLINED`` member: torch cannot guard it
 either, and its result derives from the guarded object it came from).
+On torch 2.11 an opaque read from a subclass computed inside the compiled
+function (``y = x * 2; y._mesh``, the backport's ``dynamic_getattr``) has no
+source either, and nothing ties it to a guarded input: using any declared
+member of it is the library's error (:func:`check_subclass_made_opaque`).
 
 Recorded: each value a ``USE_REAL`` member gives while Dynamo traces (a method's
 result or an attribute's value, guarded or not) is a :class:`MemberRead` kept
@@ -329,7 +333,10 @@ def make_call_method(original: Callable[..., Any]) -> Callable[..., Any]:
     a recompilation when it changes) and an undeclared method is the library's
     ``OpaqueMemberError`` naming the class, the member, the user's line and the
     fix. Each baked result, guarded or not (an opaque without a source), is
-    recorded as a :class:`MemberRead` of the compilation in progress.
+    recorded as a :class:`MemberRead` of the compilation in progress. On torch
+    2.11, a declared member of an opaque read from a subclass computed in the
+    compiled function is the library's error too
+    (:func:`check_subclass_made_opaque`; nothing reaches it on 2.12+).
     """
 
     def call_method(self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
