@@ -102,10 +102,21 @@ def make_var_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
     are "no such attribute" (Dynamo then treats the object as true, as Python
     does), as on torch 2.12+ (pytorch/pytorch#176457 and its follow-ups); an
     undeclared member is the library's named error.
+
+    The same holds for a *value* opaque (a subclass's flatten context holding
+    one, ``x._ctx.bits``): torch 2.11 reads an attribute of a value opaque in
+    compiled code only when its registration declares it, and fails with
+    ``InternalTorchDynamoError: UnsafeScriptObjectError`` otherwise; torch
+    2.12+ reads it as a constant. With it, an undeclared member of a value
+    opaque is the library's ``OpaqueMemberError`` naming the declaration that
+    makes it compile on 2.11 (``Member.USE_REAL``: the value is compiled in, and
+    the value opaque's equality guard covers it).
     """
     checked = members.make_getattr(original)
 
     def var_getattr(self: Any, tx: Any, name: str) -> Any:
+        _check_value_member_declared(self, tx, name)
+        members.check_subclass_made_opaque(self, tx, name)
         if name in ("__bool__", "__len__"):
             from torch._dynamo.exc import raise_observed_exception
             from torch._library.opaque_object import get_member_type
@@ -116,3 +127,38 @@ def make_var_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
         return checked(self, tx, name)
 
     return var_getattr
+
+
+def _check_value_member_declared(variable: Any, tx: Any, name: str) -> None:
+    """Raise the library's error when compiled code reads a member of a value
+    opaque that its registration does not declare (torch 2.11 refuses it with
+    an internal error; a missing attribute and protocols stay torch's)."""
+    from torch._dynamo.variables.script_object import (  # type: ignore[attr-defined]  # torch 2.11's name; mypy reads torch 2.14+, which renamed it
+        TorchScriptObjectVariable,
+    )
+    from torch._library.opaque_object import get_member_type
+
+    from opaque_subclass.core.checks import source_name
+    from opaque_subclass.core.errors import import_fix, qualified_name
+
+    if name.startswith("__") or not isinstance(variable, TorchScriptObjectVariable):
+        return
+    value = getattr(variable, "value", None)
+    real = None if value is None else real_object(value)
+    if real is None or opaque_kind(real) != "value" or get_member_type(type(real), name) is not None:
+        return
+    if not hasattr(real, name):
+        return
+    cls = type(real)
+    where = f"at {source_name(variable.source)}.{name}, " if variable.source is not None else ""
+    fix = import_fix(
+        cls,
+        f'opaque_subclass.register_opaque({{cls}}, kind="value", members={{{{"{name}": opaque_subclass.Member.USE_REAL}}}})',
+    )
+    raise members.undeclared_member_error()(
+        f"{members.TORCH_SENTENCE}: compiled code reads {name!r} of the value opaque {qualified_name(cls)} "
+        f"({where}{members.user_line(tx)}), a member its registration does not declare. torch 2.11 "
+        f"compiles a member of a value opaque only when it is declared (torch 2.12+ reads it as a constant). "
+        f"Fix: declare it where the class is registered (the first registration), {fix} (USE_REAL reads it "
+        f"while tracing; the value opaque's equality guard covers it)."
+    )

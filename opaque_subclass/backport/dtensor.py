@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opaque_subclass.core.registry import opaque_kind, real_object
+from opaque_subclass.fixes.members import note_subclass_made_opaque
 
 __all__ = [
     "make_dynamic_getattr",
@@ -300,20 +301,62 @@ def make_dynamic_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
     ``VariableBuilder._wrap``), so DTensor code reading and comparing meshes
     compiles as before; outputs still carry the mesh of the call (the
     ``get_proxy_slot`` patch). torch 2.12+ reads it as an opaque
-    (pytorch/pytorch#176457). Every other attribute is torch's.
+    (pytorch/pytorch#176457).
+
+    The same assertion stops any other reference opaque that a subclass
+    computed in compiled code lists: without it, ``y._mesh`` (``y = x * 2``,
+    ``_mesh`` listed by ``__tensor_flatten__``) fails with a bare
+    ``AssertionError``. With it, the read is the ``getattr`` node torch 2.11
+    already makes for a reference opaque the subclass does *not* list (a
+    ``TorchScriptObjectVariable`` of torch's fake wrapper of it), as torch
+    2.12+ does for a listed one: the opaque can be passed to custom ops
+    (returning it from the compiled function is Dynamo 2.11's "Reconstruction
+    failure"). Its members are the library's ``OpaqueMemberError``
+    (``fixes.members.check_subclass_made_opaque``): such an opaque has no
+    source, so a ``USE_REAL`` value would be compiled in unguarded (torch 2.12 -
+    2.15 do so: the first call's value for every call) and an ``INLINED``
+    member cannot be traced on 2.11. Every other attribute is torch's.
     """
 
     def dynamic_getattr(self: Any, tx: Any, name: str) -> Any:
-        if name == MESH_ATTR and not self.source:
-            from torch._dynamo.variables.distributed import DeviceMeshVariable  # type: ignore[attr-defined]  # torch 2.11 only (removed in 2.12)
-            from torch.distributed.tensor import DTensor
-
+        if not self.source:
             fake = self.proxy.node.meta.get("example_value")
-            if isinstance(fake, DTensor):
-                return DeviceMeshVariable(fake.device_mesh)
+            if name == MESH_ATTR:
+                from torch._dynamo.variables.distributed import DeviceMeshVariable  # type: ignore[attr-defined]  # torch 2.11 only (removed in 2.12)
+                from torch.distributed.tensor import DTensor
+
+                if isinstance(fake, DTensor):
+                    return DeviceMeshVariable(fake.device_mesh)
+            listed = _listed_reference_opaque(fake, name)
+            if listed is not None:
+                from torch._dynamo.variables.script_object import (  # type: ignore[attr-defined]  # torch 2.11's name; mypy reads torch 2.14+, which renamed it
+                    TorchScriptObjectVariable,
+                )
+                from torch._library.fake_class_registry import FakeScriptObject, maybe_to_fake_obj
+
+                wrapped = (
+                    listed if isinstance(listed, FakeScriptObject) else maybe_to_fake_obj(tx.output.fake_mode, listed)
+                )
+                proxy = getattr(self.as_proxy(), name)
+                note_subclass_made_opaque(proxy.node, name)
+                return TorchScriptObjectVariable.create(proxy, wrapped)
         return original(self, tx, name)
 
     return dynamic_getattr
+
+
+def _listed_reference_opaque(fake: object, name: str) -> object | None:
+    """The reference opaque (or torch's fake wrapper of one) that the traceable
+    subclass ``fake`` lists as ``name`` in ``__tensor_flatten__``, else ``None``."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(fake):
+        return None
+    names, _ctx = fake.__tensor_flatten__()
+    if name not in names:
+        return None
+    value = getattr(fake, name)
+    return value if opaque_kind(value) == "reference" else None
 
 
 _API = "torch.distributed.tensor._api.DTensor."

@@ -47,6 +47,28 @@ class _OpaqueSlot:
     id: int = -1
 
 
+class _TensorAttrs(dict[str, Any]):
+    """The description's ``attrs``: the tensor attributes only (what torch
+    iterates, fake-converts and prints), and, looked up by name, the
+    placeholder of each opaque attribute. torch 2.11's view replay of a
+    subclass view (``view_from_base``, nested in ``MetaConverter.meta_tensor``)
+    indexes ``attrs`` with every name the fake subclass's ``__tensor_flatten__``
+    lists, to map inner tensor ids to fake ones; an opaque's placeholder has id
+    ``-1``, which no tensor has, so its entry is never looked up."""
+
+    __slots__ = ("opaques",)
+
+    def __init__(self, tensors: dict[str, Any], opaques: dict[str, _OpaqueSlot]) -> None:
+        super().__init__(tensors)
+        self.opaques = opaques
+
+    def __missing__(self, name: str) -> _OpaqueSlot:
+        try:
+            return self.opaques[name]
+        except KeyError:
+            raise KeyError(name) from None
+
+
 def make_describe_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``MetaTensorDescriber.describe_tensor`` (torch 2.11).
 
@@ -56,7 +78,12 @@ def make_describe_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     itself through ``self``, so it reaches the replacement), the subclass's
     description keeps only its tensor attributes, and the opaques are put back,
     as the same objects, when the fake subclass is built. Nothing is written to
-    the tensor being described. Unnecessary since torch 2.12
+    the tensor being described. A subclass *view* (a gradient of ``sum()``
+    is an ``expand``, which compiled autograd fake-converts) is rebuilt by
+    torch's view replay, which looks up every listed name in the description:
+    there each opaque's name gives its placeholder (``_TensorAttrs``). Without
+    that, compiled autograd's backward of such a subclass fails with
+    ``KeyError: '_mesh'`` in ``view_from_base``. Unnecessary since torch 2.12
     (pytorch/pytorch#176457).
     """
 
@@ -66,8 +93,9 @@ def make_describe_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
         if opaque_attrs(t):  # validates every attribute of this level first
             desc = original(self, t, recurse=recurse, trace=trace)
             attrs = desc.attrs or {}
-            opaques = {k: v.value for k, v in attrs.items() if isinstance(v, _OpaqueSlot)}
-            tensors = {k: v for k, v in attrs.items() if not isinstance(v, _OpaqueSlot)}
+            slots = {k: v for k, v in attrs.items() if isinstance(v, _OpaqueSlot)}
+            tensors = _TensorAttrs({k: v for k, v in attrs.items() if not isinstance(v, _OpaqueSlot)}, slots)
+            opaques = {k: v.value for k, v in slots.items()}
             return dataclasses.replace(desc, attrs=tensors, type=_OpaqueRestoringType(type(t), opaques))
         return original(self, t, recurse=recurse, trace=trace)
 

@@ -30,6 +30,10 @@ and a type's own ``guard`` covers its value equality), ``__setattr__`` (a
 mutation, not a value), and a member of an opaque that has no source (one
 produced inside the graph by an ``INLINED`` member: torch cannot guard it
 either, and its result derives from the guarded object it came from).
+On torch 2.11 an opaque read from a subclass computed inside the compiled
+function (``y = x * 2; y._mesh``, the backport's ``dynamic_getattr``) has no
+source either, and nothing ties it to a guarded input: using any declared
+member of it is the library's error (:func:`check_subclass_made_opaque`).
 
 Recorded: each value a ``USE_REAL`` member gives while Dynamo traces (a method's
 result or an attribute's value, guarded or not) is a :class:`MemberRead` kept
@@ -54,7 +58,15 @@ from opaque_subclass.core.errors import OpaqueMemberError, import_fix, qualified
 from opaque_subclass.core.registry import Member, is_opaque, opaque_kind, real_object
 from opaque_subclass.patching import composes
 
-__all__ = ["MemberRead", "make_call_method", "make_getattr", "member_guard_text", "take_member_reads"]
+__all__ = [
+    "MemberRead",
+    "check_subclass_made_opaque",
+    "make_call_method",
+    "make_getattr",
+    "member_guard_text",
+    "note_subclass_made_opaque",
+    "take_member_reads",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +161,7 @@ def _member_type(cls: type, name: str) -> Member | None:
     return member
 
 
-def _user_line(tx: Any) -> str:
+def user_line(tx: Any) -> str:
     """Where in the user's source the traced instruction is (Dynamo's frame)."""
     code = getattr(tx, "f_code", None)
     lineno = getattr(tx, "lineno", None)
@@ -225,9 +237,57 @@ def check_declared(variable: Any, tx: Any, name: str) -> None:
             + how
         )
     raise undeclared_member_error()(
-        f"{TORCH_SENTENCE}: compiled code uses {name!r} of {qualified_name(cls)} (at {path}.{name}, {_user_line(tx)}), a member "
+        f"{TORCH_SENTENCE}: compiled code uses {name!r} of {qualified_name(cls)} (at {path}.{name}, {user_line(tx)}), a member "
         f"its opaque registration does not declare, so torch.compile does not know whether to evaluate it "
         f"on the real object or trace it. Fix: {fix}"
+    )
+
+
+# torch 2.11 (the backport): the graph nodes that read a reference opaque listed by a tensor
+# subclass computed inside the compiled function (``y = x * 2; y._mesh``), made by the backport's
+# ``TensorVariable.dynamic_getattr``; each with the attribute's name. Weak keys: torch's nodes are
+# only looked up, never written to. Empty on torch 2.12+ (nothing adds to it there).
+_SUBCLASS_MADE_OPAQUES: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+
+
+def note_subclass_made_opaque(node: object, attr: str) -> None:
+    """Remember that graph node ``node`` reads opaque attribute ``attr`` of a
+    subclass computed inside the compiled function (torch 2.11)."""
+    _SUBCLASS_MADE_OPAQUES[node] = attr
+
+
+def check_subclass_made_opaque(variable: Any, tx: Any, name: str) -> None:
+    """Raise the library's error when compiled code uses a declared member of
+    an opaque read from a subclass computed inside the compiled function
+    (torch 2.11): such an opaque has no source, so a ``USE_REAL`` value would be
+    compiled in unguarded (every later call gets the first call's value: what
+    torch 2.12 - 2.15 do) and an ``INLINED`` member is put in the graph as a
+    call on torch's fake wrapper, which fails while AOTAutograd traces."""
+    if name.startswith("__") and name != "__getitem__":
+        return
+    proxy = getattr(variable, "proxy", None)
+    node = getattr(proxy, "node", None)
+    if node is None or variable.source is not None:
+        return
+    try:
+        attr = _SUBCLASS_MADE_OPAQUES.get(node)
+    except TypeError:  # not weak-referenceable: not ours
+        return
+    obj = _real(variable)
+    if attr is None or obj is None:
+        return
+    member = _member_type(type(obj), name)
+    if member is None:
+        return  # undeclared: check_declared's error
+    cls = type(obj)
+    use = f"x.{attr}[...]" if name == "__getitem__" else f"x.{attr}.{name}"
+    how = "read on the real object and guarded" if member == Member.USE_REAL else "traced"
+    raise OpaqueMemberError(
+        f"compiled code uses {name!r} ({member.name}) of {qualified_name(cls)} read from attribute {attr!r} of a "
+        f"tensor subclass computed inside the compiled function ({user_line(tx)}). torch 2.11 has no source "
+        f"for such an opaque: a USE_REAL member would be compiled in unguarded (the first call's value for every "
+        f"call) and an INLINED one cannot be traced. Fix: use the member of the input's attribute instead "
+        f"({use}, {how}), or pass the value in as an argument."
     )
 
 
@@ -273,11 +333,15 @@ def make_call_method(original: Callable[..., Any]) -> Callable[..., Any]:
     a recompilation when it changes) and an undeclared method is the library's
     ``OpaqueMemberError`` naming the class, the member, the user's line and the
     fix. Each baked result, guarded or not (an opaque without a source), is
-    recorded as a :class:`MemberRead` of the compilation in progress.
+    recorded as a :class:`MemberRead` of the compilation in progress. On torch
+    2.11, a declared member of an opaque read from a subclass computed in the
+    compiled function is the library's error too
+    (:func:`check_subclass_made_opaque`; nothing reaches it on 2.12+).
     """
 
     def call_method(self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
         check_declared(self, tx, name)
+        check_subclass_made_opaque(self, tx, name)
         result = original(self, tx, name, args, kwargs)
         obj = _real(self)
         if obj is None or name == "__setattr__" or _member_type(type(obj), name) != Member.USE_REAL:
