@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from opaque_subclass.core.checks import source_name
+from opaque_subclass.core.errors import import_fix, qualified_name
 from opaque_subclass.core.registry import is_torch_own_opaque_type, opaque_kind, real_object
 from opaque_subclass.fixes import members
 
@@ -137,9 +139,6 @@ def _check_value_member_declared(variable: Any, tx: Any, name: str) -> None:
         TorchScriptObjectVariable,
     )
     from torch._library.opaque_object import get_member_type
-
-    from opaque_subclass.core.checks import source_name
-    from opaque_subclass.core.errors import import_fix, qualified_name
 
     if name.startswith("__") or not isinstance(variable, TorchScriptObjectVariable):
         return
