@@ -1822,71 +1822,20 @@ def _value_opaque_beside_subclass_output() -> Observation:
     return seen
 
 
-class CTally(OpaqueBase):
-    """Mutable state of one call: counts the ops it served (a reference opaque)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-
-opaque_subclass.register_opaque(CTally)
-
-
-@torch.library.custom_op("conformance::tally_scale", mutates_args=())
-def _tally_scale(t: torch.Tensor, tally: CTally) -> torch.Tensor:
-    tally.count += 1
-    return t * tally.count
-
-
-@_tally_scale.register_fake
-def _(t: torch.Tensor, tally: CTally) -> torch.Tensor:
-    return torch.empty_like(t)
-
-
-class CTallied(torch.Tensor):
-    """A subclass whose multiplication passes a CTally made in ``__torch_dispatch__`` to a custom op."""
-
-    @staticmethod
-    def __new__(cls, data: torch.Tensor) -> Any:
-        r = torch.Tensor._make_wrapper_subclass(cls, data.shape, strides=data.stride(), dtype=data.dtype)
-        r._data = data
-        return r
-
-    def __init__(self, data: torch.Tensor) -> None:
-        pass
-
-    def __repr__(self) -> str:
-        return f"CTallied(shape={tuple(self.shape)})"
-
-    def __tensor_flatten__(self) -> tuple[list[str], Any]:
-        return ["_data"], None
-
-    @staticmethod
-    def __tensor_unflatten__(inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
-        return CTallied(inner["_data"])
-
-    @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        from torch.utils._pytree import tree_map_only
-
-        args, kwargs = tree_map_only(CTallied, lambda t: t._data, (args, kwargs or {}))
-        if func is torch.ops.aten.mul.Tensor:
-            return CTallied(torch.ops.conformance.tally_scale(args[0] * args[1], CTally()))
-        return tree_map_only(torch.Tensor, CTallied, func(*args, **kwargs))
-
-
 @entry("upstream/176044-reference-opaque-made-while-tracing")
 def _reference_opaque_made_while_tracing() -> Observation:
     """pytorch/pytorch#176044: ``x * y`` of two subclasses whose
-    ``__torch_dispatch__`` passes a fresh ``CTally`` to a custom op, three
-    calls, eager then compiled. torch alone compiles the trace's one CTally in
-    (2, 4, 6 where eager gives 2, 2, 2); the library refuses it by name."""
+    ``__torch_dispatch__`` passes a fresh ``Tally`` to a custom op, three
+    calls, eager then compiled (tests/upstream_scenarios.py's fixtures). torch
+    alone compiles the trace's one Tally in (2, 4, 6 where eager gives 2, 2,
+    2); the library refuses it by name."""
+    from upstream_scenarios import Tallied
 
     def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return x * y
 
-    def args() -> tuple[CTallied, CTallied]:
-        return CTallied(torch.ones(2)), CTallied(torch.full((2,), 2.0))
+    def args() -> tuple[Tallied, Tallied]:
+        return Tallied(torch.ones(2)), Tallied(torch.full((2,), 2.0))
 
     eager = [_values(fn(*args())._data) for _ in range(3)]
     with fresh():
@@ -1894,7 +1843,7 @@ def _reference_opaque_made_while_tracing() -> Observation:
         try:
             outs: Any = [_values(compiled(*args())._data) for _ in range(3)]
         except Exception as e:  # the observation is the exception
-            outs = error(e, "CTally", "pytorch/pytorch#176044")
+            outs = error(e, "Tally", "pytorch/pytorch#176044")
         return {"eager": eager, "compiled": outs}
 
 
