@@ -194,18 +194,12 @@ def fsdp1_module_state_sync_keeps_opaques() -> None:
     FSDP1's ``sync_module_states`` is GPU-only in torch; its device check is
     bypassed here so that the walk itself runs on CPU.
     """
-    import socket
     from datetime import timedelta
 
     import torch.distributed as dist
     from torch.distributed.fsdp import _init_utils
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=30)
-    )
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=30))
     check = _init_utils._check_module_states_for_sync_module_states
     _init_utils._check_module_states_for_sync_module_states = lambda states: None
     try:

@@ -364,18 +364,12 @@ def registered_mesh_world_of_one(timeout_s: float = 60) -> Iterator[Any]:
     """A gloo process group of one rank on 127.0.0.1 (a free port) and its 1-D
     ``DeviceMesh``, with ``DeviceMesh`` registered as a reference opaque; the
     group is destroyed on exit."""
-    import socket
     from datetime import timedelta
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=timeout_s)
-    )
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=timeout_s))
     try:
         opaque_subclass.register_opaque(DeviceMesh)
         yield init_device_mesh("cpu", (1,))

@@ -2,7 +2,6 @@
 opaque attribute, on torch 2.11 (where DeviceMesh does not inherit OpaqueBase)
 and on torch 2.13."""
 
-import socket
 from datetime import timedelta
 
 import pytest
@@ -16,19 +15,13 @@ import opaque_subclass as osc
 from opaque_subclass.releases import current
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def mesh():
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{_free_port()}",
+        store=dist.HashStore(),
         rank=0,
         world_size=1,
         timeout=timedelta(seconds=60),

@@ -7,7 +7,6 @@ compared with plain tensors on the full values.
 
 from __future__ import annotations
 
-import socket
 import time
 from datetime import timedelta
 from typing import Any
@@ -35,21 +34,13 @@ class _State:
     mesh: Any = None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module", autouse=True)
 def mesh():
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
     from torch.distributed.device_mesh import init_device_mesh
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1, timeout=timedelta(seconds=60)
-    )
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
     try:
         _State.mesh = init_device_mesh("cpu", (1,))
         yield _State.mesh

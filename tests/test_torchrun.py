@@ -1,7 +1,9 @@
 """The demo under torchrun: ``torchrun --nproc-per-node 2 -m opaque_subclass.cli.demo``.
 
 torchrun is ``python -m torch.distributed.run``; each test runs it in a
-subprocess on a free port of 127.0.0.1. The failure test runs this file under
+subprocess with ``--standalone``: torchrun's agent serves the rendezvous on a
+port the kernel picks when the agent binds it, so no port is chosen before it
+is bound. The failure test runs this file under
 torchrun: its ``__main__`` block is the demo's entry with the per-rank function
 replaced by one whose rank 1 raises while rank 0 waits for it.
 """
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -23,12 +24,6 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available in this build")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _torchrun(
@@ -47,10 +42,7 @@ def _torchrun(
         "1",
         "--nproc-per-node",
         "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
+        "--standalone",
         *target,
     ]
     t0 = time.monotonic()

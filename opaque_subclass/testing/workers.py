@@ -16,6 +16,14 @@ A rank runs ``python -m opaque_subclass.testing._worker_main TARGET RANK WORLD
 PORT WORKDIR PG_TIMEOUT`` (a module of its own: run with ``-m``, this module,
 which ``opaque_subclass.testing`` imports, would be executed a second time and
 make runpy warn); the parent reads each rank's JSON result from ``WORKDIR``.
+
+The rendezvous store is the parent's: a ``TCPStore`` it binds to a port the
+kernel picks (port 0) and serves until every rank has exited. A port chosen
+first and bound later by rank 0 can be taken in between by another process,
+and a store served by rank 0 goes away when rank 0 exits, while a peer may
+still be connecting to it: either left a rank retrying its connection until the
+run's deadline (seen once in CI, torch 2.15: rank 0 exited 0, rank 1 still in
+``TCPStore``'s constructor after 60 s).
 """
 
 from __future__ import annotations
@@ -26,7 +34,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,12 +52,6 @@ log = logging.getLogger(__name__)
 class WorkersFailed(RuntimeError):
     """A rank of :func:`run_local_workers` raised, died, or the run took too long;
     the message holds the failing rank's traceback or output."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _load_target(target: str) -> Callable[..., Any]:
@@ -88,13 +89,9 @@ def _run_rank(target: str, rank: int, world_size: int, port: int, workdir: str, 
 
         fn = _load_target(target)
         payload = json.loads(Path(workdir, "payload.json").read_text())
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=pg_timeout),
-        )
+        timeout = timedelta(seconds=pg_timeout)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
         try:
             result["value"] = fn(rank, world_size, payload)
         except BaseException:
@@ -160,8 +157,9 @@ def run_local_workers(
     deadline = started + timeout
     with tempfile.TemporaryDirectory(prefix="opaque_subclass_workers_") as workdir:
         Path(workdir, "payload.json").write_text(json.dumps(dict(payload or {})))
-        port = _free_port()
         pg_timeout = max(5.0, timeout * 0.6)
+        store = _parent_store(pg_timeout)
+        port = int(store.port)
         log.debug("starting %d workers for %s on 127.0.0.1:%d in %s", world_size, target, port, workdir)
         procs: list[subprocess.Popen[bytes]] = []
         logs: list[Path] = []
@@ -230,6 +228,14 @@ def run_local_workers(
             )
         results = [report["value"] for report in reports if report is not None]
         return results
+
+
+def _parent_store(pg_timeout: float) -> Any:
+    """The run's rendezvous store, served by the launcher on 127.0.0.1 at a port
+    the kernel picks; it does not wait for the ranks to connect."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=pg_timeout))
 
 
 #: After the first rank fails, how long its peers get to write their own
