@@ -4,6 +4,7 @@ Usage::
 
     python docs/check_examples.py [FILE.md ...]     # default: docs/*.md and README.md
     python docs/check_examples.py --update FILE.md  # rewrite the recorded outputs that differ
+    python docs/check_examples.py --in-process FILE.md  # one file, in this interpreter
 
 Every fenced ``python`` block of a Markdown file is executed, except a block
 whose previous non-blank line is ``<!-- no-run -->``. The blocks of one file
@@ -172,9 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--update", action="store_true", help="rewrite each recorded output that differs with what the block printed"
     )
-    parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the one FILE in this interpreter, as the runner's interpreter per file does (tests/test_docs.py)",
+    )
     args = parser.parse_args(argv)
     if args.in_process:
+        if len(args.files) != 1:
+            parser.error("--in-process runs exactly one FILE")
         (path,) = args.files
         return 1 if run_file(path, args.update) else 0
     files = args.files or [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]

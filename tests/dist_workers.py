@@ -447,3 +447,37 @@ def shared_chunk_step(mesh: Any, payload: dict[str, Any]) -> dict[str, Any]:
         seen["aot_hits"] = counters["aot_autograd"]["autograd_cache_hit"] - hits
         out[name] = seen
     return out
+
+
+def _sharded_export_example() -> Any:
+    """examples/sharded_export.py, loaded by path (examples/ is not a package)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "sharded_export.py")
+    spec = importlib.util.spec_from_file_location("sharded_export_example", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def export_every_mode(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """The example's job 1 once per mode of ``payload["modes"]`` (a name to the
+    example's payload keys), each archive in its own folder: one launch of the
+    ranks for every mode."""
+    example = _sharded_export_example()
+    saved = {}
+    for name, keys in payload["modes"].items():
+        folder = os.path.join(payload["dir"], name)
+        os.makedirs(folder, exist_ok=True)
+        saved[name] = example.export_and_save(rank, world_size, {"dir": folder, **keys})
+    return saved
+
+
+def load_every_mode(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """The example's job 2 once per mode, each on a process group made for it."""
+    example = _sharded_export_example()
+    return {
+        name: example.load_and_run(rank, world_size, {"dir": os.path.join(payload["dir"], name), **keys})
+        for name, keys in payload["modes"].items()
+    }

@@ -1,7 +1,8 @@
 """The examples of the docs and the README run and print what the docs say.
 
-Runs ``docs/check_examples.py`` (every ``python`` block of ``docs/*.md`` and of
-``README.md``, each file in a fresh interpreter) on the running torch.
+Runs ``docs/check_examples.py --in-process PAGE`` (every ``python`` block of
+``docs/*.md`` and of ``README.md``, each file in a fresh interpreter) on the
+running torch.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_docs_examples_run(page: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "docs" / "check_examples.py"), str(page)],
+        # --in-process: the page runs in this fresh interpreter itself, not in one that the
+        # runner would start for it (one interpreter and one torch import per page, not two)
+        [sys.executable, str(ROOT / "docs" / "check_examples.py"), "--in-process", str(page)],
         cwd=ROOT,
         capture_output=True,
         text=True,

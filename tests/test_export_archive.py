@@ -16,7 +16,7 @@ import opaque_subclass.export as oexport
 from opaque_subclass import OpaqueSubclass, OpaqueSubclassError
 from opaque_subclass.testing import run_local_workers
 
-WORKERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "sharded_export.py")
+DIST_WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_workers.py")
 STRICT = pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
 
 
@@ -331,23 +331,34 @@ def test_direct_torch_save_of_a_lifted_reference_opaque(tmp_path):
             assert any(b"direct-91ac" in z.read(n) for n in z.namelist())
 
 
-@pytest.mark.parametrize(
-    ("strict", "unwrap"), [(False, False), (True, False), (False, True)], ids=["non-strict", "strict", "unwrapped"]
-)
-def test_sharded_model_saved_by_one_job_runs_on_another_jobs_process_group(tmp_path, strict, unwrap):
+#: The archive's modes: torch.export's two tracers, and the weights unwrapped (rebuilt inside the
+#: graph from plain tensors) before a non-strict export.
+MODES = {
+    "non-strict": {"strict": False, "unwrap": False},
+    "strict": {"strict": True, "unwrap": False},
+    "unwrapped": {"strict": False, "unwrap": True},
+}
+
+
+def test_sharded_model_saved_by_one_job_runs_on_another_jobs_process_group(tmp_path):
     """The real case: 2 gloo processes export a sharded MLP and save it; a new
     2-process job (another port, new groups, a new DeviceMesh) loads it and runs
-    a forward whose collectives run on the new job's group. Also with the
-    weights unwrapped (rebuilt inside the graph from plain tensors)."""
-    payload = {"dir": str(tmp_path), "strict": strict, "unwrap": unwrap}
-    saved = run_local_workers(f"{WORKERS}:export_and_save", 2, payload=payload, timeout=240)
-    assert saved == [{"names": ["mesh"], "types": ["torch.distributed.device_mesh.DeviceMesh"]}] * 2
-    results = run_local_workers(f"{WORKERS}:load_and_run", 2, payload=payload, timeout=240)
-    for r in results:
-        assert r["params_hold_loader_mesh"] and r["output_mesh_is_loader_mesh"]
-        assert r["max_abs_error"] < 1e-5
-        assert r["collectives"] == ["all_reduce_sum"]  # the row-parallel layer's reduction
-        assert all(r["on_new_group"]) and r["new_group_is_not_world"]
+    a forward whose collectives run on the new job's group. Every mode of
+    :data:`MODES` in the same two jobs (each mode its own archive, and its own
+    group in the second job): one launch of the ranks per job, not per mode."""
+    payload = {"dir": str(tmp_path), "modes": MODES}
+    saved = run_local_workers(f"{DIST_WORKERS}:export_every_mode", 2, payload=payload, timeout=300)
+    manifest = {"names": ["mesh"], "types": ["torch.distributed.device_mesh.DeviceMesh"]}
+    assert saved == [dict.fromkeys(MODES, manifest)] * 2, saved
+    results = run_local_workers(f"{DIST_WORKERS}:load_every_mode", 2, payload=payload, timeout=300)
+    for rank, by_mode in enumerate(results):
+        assert list(by_mode) == list(MODES), by_mode
+        for mode, r in by_mode.items():
+            where = (rank, mode, r)
+            assert r["params_hold_loader_mesh"] and r["output_mesh_is_loader_mesh"], where
+            assert r["max_abs_error"] < 1e-5, where
+            assert r["collectives"] == ["all_reduce_sum"], where  # the row-parallel layer's reduction
+            assert all(r["on_new_group"]) and r["new_group_is_not_world"], where
 
 
 @STRICT
