@@ -86,11 +86,12 @@ def _run_rank(target: str, rank: int, world_size: int, port: int, workdir: str, 
     failed_at: float | None = None
     try:
         import torch.distributed as dist
+        from torch._C._distributed_c10d import TCPStore  # torch.distributed re-exports it, untyped
 
         fn = _load_target(target)
         payload = json.loads(Path(workdir, "payload.json").read_text())
         timeout = timedelta(seconds=pg_timeout)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+        store = TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
         try:
             result["value"] = fn(rank, world_size, payload)
@@ -233,9 +234,9 @@ def run_local_workers(
 def _parent_store(pg_timeout: float) -> Any:
     """The run's rendezvous store, served by the launcher on 127.0.0.1 at a port
     the kernel picks; it does not wait for the ranks to connect."""
-    import torch.distributed as dist
+    from torch._C._distributed_c10d import TCPStore  # torch.distributed re-exports it, untyped
 
-    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=pg_timeout))
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=pg_timeout))
 
 
 #: After the first rank fails, how long its peers get to write their own
