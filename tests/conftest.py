@@ -59,3 +59,21 @@ def pytest_configure(config: pytest.Config) -> None:
             "id attribute pytest 9.2 no longer reads): install the versions pyproject.toml's test extra allows "
             "(python -m pip install -e '.[test]')"
         )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_interpreters():
+    """The processes that the launcher (run_local_workers, simulate_job) starts in the tests'
+    own thread, and those that tests start through ``opaque_subclass.testing.warm.run``, are
+    forked from a server that imported torch, Dynamo and Inductor (WarmInterpreters): about
+    5 s of CPU less per process, which was most of a leg's time. A process whose environment
+    differs in what torch reads at import, or started on another thread, is a new interpreter.
+    tests/test_warm.py checks what a served process gets; OPAQUE_SUBCLASS_COLD_STARTS=1 starts
+    every process the ordinary way."""
+    if os.environ.get("OPAQUE_SUBCLASS_COLD_STARTS") == "1":
+        yield None
+        return
+    from opaque_subclass.testing import WarmInterpreters
+
+    with WarmInterpreters() as warm:
+        yield warm

@@ -33,6 +33,7 @@ import torch
 import opaque_subclass as osc
 from opaque_subclass import OpaqueBase, OpaqueSubclass
 from opaque_subclass.releases import current
+from opaque_subclass.testing import warm
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_FIX = "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key"
@@ -73,9 +74,7 @@ def _run(calls: str, cache_dir: Path, *flags: str) -> list[str]:
         "TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
         "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
     }
-    out = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, calls, *flags], capture_output=True, text=True, timeout=600, env=env
-    )
+    out = warm.run([sys.executable, "-c", _SCRIPT, calls, *flags], timeout=600, env=env)
     assert out.returncode == 0, out.stdout + out.stderr[-5000:]
     return out.stdout.split("\n")
 

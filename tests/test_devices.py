@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,6 +42,7 @@ from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
 import opaque_subclass as osc
+from opaque_subclass.testing import warm
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = osc.support().mode == "native"
@@ -172,12 +172,8 @@ def _spawn(device: str, calls: str, cache_dir: Path) -> list[dict[str, Any]]:
         "TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
         "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
     }
-    out = subprocess.run(
-        [sys.executable, "-c", "import test_devices; test_devices._child()", device, calls],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
+    out = warm.run(
+        [sys.executable, "-c", "import test_devices; test_devices._child()", device, calls], timeout=600, env=env
     )
     assert out.returncode == 0, out.stdout + out.stderr[-5000:]
     return list(json.loads(out.stdout.strip().splitlines()[-1]))

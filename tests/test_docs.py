@@ -22,6 +22,7 @@ import subclasses
 import torch
 
 import opaque_subclass as osc
+from opaque_subclass.testing import warm
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,13 +34,12 @@ PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_docs_examples_run(page: Path) -> None:
-    proc = subprocess.run(
+    proc = warm.run(
         # --in-process: the page runs in this fresh interpreter itself, not in one that the
-        # runner would start for it (one interpreter and one torch import per page, not two)
+        # runner would start for it (one interpreter and one torch import per page, not two);
+        # forked by the session's WarmInterpreters (tests/conftest.py)
         [sys.executable, str(ROOT / "docs" / "check_examples.py"), "--in-process", str(page)],
         cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert proc.returncode == 0, (

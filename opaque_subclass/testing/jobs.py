@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opaque_subclass.testing import warm
 from opaque_subclass.testing.workers import _load_target
 
 __all__ = ["JobReport", "RankReport", "simulate_job", "spread_ranks"]
@@ -236,14 +237,8 @@ def simulate_job(
             spec_file.write_text(json.dumps(spec))
             started = time.monotonic()
             try:
-                done = subprocess.run(
-                    [sys.executable, "-m", _ENTRY_MODULE, str(spec_file)],
-                    env=child_env,
-                    capture_output=True,
-                    text=True,
-                    timeout=timeout,
-                    check=False,
-                )
+                # forked by the WarmInterpreters entered around the call, else a new interpreter
+                done = warm.run([sys.executable, "-m", _ENTRY_MODULE, str(spec_file)], env=child_env, timeout=timeout)
             except subprocess.TimeoutExpired as e:
                 out, err = (_text(e.stdout), _text(e.stderr))
                 raise RuntimeError(

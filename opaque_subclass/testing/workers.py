@@ -42,7 +42,9 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from opaque_subclass.testing import warm
 
 __all__ = ["WorkersFailed", "run_local_workers"]
 
@@ -162,31 +164,15 @@ def run_local_workers(
         store = _parent_store(pg_timeout)
         port = int(store.port)
         log.debug("starting %d workers for %s on 127.0.0.1:%d in %s", world_size, target, port, workdir)
-        procs: list[subprocess.Popen[bytes]] = []
+        procs: list[_Process] = []
         logs: list[Path] = []
         try:
             for rank in range(world_size):
                 log_path = Path(workdir, f"log{rank}.txt")
                 logs.append(log_path)
-                with open(log_path, "wb") as out:
-                    procs.append(
-                        subprocess.Popen(
-                            [
-                                sys.executable,
-                                "-m",
-                                _ENTRY_MODULE,
-                                target,
-                                str(rank),
-                                str(world_size),
-                                str(port),
-                                workdir,
-                                str(pg_timeout),
-                            ],
-                            stdout=out,
-                            stderr=subprocess.STDOUT,
-                            env=env,
-                        )
-                    )
+                argv = [sys.executable, "-m", _ENTRY_MODULE, target, str(rank), str(world_size), str(port)]
+                argv += [workdir, str(pg_timeout)]
+                procs.append(_start(argv, env, log_path))
             ran_until, exited_at = _watch(
                 procs,
                 started,
@@ -231,6 +217,27 @@ def run_local_workers(
         return results
 
 
+class _Process(Protocol):
+    """What the launcher uses of a rank's process: a :class:`subprocess.Popen`, or a
+    :class:`~opaque_subclass.testing.warm.WarmProcess` inside ``WarmInterpreters``."""
+
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
+
+
+def _start(argv: list[str], env: dict[str, str], log_path: Path) -> _Process:
+    """A rank's process, output and errors to ``log_path``: forked by the
+    ``WarmInterpreters`` entered around the launcher, else a new interpreter."""
+    served = warm.popen_or_none(argv, env=env, stdout=log_path)
+    if served is not None:
+        return served
+    with open(log_path, "wb") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
 def _parent_store(pg_timeout: float) -> Any:
     """The run's rendezvous store, served by the launcher on 127.0.0.1 at a port
     the kernel picks; it does not wait for the ranks to connect."""
@@ -246,7 +253,7 @@ _POLL_S = 0.02
 
 
 def _watch(
-    procs: Sequence[subprocess.Popen[bytes]],
+    procs: Sequence[_Process],
     started: float,
     deadline: float,
     *,
@@ -291,7 +298,7 @@ def _failed_when(report: Mapping[str, Any] | None, ran_until: float | None) -> f
 def _signal_first(
     order: list[int],
     reports: Sequence[Mapping[str, Any] | None],
-    procs: Sequence[subprocess.Popen[bytes]],
+    procs: Sequence[_Process],
     ran_until: Mapping[int, float],
 ) -> list[int]:
     """``order`` with a rank that a signal killed on its own put before a rank
@@ -311,7 +318,7 @@ def _signal_first(
     return order
 
 
-def _how_it_ended(proc: subprocess.Popen[bytes], report: Mapping[str, Any] | None, *, brief: bool) -> str:
+def _how_it_ended(proc: _Process, report: Mapping[str, Any] | None, *, brief: bool) -> str:
     code = proc.returncode
     if report is not None and not report["ok"]:
         error = str(report["error"])
@@ -327,7 +334,7 @@ def _how_it_ended(proc: subprocess.Popen[bytes], report: Mapping[str, Any] | Non
     return f"exited with code {code} after finishing its work"
 
 
-def _logs_text(procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path]) -> str:
+def _logs_text(procs: Sequence[_Process], logs: Sequence[Path]) -> str:
     parts = [
         f"\n--- rank {i} (exit code {p.poll()}):\n{_tail(path)}"
         for i, (p, path) in enumerate(zip(procs, logs, strict=True))

@@ -1,0 +1,321 @@
+"""Warm interpreters: Python processes started by forking a server that has
+already imported torch, Dynamo and Inductor.
+
+A fresh interpreter spends about 5 s of CPU importing ``torch``,
+``torch._dynamo`` and ``torch._inductor`` before it runs a line of its own
+(torch 2.15, this project's 2-core CI machine); a test suite or a job simulation that
+starts a process per rank, per cache reader or per docs page pays it every
+time. :class:`WarmInterpreters` pays it once per server: each process it starts
+is forked from a server that imported those modules and did nothing else (no
+compilation, no process group, not this library), then becomes the
+interpreter asked for (``python -c CODE``, ``python -m MODULE`` or ``python
+SCRIPT``, with its arguments, environment, working directory and output
+files)::
+
+    from opaque_subclass.testing import WarmInterpreters, run_local_workers
+
+    with WarmInterpreters():  # run_local_workers and simulate_job fork their ranks
+        run_local_workers("my_module:train", world_size=4)
+
+A served process differs from a fresh one only in what the preload imported
+(those modules are in ``sys.modules`` already). Variables torch reads when it is
+imported must be the server's: a request whose environment differs from the
+server's in anything but :data:`PER_PROCESS_ENV` gets a server of its own (at
+most ``max_servers``; past that, and for other command lines, the process is
+started the ordinary way), so that what torch read at import is what the
+process would have read.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["DEFAULT_PRELOAD", "PER_PROCESS_ENV", "WarmInterpreters", "WarmProcess"]
+
+#: What a server imports before it forks: what a process that compiles imports first.
+DEFAULT_PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx", "torch.distributed")
+
+#: Variables a served process may set to another value than its server's: torch
+#: reads them when it uses them, not when it is imported (the cache directory),
+#: or Python reads them at start (the path, which the served process rebuilds).
+PER_PROCESS_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR", "PYTHONPATH", "PYTEST_CURRENT_TEST"})
+
+_SERVER_SCRIPT = Path(__file__).with_name("_warm_server.py")
+#: How long a request waits for its process: the first waits for the server's imports.
+_START_TIMEOUT_S = 300.0
+_CURRENT: contextvars.ContextVar[WarmInterpreters | None] = contextvars.ContextVar(
+    "opaque_subclass_warm_interpreters", default=None
+)
+
+
+def current() -> WarmInterpreters | None:
+    """The :class:`WarmInterpreters` entered in this context, if any."""
+    return _CURRENT.get()
+
+
+def _command(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
+    """``(kind, target, args)`` of ``[sys.executable, -c CODE | -m MODULE | SCRIPT, *args]``;
+    ``None`` for any other command line (interpreter options, another Python)."""
+    if len(argv) < 2 or argv[0] != sys.executable:
+        return None
+    if argv[1] in ("-c", "-m"):
+        return (argv[1], argv[2], list(argv[3:])) if len(argv) > 2 else None
+    if argv[1].startswith("-"):
+        return None
+    return "script", argv[1], list(argv[2:])
+
+
+class _Server:
+    """One server process, and the client end of its socket."""
+
+    def __init__(self, env: Mapping[str, str], preload: Sequence[str], workdir: str) -> None:
+        ours, theirs = socket.socketpair()
+        self.log = Path(workdir, f"server{id(self)}.log")
+        server_env = dict(env)
+        # anything torch would write at import goes here, never to a served process's cache
+        server_env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(workdir, f"server{id(self)}-cache"))
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(_SERVER_SCRIPT), str(theirs.fileno()), *preload],
+                pass_fds=[theirs.fileno()],
+                env=server_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        theirs.close()
+        self.sock = ours
+        self.lock = threading.Lock()
+        self.exits: dict[int, int] = {}
+        self.pids: dict[int, int] = {}
+        self.buffer = b""
+        self.next_id = 0
+
+    def _receive(self, timeout: float) -> None:
+        """Read what the server sent within ``timeout`` seconds (0: what is there)."""
+        readable, _, _ = select.select([self.sock], [], [], timeout)
+        if not readable:
+            return
+        data = self.sock.recv(1 << 16)
+        if not data:
+            tail = _read(self.log)[-3000:]
+            raise RuntimeError(f"WarmInterpreters: the server (pid {self.proc.pid}) has exited; its output:\n{tail}")
+        self.buffer += data
+        while b"\n" in self.buffer:
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            message = json.loads(line)
+            if "exit" in message:
+                self.exits[message["exit"]] = message["status"]
+            else:
+                self.pids[message["id"]] = message["pid"]
+
+    def start(self, request: dict[str, Any]) -> int:
+        with self.lock:
+            self.next_id += 1
+            request_id = request["id"] = self.next_id
+            self.sock.sendall(json.dumps(request).encode() + b"\n")
+            deadline = time.monotonic() + _START_TIMEOUT_S
+            while request_id not in self.pids:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"WarmInterpreters: the server (pid {self.proc.pid}) started no process within "
+                        f"{_START_TIMEOUT_S:.0f} s; its output:\n{_read(self.log)[-3000:]}"
+                    )
+                self._receive(1.0)
+            return self.pids.pop(request_id)
+
+    def status(self, pid: int) -> int | None:
+        with self.lock:
+            self._receive(0)
+            return self.exits.get(pid)
+
+    def close(self) -> None:
+        self.sock.close()  # the server ends when its socket does
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class WarmProcess:
+    """A process started by a server: the parts of :class:`subprocess.Popen` that
+    a launcher uses (``pid``, ``args``, ``returncode``, ``poll``, ``wait``,
+    ``kill``, ``terminate``). Its parent is the server, which reports its exit."""
+
+    def __init__(self, server: _Server, pid: int, args: Sequence[str]) -> None:
+        self._server = server
+        self.pid = pid
+        self.args = list(args)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._server.status(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            time.sleep(0.01)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # not yet reaped by the server: the pid is still this process's
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class WarmInterpreters:
+    """Start Python processes forked from servers that imported ``preload``.
+
+    A context manager: inside it, :func:`~opaque_subclass.testing.run_local_workers`
+    and :func:`~opaque_subclass.testing.simulate_job` start their ranks with it;
+    on exit its servers end (processes they started run on). A server starts at
+    its first request (it imports ``preload`` then: seconds), one per distinct
+    environment (less :data:`PER_PROCESS_ENV`), at most ``max_servers``.
+    Safe to use from several threads.
+    """
+
+    def __init__(self, preload: Sequence[str] = DEFAULT_PRELOAD, *, max_servers: int = 2) -> None:
+        self.preload = tuple(preload)
+        self.max_servers = max_servers
+        self._servers: dict[tuple[tuple[str, str], ...], _Server] = {}
+        self._lock = threading.Lock()
+        self._workdir = tempfile.TemporaryDirectory(prefix="opaque_subclass_warm_")
+        self._tokens: list[contextvars.Token[WarmInterpreters | None]] = []
+
+    def _server(self, env: Mapping[str, str]) -> _Server | None:
+        key = tuple(sorted((k, v) for k, v in env.items() if k not in PER_PROCESS_ENV))
+        with self._lock:
+            server = self._servers.get(key)
+            if server is None and len(self._servers) < self.max_servers:
+                server = self._servers[key] = _Server(env, self.preload, self._workdir.name)
+            return server
+
+    def popen(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        stdout: str | os.PathLike[str] | None = None,
+        stderr: str | os.PathLike[str] | None = "stdout",
+    ) -> WarmProcess | None:
+        """Start ``argv`` (``[sys.executable, "-c" | "-m" | SCRIPT, ...]``) with
+        standard output to the file ``stdout`` (appended; ``None``: discarded)
+        and standard error to ``stderr`` (a file, ``"stdout"``: the same file,
+        ``None``: discarded), its input empty. ``None`` when this command line
+        or environment cannot be served: start it the ordinary way."""
+        command = _command(argv)
+        environment = dict(os.environ if env is None else env)
+        server = self._server(environment) if command is not None else None
+        if server is None or command is None:
+            return None
+        kind, target, args = command
+        request = {
+            "kind": kind,
+            "target": target,
+            "args": args,
+            "env": environment,
+            "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
+            "stdout": os.fspath(stdout) if stdout is not None else None,
+            "stderr": stderr if stderr in (None, "stdout") else os.fspath(stderr),
+        }
+        return WarmProcess(server, server.start(request), argv)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """``subprocess.run(argv, capture_output=True, text=True, ...)``, served
+        when it can be, started the ordinary way when not. On a timeout the
+        process is killed and :class:`subprocess.TimeoutExpired` raised with
+        what it printed."""
+        with tempfile.TemporaryDirectory(prefix="opaque_subclass_warm_run_") as folder:
+            out, err = Path(folder, "stdout"), Path(folder, "stderr")
+            proc = self.popen(argv, env=env, cwd=cwd, stdout=out, stderr=err)
+            if proc is None:
+                return subprocess.run(
+                    list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+                )
+            try:
+                code = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+                raise subprocess.TimeoutExpired(
+                    list(argv), timeout or 0.0, output=_read(out), stderr=_read(err)
+                ) from None
+            return subprocess.CompletedProcess(list(argv), code, _read(out), _read(err))
+
+    def close(self) -> None:
+        with self._lock:
+            servers, self._servers = list(self._servers.values()), {}
+        for server in servers:
+            server.close()
+        self._workdir.cleanup()
+
+    def __enter__(self) -> WarmInterpreters:
+        self._tokens.append(_CURRENT.set(self))
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        _CURRENT.reset(self._tokens.pop())
+        self.close()
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def popen_or_none(argv: Sequence[str], *, env: Mapping[str, str], stdout: str | os.PathLike[str]) -> WarmProcess | None:
+    """A served process for a launcher inside :class:`WarmInterpreters`, output
+    and errors to ``stdout``; ``None`` outside it or when it cannot serve."""
+    warm = current()
+    return None if warm is None else warm.popen(argv, env=env, stdout=stdout, stderr="stdout")
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv, capture_output=True, text=True)``: served inside
+    :class:`WarmInterpreters`, the ordinary way outside it."""
+    warm = current()
+    if warm is None:
+        return subprocess.run(
+            list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    return warm.run(argv, env=env, cwd=cwd, timeout=timeout)
