@@ -35,7 +35,7 @@ from typing import Any
 
 from opaque_subclass import OpaqueSubclass
 from opaque_subclass.core.context import PLAIN_TYPES, is_plain, walk_context
-from opaque_subclass.core.errors import describe_type, import_fix, qualified_name
+from opaque_subclass.core.errors import adopt_fix, describe_type, import_fix, qualified_name
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.walk import Level, walk
 
@@ -174,7 +174,7 @@ def _fix(cls: type, item: ContextItem, attr: str | None, owner: object) -> str:
         f"list it among the attributes: hold it as self.{holder}, return {names!r} from "
         f"{cls.__qualname__}.__tensor_flatten__ with a context that no longer holds it "
         f"(`return {names!r}, ctx_without_it`), and read inner_tensors[{holder!r}] in __tensor_unflatten__, so "
-        f"that it is a graph input guarded by identity.{register}"
+        f"that it is a graph input guarded by identity; {adopt_fix(cls, holder, item.path, obj_type)}.{register}"
     )
 
 

@@ -140,6 +140,28 @@ def test_compile_passes_report_no_stale_mesh_once_adopted(meshes):
         assert compile_passes.explain(lambda t: t * 2, x).findings == []
 
 
+def test_the_osc001_fix_adopts_the_class_and_runs_as_written(meshes):
+    """OSC001's fix names adopt for a class of another package, with the class,
+    the attribute, the path and the mesh's class; run as written, it adopts the
+    class and the finding is gone."""
+    import compile_passes
+
+    (finding,) = compile_passes.lint_contexts(_shard(meshes[0]), "x")
+    snippet = re.search(r"adopt it: `([^`]*)`", finding.fix)
+    assert snippet is not None, finding.fix
+    assert snippet.group(1) == (
+        "import opaque_subclass; from subclasses import PhysicsNeMoLikeShardTensor; "
+        "from torch.distributed.device_mesh import DeviceMesh; opaque_subclass.adopt(PhysicsNeMoLikeShardTensor, "
+        "{'_mesh': opaque_subclass.ContextOpaque('[0].mesh', DeviceMesh)})"
+    )
+    exec(snippet.group(1), {})
+    try:
+        assert [a.cls for a in osc.adoptions()] == [ST]
+        assert compile_passes.lint_contexts(_shard(meshes[1]), "x") == []
+    finally:
+        osc.unadopt(ST)
+
+
 # ------------------------------------------------------------------ the flatten protocol, adopted
 
 

@@ -399,3 +399,28 @@ def test_a_context_equal_to_its_copy_or_a_metadata_guard_compiles():
     mesh = Mesh("attr")
     assert f(_CtxHolder(torch.ones(2), mesh, ctx=(3, "s", torch.float32)))._mesh is mesh
     assert f(Guarded(torch.ones(2), mesh, ctx=(_Handle(),)))._mesh is mesh
+
+
+def test_the_fix_for_an_object_in_a_context_adopts_a_class_you_do_not_own_as_written():
+    """The refusal above also gives the fix for a class whose code the user does not
+    change: adopting it (opaque_subclass.adopt). The snippet runs as written, and then
+    the same call compiles and returns the call's own object."""
+    import re
+
+    held = Mesh("in-context")
+    x = _CtxHolder(torch.ones(2), Mesh("attr"), ctx=(3, held))
+    with pytest.raises(osc.OpaqueTypeError) as info:
+        torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)(x)
+    snippet = re.search(r"adopt it: `([^`]*)`", str(info.value))
+    assert snippet is not None, str(info.value)
+    assert "ContextOpaque('[1]', Mesh)" in snippet.group(1) and "'_mesh_in_context'" in snippet.group(1), snippet
+    exec(snippet.group(1), {})
+    try:
+        torch._dynamo.reset()
+        f = torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)
+        other = Mesh("in-context")  # equal, another object
+        out = f(_CtxHolder(torch.ones(2), Mesh("attr"), ctx=(3, other)))
+        assert out._ctx[1] is other and torch.equal(out._data, torch.full((2,), 2.0))
+    finally:
+        osc.unadopt(_CtxHolder)
+        torch._dynamo.reset()

@@ -31,7 +31,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, is_fake
 
 from opaque_subclass.core.context import ContextPart, distributed_part, unequal_to_copy
-from opaque_subclass.core.errors import OpaqueTypeError, describe_type, import_fix, subject
+from opaque_subclass.core.errors import OpaqueTypeError, adopt_fix, describe_type, import_fix, subject
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.spec import bad_unflatten_type
 from opaque_subclass.core.walk import Level, walk
@@ -122,7 +122,7 @@ def check_guardable_context(level: Level) -> None:
     where, culprit = part.path, part.obj
     cls = type(owner)
     culprit_cls = opaque_type_of(culprit)
-    as_input = _as_input_fix(level, culprit)
+    as_input = _as_input_fix(level, culprit, where)
     if opaque_kind(culprit_cls) == "reference":
         fix = as_input
     else:
@@ -146,17 +146,22 @@ def check_guardable_context(level: Level) -> None:
     )
 
 
-def _as_input_fix(level: Level, culprit: object) -> str:
-    """The fix that moves ``culprit`` from ``level``'s context to its attributes."""
+def _as_input_fix(level: Level, culprit: object, path: str) -> str:
+    """The fix that moves ``culprit`` (at ``path`` of ``level``'s context) to its
+    attributes: by the class's owner, or by adopting the class."""
     owner = level.owner
     try:  # the instance attribute holding the object, if any (read from __dict__, nothing called)
         attr = next((n for n, v in vars(owner).items() if v is culprit), None)
     except Exception:
         attr = None
     listed = f"`return {[*level.names, attr]!r}, <the context without it>`" if attr else "its attribute name"
+    name = attr or "_" + opaque_type_of(culprit).__name__.lower()
+    while attr is None and (name in level.names or hasattr(owner, name)):  # a name the instance does not use
+        name += "_in_context"
     return (
         f"list it among the attributes: return {listed} from {type(owner).__qualname__}.__tensor_flatten__ and "
-        "read it from inner_tensors in __tensor_unflatten__ (a graph input, passed by identity)"
+        "read it from inner_tensors in __tensor_unflatten__ (a graph input, passed by identity); "
+        + adopt_fix(type(owner), name, path, opaque_type_of(culprit))
     )
 
 
@@ -179,7 +184,7 @@ def _refuse_distributed_context(level: Level, part: ContextPart) -> None:
     fix = (
         "make it an opaque attribute: register its class (as torch 2.12+ registers it), "
         + import_fix(culprit_cls, "opaque_subclass.register_opaque({cls})")
-        + f", and {_as_input_fix(level, culprit)}"
+        + f", and {_as_input_fix(level, culprit, part.path)}"
     )
     raise OpaqueTypeError(
         f"{subject(type(level.owner))}.__tensor_flatten__() at {level.path!r} returns a flatten context whose "

@@ -14,8 +14,10 @@ __all__ = [
     "OpaqueSubclassError",
     "OpaqueTypeError",
     "OpaqueValueError",
+    "adopt_fix",
     "describe_type",
     "import_fix",
+    "imports_fix",
     "qualified_name",
     "subject",
     "submodule_expression",
@@ -99,12 +101,36 @@ def import_fix(cls: type, call: str) -> str:
     function or in ``__main__``) get a snippet that uses ``cls.__name__`` and
     assumes the class is in scope, which is said after the snippet.
     """
-    module = cls.__module__
-    qualname = cls.__qualname__
-    if "<locals>" in qualname or module in ("__main__", "builtins"):
-        return f"`import opaque_subclass; {call.format(cls=cls.__name__)}` (with {cls.__name__} in scope)"
-    top = qualname.split(".", 1)[0]
-    return f"`import opaque_subclass; from {module} import {top}; {call.format(cls=qualname)}`"
+    return imports_fix(call, cls=cls)
+
+
+def imports_fix(call: str, **classes: type) -> str:
+    """:func:`import_fix` for several classes: ``call``'s ``{name}`` is the name
+    the class passed as ``name`` has after the snippet's imports."""
+    imports: list[str] = []
+    names: dict[str, str] = {}
+    in_scope: list[str] = []
+    for key, klass in classes.items():
+        module, qualname = klass.__module__, klass.__qualname__
+        if "<locals>" in qualname or module in ("__main__", "builtins"):
+            names[key] = klass.__name__
+            in_scope.append(klass.__name__)
+        else:
+            imports.append(f"from {module} import {qualname.split('.', 1)[0]}")
+            names[key] = qualname
+    code = "; ".join(["import opaque_subclass", *dict.fromkeys(imports), call.format(**names)])
+    return f"`{code}`" + (f" (with {', '.join(in_scope)} in scope)" if in_scope else "")
+
+
+def adopt_fix(cls: type, attr: str, path: str, obj_type: type) -> str:
+    """The fix for a class of another package that keeps an object of
+    ``obj_type`` at ``path`` of its flatten context (the path as lint OSC001
+    writes it after ``<context>``): adopt it, the object listed as ``attr``."""
+    escaped = repr(path).replace("{", "{{").replace("}", "}}")
+    call = "opaque_subclass.adopt({cls}, {{" + repr(attr) + ": opaque_subclass.ContextOpaque(" + escaped + ", {obj})}})"
+    return "for a class of another package, whose code you do not change, adopt it: " + imports_fix(
+        call, cls=cls, obj=obj_type
+    )
 
 
 def submodule_expression(path: str) -> str:
