@@ -11,7 +11,6 @@ import ast
 import functools
 import importlib.util
 import re
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -50,13 +49,7 @@ def test_docs_examples_run(page: Path) -> None:
 
 
 def test_compatibility_page_matches_the_version_table():
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "docs" / "gen_compatibility.py"), "--check"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = warm.run([sys.executable, str(ROOT / "docs" / "gen_compatibility.py"), "--check"], cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -25,11 +25,11 @@ import importlib
 import importlib.util
 import pkgutil
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import opaque_subclass as osc
+from opaque_subclass.testing import warm
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "errors.md"
@@ -55,13 +55,7 @@ def _entries() -> list[re.Match[str]]:
 
 
 def test_errors_page_is_up_to_date():
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "docs" / "gen_errors.py"), "--check"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = warm.run([sys.executable, str(ROOT / "docs" / "gen_errors.py"), "--check"], cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-20000:]
 
 

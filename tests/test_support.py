@@ -10,6 +10,7 @@ import torch
 import opaque_subclass as osc
 from opaque_subclass import releases as _versions
 from opaque_subclass.releases import CUSTOM_CLASS_API, OPAQUE_OBJECT_API, parse_release, release_support
+from opaque_subclass.testing import warm
 
 
 def test_mode_matches_running_torch():
@@ -111,9 +112,7 @@ def test_import_twice_changes_nothing():
 def test_cli_exits_zero_and_reports():
     # --no-demo: the demo has its own tests (tests/test_demo.py, tests/test_torchrun.py), and every
     # nox leg starts with the whole `python -m opaque_subclass`, demo included
-    out = subprocess.run(
-        [sys.executable, "-m", "opaque_subclass", "--no-demo"], capture_output=True, text=True, timeout=300
-    )
+    out = warm.run([sys.executable, "-m", "opaque_subclass", "--no-demo"], timeout=300)  # forked, tests/conftest.py
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"torch           {torch.__version__}" in out.stdout
     assert f"mode            {osc.support().mode}" in out.stdout
