@@ -75,5 +75,8 @@ def warm_interpreters():
         return
     from opaque_subclass.testing import WarmInterpreters
 
-    with WarmInterpreters() as warm:
+    # servers for up to 4 environments: the launcher's (OMP_NUM_THREADS=1), the tests' own, and those
+    # of tests that set a variable torch reads at import (CI of stop 43: with 2, the launcher's ranks
+    # of a worker found both taken and started cold)
+    with WarmInterpreters(max_servers=4) as warm:
         yield warm

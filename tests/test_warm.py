@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from opaque_subclass.testing import WarmInterpreters, run_local_workers, warm
+from opaque_subclass.testing import WarmInterpreters, run_local_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,6 +34,10 @@ print(json.dumps({
 print("to stderr", file=sys.stderr)
 sys.exit(int(sys.argv[1]))
 """
+
+
+# one worker runs the module, in order, with one server (max_servers=1) for the environment of _env()
+pytestmark = pytest.mark.xdist_group("warm")
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +109,7 @@ def test_exit_status_signals_timeouts_and_exceptions(interpreters, tmp_path):
 
 
 def test_what_it_cannot_serve_starts_the_ordinary_way(interpreters):
+    interpreters.run([sys.executable, "-c", "pass"], env=_env(), timeout=120)  # the one server: this environment
     # another value of a variable torch reads at import, past max_servers=1: a new interpreter
     other = _env(TORCHINDUCTOR_COMPILE_THREADS="2")
     assert interpreters.popen([sys.executable, "-c", "pass"], env=other) is None
@@ -115,9 +120,8 @@ def test_what_it_cannot_serve_starts_the_ordinary_way(interpreters):
 
 def test_the_launcher_forks_its_ranks_only_inside_it():
     target = f"{ROOT / 'tests' / 'test_warm.py'}:_parent_and_modules"
-    if warm.current() is None:
-        pytest.skip("OPAQUE_SUBCLASS_COLD_STARTS=1: the session has no WarmInterpreters")
-    served = run_local_workers(target, 2, timeout=120)  # inside this session's (tests/conftest.py)
+    with WarmInterpreters(max_servers=1):  # its own: the session's may serve other environments already
+        served = run_local_workers(target, 2, timeout=120)
     # outside every WarmInterpreters (this session's too, tests/conftest.py): an empty context
     cold = contextvars.Context().run(run_local_workers, target, 2, timeout=120)
     assert all(r["parent"] != os.getpid() and r["torch_before_target"] for r in served), served
