@@ -109,13 +109,22 @@ def test_exit_status_signals_timeouts_and_exceptions(interpreters, tmp_path):
 
 
 def test_what_it_cannot_serve_starts_the_ordinary_way(interpreters):
-    interpreters.run([sys.executable, "-c", "pass"], env=_env(), timeout=120)  # the one server: this environment
-    # another value of a variable torch reads at import, past max_servers=1: a new interpreter
+    """Another value of a variable torch reads at import needs its own server: with
+    the one server (max_servers=1) busy, the process starts the ordinary way; once
+    that server is idle, it makes room for the other environment's."""
+    busy = interpreters.popen([sys.executable, "-c", "import time; time.sleep(60)"], env=_env())
+    assert busy is not None
     other = _env(TORCHINDUCTOR_COMPILE_THREADS="2")
-    assert interpreters.popen([sys.executable, "-c", "pass"], env=other) is None
-    assert interpreters.popen([sys.executable, "-X", "dev", "-c", "pass"], env=_env()) is None
-    ran = interpreters.run([sys.executable, "-c", "import os; print(os.getppid())"], env=other, timeout=60)
-    assert int(ran.stdout) == os.getpid()  # started by this process, not by a server
+    try:
+        assert interpreters.popen([sys.executable, "-c", "pass"], env=other) is None
+        ran = interpreters.run([sys.executable, "-c", "import os; print(os.getppid())"], env=other, timeout=60)
+        assert int(ran.stdout) == os.getpid()  # started by this process, not by a server
+    finally:
+        busy.kill()
+        busy.wait(10)
+    ran = interpreters.run([sys.executable, "-c", "import os; print(os.getppid())"], env=other, timeout=120)
+    assert int(ran.stdout) != os.getpid()  # the idle server made room for this environment's
+    assert interpreters.popen([sys.executable, "-X", "dev", "-c", "pass"], env=_env()) is None  # an option
 
 
 def test_the_launcher_forks_its_ranks_only_inside_it():

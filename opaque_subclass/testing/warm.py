@@ -21,9 +21,9 @@ A served process differs from a fresh one only in what the preload imported
 (those modules are in ``sys.modules`` already). Variables torch reads when it is
 imported must be the server's: a request whose environment differs from the
 server's in anything but :data:`PER_PROCESS_ENV` gets a server of its own (at
-most ``max_servers``; past that, and for other command lines, the process is
-started the ordinary way), so that what torch read at import is what the
-process would have read.
+most ``max_servers``: an idle server used longest ago makes room; with none
+idle, and for other command lines, the process is started the ordinary way), so
+that what torch read at import is what the process would have read.
 """
 
 from __future__ import annotations
@@ -102,6 +102,8 @@ class _Server:
         self.lock = threading.Lock()
         self.exits: dict[int, int] = {}
         self.pids: dict[int, int] = {}
+        self.running: set[int] = set()  # started, exit not yet reported
+        self.last_used = time.monotonic()
         self.buffer = b""
         self.next_id = 0
 
@@ -120,8 +122,10 @@ class _Server:
             message = json.loads(line)
             if "exit" in message:
                 self.exits[message["exit"]] = message["status"]
+                self.running.discard(message["exit"])
             else:
                 self.pids[message["id"]] = message["pid"]
+                self.running.add(message["pid"])
 
     def start(self, request: dict[str, Any]) -> int:
         with self.lock:
@@ -136,7 +140,14 @@ class _Server:
                         f"{_START_TIMEOUT_S:.0f} s; its output:\n{_read(self.log)[-3000:]}"
                     )
                 self._receive(1.0)
+            self.last_used = time.monotonic()
             return self.pids.pop(request_id)
+
+    def idle(self) -> bool:
+        """Whether every process this server started has exited (and been reported)."""
+        with self.lock:
+            self._receive(0)
+            return not self.running
 
     def status(self, pid: int) -> int | None:
         with self.lock:
@@ -197,7 +208,9 @@ class WarmInterpreters:
     and :func:`~opaque_subclass.testing.simulate_job` start their ranks with it;
     on exit its servers end (processes they started run on). A server starts at
     its first request (it imports ``preload`` then: seconds), one per distinct
-    environment (less :data:`PER_PROCESS_ENV`), at most ``max_servers``.
+    environment (less :data:`PER_PROCESS_ENV`), at most ``max_servers``: a
+    request for another environment then ends the server used longest ago
+    that has no process running, or, with none, starts the ordinary way.
     Safe to use from several threads.
     """
 
@@ -213,6 +226,12 @@ class WarmInterpreters:
         key = tuple(sorted((k, v) for k, v in env.items() if k not in PER_PROCESS_ENV))
         with self._lock:
             server = self._servers.get(key)
+            if server is None and len(self._servers) >= self.max_servers:
+                # make room: end the server used longest ago that has nothing running (a server's
+                # processes report their exit through it, so a busy one stays)
+                idle = [k for k, s in self._servers.items() if s.idle()]
+                if idle:
+                    self._servers.pop(min(idle, key=lambda k: self._servers[k].last_used)).close()
             if server is None and len(self._servers) < self.max_servers:
                 server = self._servers[key] = _Server(env, self.preload, self._workdir.name)
             return server
