@@ -130,9 +130,9 @@ def test_what_it_cannot_serve_starts_the_ordinary_way(interpreters):
 def test_the_launcher_forks_its_ranks_only_inside_it():
     target = f"{ROOT / 'tests' / 'test_warm.py'}:_parent_and_modules"
     with WarmInterpreters(max_servers=1):  # its own: the session's may serve other environments already
-        served = run_local_workers(target, 2, timeout=120)
+        served = run_local_workers(target, 2, timeout=300)
     # outside every WarmInterpreters (this session's too, tests/conftest.py): an empty context
-    cold = contextvars.Context().run(run_local_workers, target, 2, timeout=120)
+    cold = contextvars.Context().run(run_local_workers, target, 2, timeout=300)
     assert all(r["parent"] != os.getpid() and r["torch_before_target"] for r in served), served
     assert all(r["parent"] == os.getpid() for r in cold), cold
 
