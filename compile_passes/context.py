@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from opaque_subclass import OpaqueSubclass
-from opaque_subclass.core.context import PLAIN_TYPES, is_plain, walk_context
+from opaque_subclass.core.context import PLAIN_TYPES, attribute_name, holding_attribute, is_plain, walk_context
 from opaque_subclass.core.errors import adopt_fix, describe_type, import_fix, qualified_name
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.walk import Level, walk
@@ -128,18 +128,9 @@ def subclass_levels(value: object, name: str) -> Iterator[tuple[str, object, Any
 
 
 #: Attribute names a fix proposes for an object the instance does not hold as an attribute.
-_CONVENTIONAL = {"DeviceMesh": "_mesh", "ProcessGroup": "_group"}
-
-
 def _holder_name(owner: object, obj: object) -> str:
     """The instance attribute holding ``obj`` (by identity), or a name to give it."""
-    for name, value in vars(owner).items() if hasattr(owner, "__dict__") else ():
-        if value is obj and not name.startswith("__"):
-            return name
-    cls_name = opaque_type_of(obj).__name__
-    return _CONVENTIONAL.get(
-        cls_name, "_" + "".join(f"_{c.lower()}" if c.isupper() else c for c in cls_name).lstrip("_")
-    )
+    return holding_attribute(owner, obj) or attribute_name(opaque_type_of(obj).__name__)
 
 
 def _listed_names(owner: object) -> list[str] | None:

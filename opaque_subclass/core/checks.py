@@ -30,7 +30,13 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, is_fake
 
-from opaque_subclass.core.context import ContextPart, distributed_part, unequal_to_copy
+from opaque_subclass.core.context import (
+    ContextPart,
+    attribute_name,
+    distributed_part,
+    holding_attribute,
+    unequal_to_copy,
+)
 from opaque_subclass.core.errors import OpaqueTypeError, adopt_fix, describe_type, import_fix, subject
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.spec import bad_unflatten_type
@@ -150,12 +156,9 @@ def _as_input_fix(level: Level, culprit: object, path: str) -> str:
     """The fix that moves ``culprit`` (at ``path`` of ``level``'s context) to its
     attributes: by the class's owner, or by adopting the class."""
     owner = level.owner
-    try:  # the instance attribute holding the object, if any (read from __dict__, nothing called)
-        attr = next((n for n, v in vars(owner).items() if v is culprit), None)
-    except Exception:
-        attr = None
+    attr = holding_attribute(owner, culprit)
     listed = f"`return {[*level.names, attr]!r}, <the context without it>`" if attr else "its attribute name"
-    name = attr or "_" + opaque_type_of(culprit).__name__.lower()
+    name = attr or attribute_name(opaque_type_of(culprit).__name__)
     while attr is None and (name in level.names or hasattr(owner, name)):  # a name the instance does not use
         name += "_in_context"
     return (

@@ -29,8 +29,10 @@ __all__ = [
     "MAX_DEPTH",
     "PLAIN_TYPES",
     "ContextPart",
+    "attribute_name",
     "children",
     "distributed_part",
+    "holding_attribute",
     "is_plain",
     "unequal_to_copy",
     "walk_context",
@@ -189,3 +191,26 @@ def distributed_part(ctx: object) -> ContextPart | None:
         if isinstance(part.obj, classes):
             return part
     return None
+
+
+#: The attribute names a fix gives these classes' objects when no attribute holds them.
+_CONVENTIONAL_NAMES = {"DeviceMesh": "_mesh", "ProcessGroup": "_group"}
+
+
+def holding_attribute(owner: object, obj: object) -> str | None:
+    """The instance attribute of ``owner`` holding ``obj`` (by identity), read
+    from its ``__dict__`` (nothing called); ``None`` if none does."""
+    try:
+        attributes = vars(owner)
+    except TypeError:
+        return None
+    return next((name for name, value in attributes.items() if value is obj and not name.startswith("__")), None)
+
+
+def attribute_name(type_name: str) -> str:
+    """The attribute name a fix gives an object of the class named
+    ``type_name`` that no attribute holds: ``_mesh``, ``_group``, else the
+    class name in snake case (``_my_handle``)."""
+    return _CONVENTIONAL_NAMES.get(
+        type_name, "_" + "".join(f"_{c.lower()}" if c.isupper() else c for c in type_name).lstrip("_")
+    )

@@ -27,8 +27,8 @@ from typing import Any
 #: The entries of ``sys.path`` that an interpreter gets without ``PYTHONPATH``
 #: or a script directory: this server's, less its own directory and its
 #: ``PYTHONPATH`` entries.
-_SERVER_PATHPATH = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-_BASE_PATH = [p for p in sys.path[1:] if p not in _SERVER_PATHPATH]
+_SERVER_PYTHONPATH = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+_BASE_PATH = [p for p in sys.path[1:] if p not in _SERVER_PYTHONPATH]
 
 
 def _open_output(path: str | None, fd: int) -> None:

@@ -251,9 +251,11 @@ class WarmInterpreters:
         ``None``: discarded), its input empty. ``None`` when this command line
         or environment cannot be served: start it the ordinary way."""
         command = _command(argv)
+        if command is None:
+            return None
         environment = dict(os.environ if env is None else env)
-        server = self._server(environment) if command is not None else None
-        if server is None or command is None:
+        server = self._server(environment)
+        if server is None:
             return None
         kind, target, args = command
         request = {
@@ -283,9 +285,7 @@ class WarmInterpreters:
             out, err = Path(folder, "stdout"), Path(folder, "stderr")
             proc = self.popen(argv, env=env, cwd=cwd, stdout=out, stderr=err)
             if proc is None:
-                return subprocess.run(
-                    list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
-                )
+                return _run_ordinary(argv, env=env, cwd=cwd, timeout=timeout)
             try:
                 code = proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -334,7 +334,16 @@ def run(
     :class:`WarmInterpreters`, the ordinary way outside it."""
     warm = current()
     if warm is None:
-        return subprocess.run(
-            list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        return _run_ordinary(argv, env=env, cwd=cwd, timeout=timeout)
     return warm.run(argv, env=env, cwd=cwd, timeout=timeout)
+
+
+def _run_ordinary(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None,
+    cwd: str | os.PathLike[str] | None,
+    timeout: float | None,
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` in a new interpreter, its output captured as text."""
+    return subprocess.run(list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
