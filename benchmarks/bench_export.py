@@ -8,7 +8,7 @@ loaded from memory ``--repeats`` times (best time kept):
 * ``subclass``: the same weights as ``Sharded`` subclass parameters sharing one
   reference opaque; ``opaque_subclass.export.save``/``load`` (each parameter is
   stored as a placeholder and rebuilt at load).
-* ``unwrapped``: the subclass model after ``unwrap_tensor_subclass_parameters``;
+* ``unwrapped``: the subclass model after ``unwrap_subclass_parameters``;
   ``opaque_subclass.export.save``/``load`` (each construction in the graph is
   stored as the library op and restored at load).
 * ``torch-subclass`` (native torch only): the ``subclass`` program through
@@ -31,7 +31,7 @@ import torch
 
 import opaque_subclass
 import opaque_subclass.export as oexport
-from opaque_subclass import OpaqueBase, OpaqueSubclass, unwrap_tensor_subclass_parameters
+from opaque_subclass import OpaqueBase, OpaqueSubclass, unwrap_subclass_parameters
 
 
 class Mesh(OpaqueBase):
@@ -83,7 +83,7 @@ def main() -> None:
         "plain": torch.export.export(Stack(data), (x,), strict=False),
         "subclass": torch.export.export(subclass_model, (x,), strict=False),
         "unwrapped": torch.export.export(
-            unwrap_tensor_subclass_parameters(Stack([Sharded(d, mesh) for d in data])), (x,), strict=False
+            unwrap_subclass_parameters(Stack([Sharded(d, mesh) for d in data])), (x,), strict=False
         ),
     }
     native = opaque_subclass.support().mode == "native"

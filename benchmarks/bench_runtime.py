@@ -1,7 +1,7 @@
 """Benchmark of the run-time unwrap + wrap path.
 
-Times, per call, ``unwrap_tensor_subclasses`` followed by
-``wrap_tensor_subclasses(..., is_runtime=True)`` (what a compiled function does
+Times, per call, ``unwrap_args`` followed by
+``wrap_args(..., is_runtime=True)`` (what a compiled function does
 on every call: subclass arguments in, flat leaves to the graph, subclasses
 rebuilt from the flat list) for k = 1, 8, 64, 512 subclass arguments, and
 compares it with torch's own helpers in
@@ -17,10 +17,10 @@ Two variants of argument:
 
 Rows:
 
-* ``ours``          - ``opaque_subclass.unwrap_tensor_subclasses(args, subclass_metas=metas)``
-  + ``opaque_subclass.wrap_tensor_subclasses(flat, subclass_metas=runtime_metas,
+* ``ours``          - ``opaque_subclass.unwrap_args(args, subclass_metas=metas)``
+  + ``opaque_subclass.wrap_args(flat, subclass_metas=runtime_metas,
   is_runtime=True)``; the metas are made once with
-  ``opaque_subclass.create_subclass_meta(args)`` (set-up, not timed);
+  ``opaque_subclass.describe_args(args)`` (set-up, not timed);
 * ``ours-specless`` - the same, but the unwrap gets no metas: it calls
   ``__tensor_flatten__`` and validates every attribute (secondary row; not
   checked by ``--check``);
@@ -62,10 +62,10 @@ import torch
 import opaque_subclass
 from opaque_subclass import (
     OpaqueBase,
-    SubclassCreationMeta,
-    create_subclass_meta,
-    unwrap_tensor_subclasses,
-    wrap_tensor_subclasses,
+    SubclassLayout,
+    describe_args,
+    unwrap_args,
+    wrap_args,
 )
 
 KS = (1, 8, 64, 512)
@@ -157,16 +157,16 @@ def make_args(variant: str, k: int) -> list[MeshTensor]:
 
 def setup_ours(args: Sequence[Any]) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(call, call_specless): one unwrap + wrap per call."""
-    metas = create_subclass_meta(args)
-    metas_rt = [m.runtime_safe() if isinstance(m, SubclassCreationMeta) else m for m in metas]
+    metas = describe_args(args)
+    metas_rt = [m.runtime_safe() if isinstance(m, SubclassLayout) else m for m in metas]
 
     def call() -> Any:
-        flat = unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
-        return flat, wrap_tensor_subclasses(flat, subclass_metas=metas_rt, is_runtime=True)
+        flat = unwrap_args(args, is_joint_structure=False, subclass_metas=metas)
+        return flat, wrap_args(flat, subclass_metas=metas_rt, is_runtime=True)
 
     def call_specless() -> Any:
-        flat = unwrap_tensor_subclasses(args, is_joint_structure=False)
-        return flat, wrap_tensor_subclasses(flat, subclass_metas=metas_rt, is_runtime=True)
+        flat = unwrap_args(args, is_joint_structure=False)
+        return flat, wrap_args(flat, subclass_metas=metas_rt, is_runtime=True)
 
     return call, call_specless
 

@@ -1,6 +1,6 @@
 """Cost of the run-time checks of the generated unwrap/wrap, before/after in one process.
 
-The fast path of ``unwrap_tensor_subclasses`` / ``wrap_tensor_subclasses(...,
+The fast path of ``unwrap_args`` / ``wrap_args(...,
 is_runtime=True)`` (``opaque_subclass.core.codegen``) checks, on every call,
 that each level's ``__tensor_flatten__`` still lists the metadata's names and
 that each opaque slot holds a registered reference opaque
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_runtime as br  # the sibling benchmark's arguments and checks
 
-from opaque_subclass import SubclassCreationMeta, create_subclass_meta
+from opaque_subclass import SubclassLayout, describe_args
 from opaque_subclass.core.codegen import DEFAULT_CHECKS, RuntimeChecks, compiled_unwrap, compiled_wrap
 
 SETTINGS = {
@@ -50,13 +50,13 @@ SETTINGS = {
 
 
 def _call(args: Sequence[Any], checks: RuntimeChecks) -> Callable[[], Any]:
-    """bench_runtime's ``ours`` call (unwrap_tensor_subclasses, then wrap_tensor_subclasses
+    """bench_runtime's ``ours`` call (unwrap_args, then wrap_args
     with is_runtime=True: the same loop over the arguments), its functions generated
     with ``checks``."""
-    metas = create_subclass_meta(args)
-    runtime = [m.runtime_safe() if isinstance(m, SubclassCreationMeta) else m for m in metas]
-    unwraps = [compiled_unwrap(m, False, checks) if isinstance(m, SubclassCreationMeta) else None for m in metas]
-    wraps = [compiled_wrap(m, checks=checks) if isinstance(m, SubclassCreationMeta) else m for m in runtime]
+    metas = describe_args(args)
+    runtime = [m.runtime_safe() if isinstance(m, SubclassLayout) else m for m in metas]
+    unwraps = [compiled_unwrap(m, False, checks) if isinstance(m, SubclassLayout) else None for m in metas]
+    wraps = [compiled_wrap(m, checks=checks) if isinstance(m, SubclassLayout) else m for m in runtime]
 
     def call() -> Any:
         flat: list[Any] = []

@@ -1,23 +1,20 @@
 """The checking backend: ``torch.compile(fn, backend="opaque_check")``.
 
-It runs the lints on every graph Dynamo gives it, reports the findings, then
-hands the graph to an inner backend (``"inductor"`` by default). It works at
-compile time only: the compiled callable is the inner backend's, unchanged, so
-a compiled call costs nothing more. With ``watch_reads=True`` it also watches
-the inner backend's compilation for opaque members read below Dynamo (OSC004,
-:mod:`compile_passes.reads`) and reports those after it (before any error of
-the inner compilation propagates).
+It lints every graph Dynamo gives it, reports the findings, then hands the graph
+to an inner backend (``"inductor"`` by default). It works at compile time only:
+the compiled callable is the inner backend's, unchanged, costing nothing per
+call. With ``watch_reads=True`` it also watches the inner compilation for opaque
+members read below Dynamo (OSC004, :mod:`compile_passes.reads`), reported after
+it (before any error of the inner compilation propagates).
 
-Findings come first: what the graph shows is reported before the inner backend
-compiles, so a finding that explains a failure of torch's (a process group in
-a flatten context: ``cannot pickle ... ProcessGroup`` from the compile caches
-and from the guards Dynamo builds after the backend returns) is on stderr
-before torch's messages about it.
+Findings come before the inner compilation, so one explaining a torch failure (a
+process group in a flatten context: ``cannot pickle ... ProcessGroup`` from the
+compile caches and from the guards Dynamo builds after the backend returns) is
+on stderr before torch's messages about it.
 
-The name ``opaque_check`` is registered through the ``torch_dynamo_backends``
-entry point of the installed package (``pyproject.toml``), so torch finds it by
-name without an import. :func:`checking_backend` builds one with other
-settings::
+``opaque_check`` is registered through the ``torch_dynamo_backends`` entry point
+(``pyproject.toml``), so torch finds it without an import.
+:func:`checking_backend` builds one with other settings::
 
     torch.compile(fn, backend=compile_passes.checking_backend(inner="aot_eager", on_finding="raise"))
 """
@@ -43,7 +40,7 @@ from .context import context_findings, subclass_levels
 from .findings import Finding, OpaqueCheckError, emit
 from .guards import graph_input_name, lint_sharing, sharing_report
 from .inputs import InputReport
-from .reads import BakedRead, ReadWatcher, lint_reads, traced_reads
+from .reads import BakedRead, ReadWatcher, lint_reads, traced_reads, unobserved_reads
 
 __all__ = ["GraphCheck", "check_graph", "checking_backend", "graph_inputs", "opaque_check"]
 
@@ -90,20 +87,17 @@ class GraphCheck:
     inputs
         Its flat inputs (tensors, opaques, symbolic sizes), with paths and sharing.
     contexts
-        ``(path, subclass, context)`` for each subclass input (nested ones too):
-        the flatten contexts torch guards on with ``==``.
+        ``(path, subclass, context)`` for each (nested) subclass input: the contexts torch guards with ``==``.
     baked
         The non-tensor objects the graph uses without taking them as inputs.
     findings
         Every finding of the lints for this graph.
     reads
-        The members of opaques evaluated on the real object while the graph
-        was traced (:class:`~compile_passes.reads.BakedRead`): by Dynamo, and,
-        when the backend watched its inner compilation, below Dynamo.
+        Opaque members evaluated on the real object while tracing
+        (:class:`~compile_passes.reads.BakedRead`): by Dynamo and, when watched, below Dynamo.
     groups
-        The collectives on a process group named by a constant
-        (:class:`~compile_passes.collectives.BakedGroup`): in Dynamo's graph,
-        and, when watched, issued below Dynamo.
+        Collectives on a process group named by a constant
+        (:class:`~compile_passes.collectives.BakedGroup`): in Dynamo's graph and, when watched, below it.
     """
 
     index: int
@@ -126,6 +120,7 @@ def check_graph(gm: torch.fx.GraphModule, index: int = 0) -> GraphCheck:
     reads = tuple(traced_reads(named))
     findings = [*context_findings(levels), *baked_findings(baked, f"graph {index}")]
     findings.extend(lint_reads(reads, f"graph {index}"))
+    findings.extend(unobserved_reads(named, f"graph {index}"))
     groups = tuple(baked_groups(gm))
     findings.extend(group_findings(groups, f"graph {index}"))
     try:
@@ -152,24 +147,20 @@ def checking_backend(
     Parameters
     ----------
     inner
-        The backend that compiles: a name torch knows (``"inductor"``,
-        ``"aot_eager"``, ...) or a backend callable.
+        The compiling backend: a name torch knows (``"inductor"``, ``"aot_eager"``, ...) or a callable.
     on_finding
-        ``"warn"``: log every finding and warn (:class:`OpaqueCheckWarning`) for
-        errors and warnings; ``"log"``: log only; ``"raise"``: stop compiling
-        with :class:`OpaqueCheckError` at the first error or warning;
-        ``"record"``: report nothing (``on_check`` receives the findings).
+        ``"warn"``: log every finding and warn (:class:`OpaqueCheckWarning`) for errors and
+        warnings; ``"log"``: log only; ``"raise"``: stop with :class:`OpaqueCheckError` at the first
+        error or warning; ``"record"``: report nothing (``on_check`` receives the findings).
     on_check
         Called with each graph's :class:`GraphCheck` (``compile_passes.explain`` records them).
     watch_reads
-        Also watch the inner backend's compilation for members of the graph's
-        opaques read on the real object below Dynamo (a subclass's
-        ``__torch_dispatch__``, a custom op's fake implementation: OSC004),
-        with a ``sys.setprofile`` hook on this thread; it makes an
-        ``aot_eager`` compilation 1.7 to 1.8 times as long, so it is off by
-        default (``explain`` turns it on). The findings of the graph are still
-        reported before the inner compilation; those of the reads it saw,
-        after it, also when it fails. ``on_check`` receives them all, after it.
+        Also watch the inner compilation, with a ``sys.setprofile`` hook on this thread, for the
+        graph's opaque members read on the real object below Dynamo (a ``__torch_dispatch__``, a
+        custom op's fake implementation: OSC004). It makes an ``aot_eager`` compilation 1.7 to 1.8
+        times as long, so it is off by default (``explain`` turns it on). The graph's findings
+        still come before the inner compilation; those of the reads after it, also when it fails.
+        ``on_check`` receives them all, after it.
     """
     if on_finding not in _ON_FINDING:
         raise ValueError(

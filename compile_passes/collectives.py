@@ -2,26 +2,24 @@
 
 torch's functional collectives (``torch.distributed._functional_collectives``,
 and what ``dist.all_reduce`` and DTensor become under ``torch.compile``) are
-recorded as ``torch.ops._c10d_functional.<op>(..., group_name)``: the group is
-named by a string the graph holds, such as ``'1'``. Such a graph is the program
-of one group. A call with another group recompiles (Dynamo guards the name),
-and ranks in different groups compile different graphs, so their compile
-caches (FX graph, AOTAutograd) never share an entry: at thousands of ranks,
-every rank compiles for itself. A collective written as a custom op that takes
-the group (or its mesh) as an opaque input has no such constant
-(docs/distributed.md, "Recipe: your own collective, as a custom op that takes
-the opaque").
+recorded as ``torch.ops._c10d_functional.<op>(..., group_name)``, the group
+named by a string the graph holds (``'1'``): the graph is one group's program.
+Another group recompiles (Dynamo guards the name), and ranks in different
+groups compile different graphs whose compile caches (FX graph, AOTAutograd)
+never share an entry: at thousands of ranks, every rank compiles for itself. A
+collective written as a custom op taking the group (or its mesh) as an opaque
+input has no such constant (docs/distributed.md, "Recipe: your own collective,
+as a custom op that takes the opaque").
 
-Such a collective can also be issued below Dynamo, while AOTAutograd traces
-the graph: DTensor's redistributions (``x.redistribute(...)``,
-``x.full_tensor()``; since torch 2.12 Dynamo's graph holds only the DTensor
-ops), or a subclass's ``__torch_dispatch__`` calling a functional collective.
-:func:`collective_below`, called by the checking backend's watcher
-(:class:`compile_passes.reads.ReadWatcher`) for each call of an op packet
-(``torch.ops._c10d_functional.all_reduce(...)``, what the functional
-collectives call) while the inner backend compiles, records those; the replay
-of a collective Dynamo's graph already holds (from ``torch.fx``'s interpreter)
-is not one of them.
+Such collectives are also issued below Dynamo, while AOTAutograd traces:
+DTensor's redistributions (``x.redistribute(...)``, ``x.full_tensor()``; since
+torch 2.12 Dynamo's graph holds only the DTensor ops), or a subclass's
+``__torch_dispatch__`` calling a functional collective. The checking backend's
+watcher (:class:`compile_passes.reads.ReadWatcher`) calls
+:func:`collective_below` for each op packet call
+(``torch.ops._c10d_functional.all_reduce(...)``) while the inner backend
+compiles, which records them, leaving out ``torch.fx``'s replay of a
+collective Dynamo's graph already holds.
 """
 
 from __future__ import annotations
@@ -74,38 +72,30 @@ class BakedGroup:
     group_name
         The group's name as the graph holds it.
     ranks
-        The group's global ranks in this process, when the name resolves to a
-        group here; ``None`` otherwise.
-    origin
-        The user code line the collective was traced from (or the node's name).
+        The group's global ranks, when the name resolves to a group in this process; else ``None``.
+    origin, code
+        The user code line the collective was traced from (or the node's name), and its source
+        (``""`` without a stack trace).
     reduce_op
         For an all-reduce, its reduction (``"sum"``, ``"max"``, ...); else ``None``.
-    code
-        The source line of ``origin`` (``""`` when the node has no stack trace).
     stage
-        ``"dynamo"``: a node of Dynamo's graph; ``"below dynamo"``: issued
-        while AOTAutograd traced it (``node`` is then the op's name).
+        ``"dynamo"``: a node of Dynamo's graph; ``"below dynamo"``: issued while AOTAutograd
+        traced it (``node`` is then the op's name).
     issuer
-        For ``"below dynamo"``: the module whose code called the functional
-        collective (``torch.distributed.tensor._redistribute`` for DTensor);
-        else ``None``.
+        For ``"below dynamo"``: the module that called the functional collective
+        (``torch.distributed.tensor._redistribute`` for DTensor); else ``None``.
     source
-        The input path of the opaque the group came from (``t._group``), when
-        known: a guard Dynamo holds on its name, or a read of its name below
-        Dynamo; else ``None``.
+        The input path of the opaque the group came from (``t._group``), when a guard on its name or
+        a read of its name below Dynamo tells; else ``None``.
     guard
-        What compares the group on every call (``t._group.group_name == '1'``),
-        or ``None``.
+        What compares the group on every call (``t._group.group_name == '1'``), or ``None``.
     guarded
-        ``True``: a guard compares the group's name on every call (another
-        group compiles again); ``False``: nothing does (another group runs this
-        graph on this group); ``None``: not known (the graph was linted
-        outside a compilation).
+        ``True``: a guard compares the group's name on every call (another group compiles again);
+        ``False``: nothing does (another group runs this graph on this group); ``None``: not known
+        (linted outside a compilation).
     call_site, call_code
-        Where the collective was called from the program's own code
-        (``file:line in function``) and that line: the user's line in the
-        compiled function, or, below Dynamo, the line of the code that issued
-        it (a subclass's ``__torch_dispatch__``).
+        Where the program's own code called the collective (``file:line in function``) and that
+        line: in the compiled function, or below Dynamo the issuing code (a ``__torch_dispatch__``).
     """
 
     node: str
@@ -125,9 +115,7 @@ class BakedGroup:
 
     @property
     def site(self) -> str:
-        """What one finding stands for: the op at the line that calls it (the
-        same line compiled for several groups, or in several graphs, is one
-        finding)."""
+        """What one finding stands for: the op at the line calling it (compiled for several groups or graphs)."""
         return f"{self.op}@{self.call_site or self.origin}"
 
 
@@ -146,9 +134,8 @@ def _ranks(group_name: str) -> tuple[int, ...] | None:
 
 
 def _collective(target: object) -> tuple[str, int] | None:
-    """``(op name, position of its group_name argument)`` of a functional
-    collective (an op overload, or the overload packet Dynamo's graphs call),
-    or ``None`` for any other call target."""
+    """``(op name, position of its group_name argument)`` of a functional collective (an overload,
+    or the packet Dynamo's graphs call), or ``None`` for any other call target."""
     if isinstance(target, torch._ops.OpOverloadPacket):
         overloads = [getattr(target, name) for name in target.overloads()]  # type: ignore[no-untyped-call]
     elif isinstance(target, torch._ops.OpOverload):
@@ -165,8 +152,8 @@ def _collective(target: object) -> tuple[str, int] | None:
 
 
 def _source_value(source: Any, tx: Any) -> Any:
-    """The real object at a Dynamo ``source`` (a local, a global, attributes and
-    items of them) in the frame ``tx`` compiles; ``LookupError`` for another kind."""
+    """The real object at a Dynamo ``source`` (locals, globals, their attributes and items) in the
+    frame ``tx`` compiles; ``LookupError`` for another kind."""
     from torch._dynamo.source import GetItemSource, GlobalSource, LocalSource
 
     if isinstance(source, LocalSource):
@@ -190,11 +177,9 @@ def _source_name(source: Any) -> str:
 
 
 def dynamo_group_guards() -> dict[str, tuple[str, str]] | None:
-    """In a compilation Dynamo is running (a backend's call): for each process
-    group whose name a guard of this compilation compares,
-    ``{group name: (input path of the group, the guard as text)}``, e.g.
-    ``{'1': ('t._group', "t._group.group_name == '1'")}``; ``None`` outside a
-    compilation (nothing is known about guards)."""
+    """During a compilation Dynamo runs: ``{group name: (input path, guard text)}`` for each process
+    group whose name a guard compares, e.g. ``{'1': ('t._group', "t._group.group_name == '1'")}``;
+    ``None`` outside a compilation."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
@@ -223,9 +208,8 @@ def dynamo_group_guards() -> dict[str, tuple[str, str]] | None:
 
 
 def baked_groups(gm: torch.fx.GraphModule) -> Iterator[BakedGroup]:
-    """Every functional collective of ``gm`` whose group is a string constant;
-    called by a backend while Dynamo compiles, each says which input the group
-    came from and what guards it (:func:`dynamo_group_guards`)."""
+    """Every functional collective of ``gm`` whose group is a string constant; called by a backend
+    while Dynamo compiles, each names its group's input and guard (:func:`dynamo_group_guards`)."""
     require_module(gm, "compile_passes.baked_groups", graph=True)
     guards = dynamo_group_guards()
     for node in gm.graph.nodes:
@@ -257,11 +241,9 @@ def baked_groups(gm: torch.fx.GraphModule) -> Iterator[BakedGroup]:
 
 
 def with_reads(groups: Iterable[BakedGroup], reads: Iterable[Any]) -> tuple[list[BakedGroup], list[Any]]:
-    """``groups`` issued below Dynamo, each told where its group came from: the
-    read of ``group_name`` on an opaque input that gave its name
-    (:class:`~compile_passes.reads.BakedRead`), guarded or not; and the reads
-    that explain none of them (a read that named a collective's group is
-    reported with the collective, OSC005, not on its own)."""
+    """``groups`` issued below Dynamo, each with the read of ``group_name`` on an opaque input
+    (:class:`~compile_passes.reads.BakedRead`) that gave its name; and the reads that explain none
+    (a read naming a collective's group is reported with it, OSC005, not on its own)."""
     reads = list(reads)
     named: dict[str, Any] = {}
     for read in reads:
@@ -346,8 +328,8 @@ def _all_reduce_fix(baked: BakedGroup) -> tuple[list[str], str, str, str] | None
 
 
 def _all_gather_fix(baked: BakedGroup) -> tuple[list[str], str, str, str] | None:
-    """``funcol.all_gather_tensor(x, gather_dim, group)``: a custom op taking the
-    group and its size (read in the compiled function, where it is guarded)."""
+    """``funcol.all_gather_tensor(x, gather_dim, group)``: a custom op taking the group and its
+    size (read in the compiled function, where it is guarded)."""
     parsed = _parsed_call(baked.call_code, "all_gather_tensor")
     if parsed is None:
         return None
@@ -375,8 +357,7 @@ def _all_gather_fix(baked: BakedGroup) -> tuple[list[str], str, str, str] | None
 
 
 def _reduce_scatter_fix(baked: BakedGroup) -> tuple[list[str], str, str, str] | None:
-    """``funcol.reduce_scatter_tensor(x, "sum", scatter_dim, group)``: a custom op
-    taking the group and its size."""
+    """``funcol.reduce_scatter_tensor(x, "sum", scatter_dim, group)``: a custom op taking the group and its size."""
     parsed = _parsed_call(baked.call_code, "reduce_scatter_tensor")
     if parsed is None:
         return None
@@ -409,9 +390,8 @@ def _reduce_scatter_fix(baked: BakedGroup) -> tuple[list[str], str, str, str] | 
 
 
 def _collective_fix(baked: BakedGroup) -> str | None:
-    """For a collective the program calls on a line of its own: the custom op
-    that takes the group, and the call that replaces the user's, in the
-    user's names; ``None`` for a call this does not know how to rewrite."""
+    """For a collective called on a line of its own: the custom op taking the group and the call
+    replacing the user's, in the user's names; ``None`` when it cannot be rewritten."""
     if not baked.call_code:
         return None
     for make_fix in (_all_reduce_fix, _all_gather_fix, _reduce_scatter_fix):
@@ -467,11 +447,9 @@ def _consequence(first: BakedGroup, groups: Sequence[BakedGroup]) -> str:
 
 
 def group_findings(groups: Iterable[BakedGroup], graph_name: str = "graph") -> list[Finding]:
-    """OSC005 findings for already listed :class:`BakedGroup` s (of Dynamo's
-    graphs, or recorded below Dynamo by the watcher): one per collective call
-    of the program (:attr:`BakedGroup.site`), naming every group it was
-    compiled for; ``error`` when nothing guards a group that came from an
-    input (another group silently runs on this one)."""
+    """OSC005 findings for listed :class:`BakedGroup` s (of Dynamo's graphs or from the watcher): one
+    per collective call of the program (:attr:`BakedGroup.site`) naming every group it was compiled
+    for; ``error`` when nothing guards a group from an input (another group silently runs on this one)."""
     by_site: dict[str, list[BakedGroup]] = {}
     for baked in groups:
         by_site.setdefault(baked.site, []).append(baked)
@@ -533,9 +511,8 @@ _FUNCOL = os.path.join(_TORCH_DIR, "distributed", "_functional_collectives")
 
 
 def collective_below(frame: types.FrameType) -> BakedGroup | None:
-    """For ``frame``, a running ``OpOverloadPacket.__call__``: the functional
-    collective it issues on a group named by a string, when its caller is not
-    ``torch.fx`` replaying Dynamo's graph (or re-dispatching an op), else ``None``."""
+    """For ``frame``, a running ``OpOverloadPacket.__call__``: the functional collective it issues on
+    a group named by a string, unless ``torch.fx`` replays Dynamo's graph or re-dispatches; else ``None``."""
     packet = frame.f_locals.get("self")
     if not isinstance(packet, torch._ops.OpOverloadPacket) or packet._qualified_op_name.split("::")[0] not in (
         _NAMESPACES

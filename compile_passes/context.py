@@ -2,34 +2,34 @@
 
 Note [Why a mesh in the context is stale]
 -----------------------------------------
-torch.compile treats the context that ``__tensor_flatten__`` returns as a
-constant of the graph: Dynamo guards on it with ``==`` and AOTAutograd bakes it
-into the code that rebuilds the subclass outputs. An object whose meaning is its
-*identity* (a ``DeviceMesh`` and its process groups, a registered reference
-opaque, any object without ``__eq__``) breaks both:
+torch.compile treats the context ``__tensor_flatten__`` returns as a graph
+constant: Dynamo guards it with ``==`` and AOTAutograd bakes it into the code
+rebuilding subclass outputs. An object meaning its *identity* (a ``DeviceMesh``
+and its process groups, a registered reference opaque, any object without
+``__eq__``) breaks both:
 
 * with a value ``__eq__`` (``DeviceMesh`` compares shape and ranks, not process
-  groups; a spec dataclass comparing its other fields), a later call whose
-  object is equal but different passes the guard and runs with the *old*
-  object: outputs carry the mesh of the first call;
-* compared by identity, the guard (a deep copy compared with ``==``) could
-  never pass: the library refuses the input where Dynamo meets it
+  groups; a spec dataclass comparing its other fields), a later call with an
+  equal but different object passes the guard and runs with the *old* one:
+  outputs carry the first call's mesh;
+* compared by identity, the guard (a deep copy compared with ``==``) never
+  passes: the library refuses the input where Dynamo meets it
   (:func:`opaque_subclass.core.flatten.check_guardable_context`); stock torch
   stops after tracing with ``AssertionError: Guard failed on the same frame it
   was created``.
 
-The fix is to list the object among the flattened attributes, where it is a
-graph input and guarded by identity (an opaque attribute). This module finds
-such objects at any depth: in the context itself, inside containers and
-objects in it (DTensor 2.11's ``DTensorSpec`` and PhysicsNeMo's ShardTensor
-spec hold the mesh), and in nested subclasses. It looks into a context with
-the core's walk (:func:`opaque_subclass.core.context.walk_context`), the one the
-input check uses, so both spell an object's path alike.
+The fix lists the object among the flattened attributes, a graph input guarded
+by identity (an opaque attribute). This module finds such objects at any depth:
+in the context, inside its containers and objects (DTensor 2.11's
+``DTensorSpec`` and PhysicsNeMo's ShardTensor spec hold the mesh), and in nested
+subclasses, with the input check's walk
+(:func:`opaque_subclass.core.context.walk_context`), so both spell paths alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 
+@functools.cache
 def _distributed_types() -> tuple[tuple[type, str], ...]:
     found: list[tuple[type, str]] = []
     try:
@@ -68,22 +69,16 @@ def _distributed_types() -> tuple[tuple[type, str], ...]:
     return tuple(found)
 
 
-_DISTRIBUTED: tuple[tuple[type, str], ...] | None = None
-
-
 def reference_reason(obj: object) -> str | None:
     """Why ``obj`` means *this* object rather than a value (``None`` if it is a
     value): a registered reference opaque, a ``DeviceMesh`` / ``ProcessGroup``,
     or an object compared by identity."""
-    global _DISTRIBUTED
     if is_plain(obj):
         return None
     kind = opaque_kind(obj)
     if kind == "value":
         return None
-    if _DISTRIBUTED is None:
-        _DISTRIBUTED = _distributed_types()
-    for cls, why in _DISTRIBUTED:
+    for cls, why in _distributed_types():
         if isinstance(obj, cls):
             return why
     if kind == "reference":
@@ -97,12 +92,8 @@ def reference_reason(obj: object) -> str | None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ContextItem:
-    """A reference-like object found in a flatten context.
-
-    ``holder`` is the object whose ``==`` decides the guard on it (the
-    innermost object with its own ``__eq__`` that contains it), or ``None``
-    when it sits directly in the context or in plain containers.
-    """
+    """A reference-like object found in a flatten context; ``holder`` is the innermost object with
+    its own ``__eq__`` containing it (whose ``==`` decides the guard), or ``None`` in plain containers."""
 
     path: str
     obj: object

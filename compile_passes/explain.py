@@ -3,20 +3,19 @@
 It compiles ``fn`` through a recording backend (the lints of
 :mod:`compile_passes.backend`, then ``aot_eager``, watched for opaque members
 read below Dynamo), runs it once, and returns an :class:`Explanation`: per
-graph the flat inputs with their paths and sharing, the flatten contexts torch
-guards on, the objects baked into it, the member values read while tracing,
-and the findings. :meth:`Explanation.call` runs another call through the same
-compiled function and records the recompilations it causes, with Dynamo's
-reasons translated into opaque terms. ``str(explanation)`` is a readable report.
+graph the flat inputs with paths and sharing, the flatten contexts torch guards
+on, the baked objects, the member values read while tracing, and the findings.
+:meth:`Explanation.call` runs another call through the same compiled function
+and records its recompilations, Dynamo's reasons in opaque terms.
+``str(explanation)`` is a readable report.
 
-A compilation that fails (torch's "Guard failed on the same frame it was
-created" for an identity-compared object in a flatten context, "cannot pickle
-... ProcessGroup" for a process group in one) is recorded in
-:attr:`Explanation.errors` after the graph was linted, so the report says why.
-What torch logs about it on the way (the guard it failed to build: some 30
-lines on stderr) comes after the findings that explain it: before torch's
-first warning or error of a call, the findings known by then are logged on
-this module's logger (:class:`~compile_passes.ordering.FindingsFirst`).
+A failing compilation (torch's "Guard failed on the same frame it was created"
+for an identity-compared object in a flatten context, "cannot pickle ...
+ProcessGroup" for a process group there) is recorded in
+:attr:`Explanation.errors` after the graph was linted. Before torch's first
+warning or error of a call (the guard it failed to build: some 30 lines on
+stderr), the findings known by then are logged on this module's logger
+(:class:`~compile_passes.ordering.FindingsFirst`).
 """
 
 from __future__ import annotations
@@ -59,8 +58,7 @@ class Explanation:
     graphs
         A :class:`~compile_passes.backend.GraphCheck` per compiled graph, in order.
     recompiles
-        The recompilations seen by :meth:`call` (the first call compiles, it
-        does not recompile).
+        The recompilations seen by :meth:`call` (the first call compiles, it does not recompile).
     errors
         ``repr`` of each exception a call raised (compilation or run).
     outputs
@@ -191,11 +189,8 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Explanation:
-    """Compile ``fn``, run ``fn(*args, **kwargs)`` once and explain its opaques.
-
-    Returns an :class:`Explanation`; call :meth:`Explanation.call` with other
-    arguments to see what recompiles and why.
-    """
+    """Compile ``fn``, run ``fn(*args, **kwargs)`` once and explain its opaques in an
+    :class:`Explanation`; its :meth:`Explanation.call` shows what other arguments recompile and why."""
     explanation = Explanation(fn)
     explanation.call(*args, **kwargs)
     return explanation

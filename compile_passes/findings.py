@@ -13,6 +13,8 @@ OSC004   error    a value read from an opaque while tracing, compiled in with
                   no guard (``info`` when a guard protects it)
 OSC005   warning  a collective on a process group named by a graph constant
                   (``error`` when nothing guards the group)
+OSC006   info     a stage the lints read is not recorded on this torch: its
+                  findings may be missing
 ======== ======== ==========================================================
 """
 
@@ -35,6 +37,7 @@ CODES: dict[str, tuple[Severity, str]] = {
     "OSC003": ("info", "inputs share an opaque: identity guard"),
     "OSC004": ("error", "value read from an opaque while tracing, baked into the graph"),
     "OSC005": ("warning", "collective on a process group baked in by name"),
+    "OSC006": ("info", "a stage the lints read is not observed on this torch"),
 }
 
 _log = logging.getLogger(__name__)

@@ -24,13 +24,13 @@ import torch
 
 from opaque_subclass import (
     OpaqueAliasPattern,
-    OpaqueMeta,
-    PlainTensorMeta,
-    SymIntMeta,
-    create_subclass_meta,
+    OpaqueSlot,
+    SymIntSlot,
+    TensorSlot,
+    describe_args,
     iter_slots,
     opaque_alias_pattern,
-    unwrap_tensor_subclasses,
+    unwrap_args,
 )
 from opaque_subclass.core.errors import qualified_name
 from opaque_subclass.core.registry import opaque_type_of
@@ -118,8 +118,8 @@ def explain_flat_inputs(args: Sequence[Any], names: Sequence[str] | None = None)
             f"explain_flat_inputs: {len(names)} names for {len(args)} arguments. Fix: give one "
             "name per argument, or names=None for args[0], args[1], ..."
         )
-    metas = create_subclass_meta(args, count_symints=False)
-    flat = unwrap_tensor_subclasses(list(args), is_joint_structure=False, subclass_metas=metas)
+    metas = describe_args(args, count_symints=False)
+    flat = unwrap_args(list(args), is_joint_structure=False, subclass_metas=metas)
     pattern = opaque_alias_pattern(flat)
     groups = {s: g for g in pattern.groups for s in g}
     rows: list[FlatInput] = []
@@ -127,11 +127,11 @@ def explain_flat_inputs(args: Sequence[Any], names: Sequence[str] | None = None)
         for path, slot in iter_slots(meta, name):
             value = flat[slot.unwrapped_idx]
             kind: InputKind
-            if isinstance(slot, OpaqueMeta):
+            if isinstance(slot, OpaqueSlot):
                 kind = "opaque"
-            elif isinstance(slot, SymIntMeta):
+            elif isinstance(slot, SymIntSlot):
                 kind = "symint"
-            elif isinstance(slot, PlainTensorMeta) and isinstance(value, torch.Tensor):
+            elif isinstance(slot, TensorSlot) and isinstance(value, torch.Tensor):
                 kind = "tensor"
             else:
                 kind = "value"

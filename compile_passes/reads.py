@@ -2,46 +2,37 @@
 
 Note [Two places a member value is baked]
 -----------------------------------------
-A member of an opaque evaluated on the real object while a graph is traced
-(``size()``, ``rank()``, ``group_name``, a mesh coordinate) gives a Python value
-the graph is built from: ``x / 2`` rather than ``x / g.size()``. It happens in
-two places, and only the first can be guarded:
+A member of an opaque evaluated on the real object while tracing (``size()``,
+``rank()``, ``group_name``, a mesh coordinate) gives a Python value the graph is
+built from: ``x / 2`` rather than ``x / g.size()``. It happens in two places,
+and only the first can be guarded:
 
 * **in the compiled function, as Dynamo traces it** (``t._group.size()``): the
-  library's member fix (:mod:`opaque_subclass.fixes.members`) guards the value
-  when the opaque has a source (an input: a call where it differs compiles
-  again, one compilation per distinct value) and records every such read for
-  the compilation in progress. An opaque without a source (made inside the
-  graph) cannot be guarded: its baked value is reused by every later call that
-  passes the other guards.
-* **below Dynamo**, while AOTAutograd traces the graph: a subclass's
-  ``__torch_dispatch__``, its ``__tensor_unflatten__`` or a custom op's fake
-  implementation runs with the real opaque (``x / self._group.size()``).
-  Nothing guards such a value: a graph compiled from it serves every later
-  call, whatever that call's object says. The one exception is an opaque whose
-  type is registered with a guard (``DeviceMesh``: its ranks, layout and
-  names are compared on every call), which covers what is derived from them.
+  library's member fix (:mod:`opaque_subclass.fixes.members`) records every such
+  read and guards the value when the opaque has a source (an input: one
+  compilation per distinct value). An opaque made inside the graph has no
+  source: its baked value serves every later call that passes the other guards.
+* **below Dynamo**, while AOTAutograd traces: a subclass's
+  ``__torch_dispatch__`` or ``__tensor_unflatten__``, or a custom op's fake
+  implementation, runs with the real opaque (``x / self._group.size()``).
+  Nothing guards such a value, except for a type registered with a guard
+  (``DeviceMesh``: ranks, layout and names compared on every call).
 
-The first kind costs nothing to find (the fix records it while it guards).
-The second is found by :class:`ReadWatcher`: a ``sys.setprofile`` hook (this
-thread only) while the inner backend compiles, which sees each call of a method
-(C or Python) or property of the graph's opaque types, and each attribute read
-through torch's fake wrapper of an opaque, made from code outside torch (and
-outside the library's replacements of torch functions). It
-makes an ``aot_eager`` compilation 1.7 to 1.8 times as long (measured on the
-program of ``benchmarks/bench_opaque_check.py``, torch 2.11 and 2.15), so the
-checking backend watches only when asked (``checking_backend(...,
-watch_reads=True)``); ``explain`` asks.
-An attribute (``pg.group_name``) is seen when read through torch's fake
-wrapper of the opaque, which AOTAutograd's later passes give
-``__torch_dispatch__``; read on the real object alone it fires no profiling
-event and is not seen. Reads made by torch's own code are left out (DTensor's
-dispatch reads its mesh; funcol resolves a group's name): those are torch's,
-not the program's.
+The first kind is recorded for free by the fix. The second is found by
+:class:`ReadWatcher`, a ``sys.setprofile`` hook (this thread only) while the
+inner backend compiles, which sees each call of a method (C or Python) or
+property of the graph's opaque types, and each attribute read through torch's
+fake wrapper of an opaque, from code outside torch and the library's
+replacements of torch functions. It makes an ``aot_eager`` compilation 1.7 to
+1.8 times as long (``benchmarks/bench_opaque_check.py``, torch 2.11 and 2.15),
+so the checking backend watches only with ``watch_reads=True``; ``explain``
+asks. An attribute (``pg.group_name``) read on the real object fires no
+profiling event and is seen only through the fake wrapper, which AOTAutograd's
+later passes give ``__torch_dispatch__``. Reads by torch's own code (DTensor's
+dispatch reads its mesh; funcol resolves a group's name) are left out.
 
 Each finding's fix is code with the program's names: a custom op that takes the
-opaque and reads the member when the graph runs (on that call's object), and
-the expression to replace with it.
+opaque and reads the member when the graph runs, and the expression it replaces.
 """
 
 from __future__ import annotations
@@ -63,9 +54,10 @@ import torch
 
 import opaque_subclass
 from opaque_subclass.core.errors import qualified_name
+from opaque_subclass.core.recorder import RECORDER
 from opaque_subclass.core.registry import opaque_kind, real_object
 from opaque_subclass.core.walk import Attr, Level, is_wrapper_subclass, walk
-from opaque_subclass.fixes.members import MemberRead, member_guard_text, take_member_reads
+from opaque_subclass.fixes.members import MemberRead, member_guard_text
 
 from .collectives import BakedGroup, collective_below, packet_call_code
 from .findings import Finding, make
@@ -90,22 +82,17 @@ class BakedRead:
     Attributes
     ----------
     stage
-        ``"dynamo"`` (in the compiled function, as Dynamo traced it) or
-        ``"below dynamo"`` (while AOTAutograd traced the graph: a subclass's
-        ``__torch_dispatch__``, a custom op's fake implementation).
-    owner
-        The opaque's class.
-    member
-        The member's name.
+        ``"dynamo"`` (in the compiled function) or ``"below dynamo"`` (while AOTAutograd traced the
+        graph: a subclass's ``__torch_dispatch__``, a custom op's fake implementation).
+    owner, member
+        The opaque's class and the member's name.
     call
         Whether it is called (a method) or read (an attribute).
     args
         The call's arguments as written in a guard (``"0, dim=1"``), ``""`` for none.
-    value
-        The value compiled in, when ``known``.
-    known
-        Whether ``value`` is known (a read below Dynamo is re-evaluated only for
-        a member declared ``USE_REAL`` and called without arguments).
+    value, known
+        The value compiled in, and whether it is known (below Dynamo only for a ``USE_REAL`` member
+        called without arguments, which is re-evaluated).
     path
         The opaque's input path (``t._group``), ``None`` when it is not an input.
     receiver
@@ -114,11 +101,9 @@ class BakedRead:
         Qualified name of the subclass input holding the opaque, or ``None``.
     file, line, function, code
         Where the member is used: the innermost frame outside torch.
-    guarded
-        Whether a guard compares the value on every call.
-    guard
-        What guards it (``t._group.size() == 4``, ``DeviceMesh's registered
-        guard``), or ``None``.
+    guarded, guard
+        Whether a guard compares the value on every call, and what guards it
+        (``t._group.size() == 4``, ``DeviceMesh's registered guard``), or ``None``.
     """
 
     stage: Stage
@@ -216,7 +201,9 @@ def traced_reads(named: Sequence[tuple[str, Any]], records: Iterable[MemberRead]
     the library's member fix; by default those of the compilation in progress,
     taken from the record), as :class:`BakedRead` s. Reads made by torch's own
     code (their innermost traced frame is in torch) are left out."""
-    records = take_member_reads() if records is None else list(records)
+    if records is None:
+        context = RECORDER.compilation()
+        records = [] if context is None else RECORDER.take("member_reads", context)
     if not records:
         return []
     owners = {path: owner for path, _, owner in _opaque_inputs(named)}
@@ -262,6 +249,26 @@ def traced_reads(named: Sequence[tuple[str, Any]], records: Iterable[MemberRead]
 
 
 _NAME = r"[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*|\[[^\[\]()]*\])*"
+
+
+def unobserved_reads(named: Sequence[tuple[str, Any]], graph_name: str = "graph") -> list[Finding]:
+    """OSC006 when the graph takes an opaque and the member reads Dynamo makes
+    are not recorded on this torch (no fix row records them): OSC004 would find
+    nothing there whether or not the graph bakes a value, and says so."""
+    reason = RECORDER.unobserved("member_reads")
+    first = next(iter(_opaque_inputs(named)), None)
+    if reason is None or first is None:
+        return []
+    path, _, owner = first
+    message = (
+        f"{graph_name} takes opaques ({path}, ...), but {reason}: values compiled code read from them "
+        "while Dynamo traced (lint OSC004) cannot be seen here."
+    )
+    fix = (
+        "run the check on a torch release the library supports in full (python -m opaque_subclass lists the fixes "
+        "on), with opaque_subclass enabled (opaque_subclass.enable())"
+    )
+    return [make("OSC006", owner, path, message, fix, site="member_reads")]
 
 
 def _receivers(code: str, member: str) -> list[str]:

@@ -783,7 +783,7 @@ FLATTEN_NAMES = Group(
     """`__tensor_flatten__` must return a pair `(attribute_names, context)`: a list (or tuple) of
     distinct attribute names, whose order fixes the flat slots, and any hashable context. The
     library calls it in one place (`opaque_subclass.core.walk.read_level`) and checks the result
-    there, for `flatten_subclass`, `create_subclass_meta`, the run-time unwrap without metas, the
+    there, for `flatten_subclass`, `describe_args`, the run-time unwrap without metas, the
     parametrization, and under torch.compile and non-strict torch.export.""",
     "",
     (
@@ -1036,7 +1036,7 @@ UNFLATTEN = Group(
             "an object of another type",
             """`__tensor_unflatten__` returned something other than an instance of its class (the
             inner tensor, a parent class, `None`). Checked wherever the library rebuilds a
-            subclass: `unflatten_subclass`, `wrap_tensor_subclasses`, the parametrization, and when
+            subclass: `unflatten_subclass`, `wrap_args`, the parametrization, and when
             torch.compile or torch.export first meets the input.""",
             """
             class ReturnsInner(MeshTensor):
@@ -1099,10 +1099,10 @@ UNFLATTEN = Group(
 
 FLATTEN_API = Group(
     "flatten-api",
-    "Calling `flatten_subclass`, `unflatten_subclass` and `create_subclass_meta`",
+    "Calling `flatten_subclass`, `unflatten_subclass` and `describe_args`",
     "`unflatten_subclass` checks the leaf count and every leaf against its slot before rebuilding.",
     """
-    leaves, spec = osc.flatten_subclass(x)  # [tensor, Mesh('dp')], a SubclassCreationMeta
+    leaves, spec = osc.flatten_subclass(x)  # [tensor, Mesh('dp')], a SubclassLayout
     """,
     (
         _e(
@@ -1111,7 +1111,7 @@ FLATTEN_API = Group(
             "`flatten_subclass` of something that is not a tensor",
             "`flatten_subclass` takes one tensor (a subclass instance, or a plain tensor).",
             "osc.flatten_subclass(Mesh())",
-            "Pass the subclass instance; for a list of arguments use `create_subclass_meta`.",
+            "Pass the subclass instance; for a list of arguments use `describe_args`.",
             fixed="""
                 osc.flatten_subclass(x)
             """,
@@ -1120,7 +1120,7 @@ FLATTEN_API = Group(
             "unflatten-not-a-spec",
             "OpaqueTypeError",
             "`unflatten_subclass` without a spec",
-            "The second argument is not a spec returned by `flatten_subclass` (nor a meta from `create_subclass_meta`).",
+            "The second argument is not a spec returned by `flatten_subclass` (nor a meta from `describe_args`).",
             'osc.unflatten_subclass(leaves, "MeshTensor")',
             "Pass the second value `flatten_subclass` returned.",
             fixed="""
@@ -1172,9 +1172,9 @@ FLATTEN_API = Group(
                 pass
 
 
-            pipe_spec = osc.SubclassCreationMeta(
+            pipe_spec = osc.SubclassLayout(
                 flat_tensor_start_idx=0,
-                attrs={"_data": osc.PlainTensorMeta(0, "_data"), "_mesh": osc.OpaqueMeta(1, "_mesh", Pipe)},
+                attrs={"_data": osc.TensorSlot(0, "_data"), "_mesh": osc.OpaqueSlot(1, "_mesh", Pipe)},
                 meta="t",
                 outer_size=(2,),
                 outer_stride=(1,),
@@ -1191,12 +1191,12 @@ FLATTEN_API = Group(
         _e(
             "create-meta-not-a-list",
             "OpaqueTypeError",
-            "`create_subclass_meta` of a single tensor",
-            "`create_subclass_meta` takes a list or tuple of arguments.",
-            "osc.create_subclass_meta(x)",
-            "Wrap a single argument in a list: `create_subclass_meta([x])`.",
+            "`describe_args` of a single tensor",
+            "`describe_args` takes a list or tuple of arguments.",
+            "osc.describe_args(x)",
+            "Wrap a single argument in a list: `describe_args([x])`.",
             fixed="""
-                osc.create_subclass_meta([x])
+                osc.describe_args([x])
             """,
         ),
     ),
@@ -1204,13 +1204,13 @@ FLATTEN_API = Group(
 
 METAS = Group(
     "metas",
-    "Building metas by hand: `SubclassCreationMeta`",
-    """`SubclassCreationMeta` checks its fields when it is constructed, and its `attrs` cannot be
+    "Building metas by hand: `SubclassLayout`",
+    """`SubclassLayout` checks its fields when it is constructed, and its `attrs` cannot be
     changed afterwards (all metas are frozen dataclasses: assigning a field raises
     `dataclasses.FrozenInstanceError`, an `AttributeError`, from the standard library).""",
     """
     def scm(attrs, subclass_type=MeshTensor):
-        return osc.SubclassCreationMeta(
+        return osc.SubclassLayout(
             flat_tensor_start_idx=0,
             attrs=attrs,
             meta="t",
@@ -1225,22 +1225,22 @@ METAS = Group(
             "OpaqueTypeError",
             "`subclass_type` is not a tensor subclass",
             "`subclass_type` is not a class derived from `torch.Tensor`.",
-            'scm({"_data": osc.PlainTensorMeta(0, "_data")}, subclass_type=Mesh)',
+            'scm({"_data": osc.TensorSlot(0, "_data")}, subclass_type=Mesh)',
             "Pass the wrapper subclass (`MeshTensor`), not the class of one of its attributes.",
             fixed="""
                 {fix}
-                scm({"_data": osc.PlainTensorMeta(0, "_data"), "_mesh": osc.OpaqueMeta(1, "_mesh", Mesh)}, subclass_type=type(x))
+                scm({"_data": osc.TensorSlot(0, "_data"), "_mesh": osc.OpaqueSlot(1, "_mesh", Mesh)}, subclass_type=type(x))
             """,
         ),
         _e(
             "meta-attrs-value",
             "OpaqueTypeError",
             "an `attrs` value that is not a meta",
-            "A value of `attrs` is not a `PlainTensorMeta`, `OpaqueMeta` or `SubclassCreationMeta`.",
+            "A value of `attrs` is not a `TensorSlot`, `OpaqueSlot` or `SubclassLayout`.",
             'scm({"_data": 0})',
-            'Describe each attribute with a meta: `{"_data": osc.PlainTensorMeta(0, "_data")}`.',
+            'Describe each attribute with a meta: `{"_data": osc.TensorSlot(0, "_data")}`.',
             fixed="""
-                from opaque_subclass import PlainTensorMeta
+                from opaque_subclass import TensorSlot
 
                 scm({"_data": {fix}})
             """,
@@ -1250,10 +1250,10 @@ METAS = Group(
             "OpaqueValueError",
             "an `attrs` key that differs from its meta's `attr`",
             "The key of an `attrs` entry and the `attr` field of its meta name different attributes.",
-            'scm({"_data": osc.PlainTensorMeta(0, "data")})',
-            'Use one name for both: `{"_data": osc.PlainTensorMeta(0, "_data")}`.',
+            'scm({"_data": osc.TensorSlot(0, "data")})',
+            'Use one name for both: `{"_data": osc.TensorSlot(0, "_data")}`.',
             fixed="""
-                slot = osc.PlainTensorMeta(0, "data")
+                slot = osc.TensorSlot(0, "data")
                 {fix}
                 scm({"_data": slot})
             """,
@@ -1263,22 +1263,22 @@ METAS = Group(
             "OpaqueValueError",
             "slots that are not contiguous",
             "The attributes' flat slots do not follow each other from `flat_tensor_start_idx`, in order.",
-            'scm({"_data": osc.PlainTensorMeta(0, "_data"), "_mesh": osc.OpaqueMeta(2, "_mesh", Mesh)})',
+            'scm({"_data": osc.TensorSlot(0, "_data"), "_mesh": osc.OpaqueSlot(2, "_mesh", Mesh)})',
             "Number the slots 0, 1, 2, ... in the order of `attrs` (a nested meta takes `arg_count` slots).",
             fixed="""
-                scm({"_data": osc.PlainTensorMeta(0, "_data"), "_mesh": osc.OpaqueMeta(1, "_mesh", Mesh)})
+                scm({"_data": osc.TensorSlot(0, "_data"), "_mesh": osc.OpaqueSlot(1, "_mesh", Mesh)})
             """,
         ),
         _e(
             "meta-attrs-read-only",
             "OpaqueTypeError",
             "changing `attrs`",
-            "`SubclassCreationMeta.attrs` is a read-only mapping.",
-            'spec.attrs["_extra"] = osc.PlainTensorMeta(2, "_extra")',
-            "Build a new meta with the attributes you want (or `create_subclass_meta` from an instance).",
+            "`SubclassLayout.attrs` is a read-only mapping.",
+            'spec.attrs["_extra"] = osc.TensorSlot(2, "_extra")',
+            "Build a new meta with the attributes you want (or `describe_args` from an instance).",
             fixed="""
                 meta = spec
-                name, slot_meta = "_extra", osc.PlainTensorMeta(2, "_extra")
+                name, slot_meta = "_extra", osc.TensorSlot(2, "_extra")
                 {fix}
             """,
         ),
@@ -1288,23 +1288,23 @@ METAS = Group(
 RUNTIME = Group(
     "runtime",
     "Run-time wrap and unwrap",
-    """`unwrap_tensor_subclasses` turns subclass arguments into the flat list a graph sees, and
-    `wrap_tensor_subclasses` rebuilds them; given metas, both run generated straight-line code
+    """`unwrap_args` turns subclass arguments into the flat list a graph sees, and
+    `wrap_args` rebuilds them; given metas, both run generated straight-line code
     that checks each tensor slot.""",
     """
-    metas = osc.create_subclass_meta([x])
-    flat = osc.unwrap_tensor_subclasses([x], is_joint_structure=False, subclass_metas=metas)
+    metas = osc.describe_args([x])
+    flat = osc.unwrap_args([x], is_joint_structure=False, subclass_metas=metas)
     """,
     (
         _e(
             "unwrap-not-a-list",
             "OpaqueTypeError",
             "arguments that are not a list",
-            "`unwrap_tensor_subclasses` got a single argument instead of a list or tuple of them.",
-            "osc.unwrap_tensor_subclasses(x, is_joint_structure=False)",
+            "`unwrap_args` got a single argument instead of a list or tuple of them.",
+            "osc.unwrap_args(x, is_joint_structure=False)",
             "Pass `[x]`, or `is_joint_structure=True` with a `(primals, tangents)` pair.",
             fixed="""
-                osc.unwrap_tensor_subclasses([x], is_joint_structure=False)
+                osc.unwrap_args([x], is_joint_structure=False)
             """,
         ),
         _e(
@@ -1312,11 +1312,11 @@ RUNTIME = Group(
             "OpaqueTypeError",
             "a joint structure that is not a pair",
             """With `is_joint_structure=True` the arguments (and the metas) must be a pair
-            `(primals, tangents)` of lists; the same for `wrap_tensor_subclasses_maybe_joint`.""",
-            "osc.unwrap_tensor_subclasses([x], is_joint_structure=True)",
+            `(primals, tangents)` of lists; the same for `wrap_args_maybe_joint`.""",
+            "osc.unwrap_args([x], is_joint_structure=True)",
             "Pass `([primals...], [tangents...])`, or `is_joint_structure=False` for a flat list.",
             fixed="""
-                osc.unwrap_tensor_subclasses(([x], []), is_joint_structure=True)
+                osc.unwrap_args(([x], []), is_joint_structure=True)
             """,
         ),
         _e(
@@ -1324,12 +1324,12 @@ RUNTIME = Group(
             "OpaqueSubclassError",
             "metas for other arguments",
             "The number of metas differs from the number of arguments.",
-            "osc.unwrap_tensor_subclasses([x, x], is_joint_structure=False, subclass_metas=metas)",
-            "Pass the metas made for exactly these arguments: `create_subclass_meta(args)`.",
+            "osc.unwrap_args([x, x], is_joint_structure=False, subclass_metas=metas)",
+            "Pass the metas made for exactly these arguments: `describe_args(args)`.",
             fixed="""
                 args = [x, x]
                 {fix}
-                osc.unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
+                osc.unwrap_args(args, is_joint_structure=False, subclass_metas=metas)
             """,
         ),
         _e(
@@ -1337,12 +1337,12 @@ RUNTIME = Group(
             "OpaqueTypeError",
             "an argument of another type than its meta",
             "An argument is not of the subclass its meta was made from.",
-            "osc.unwrap_tensor_subclasses([torch.ones(2)], is_joint_structure=False, subclass_metas=metas)",
+            "osc.unwrap_args([torch.ones(2)], is_joint_structure=False, subclass_metas=metas)",
             "Re-create the metas for the new argument types (torch.compile recompiles on a type change).",
             fixed="""
                 args = [torch.ones(2)]
-                metas = osc.create_subclass_meta(args)
-                osc.unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
+                metas = osc.describe_args(args)
+                osc.unwrap_args(args, is_joint_structure=False, subclass_metas=metas)
             """,
         ),
         _e(
@@ -1354,12 +1354,12 @@ RUNTIME = Group(
             """
             y = MeshTensor(torch.ones(2), Mesh())
             y._data = None
-            osc.unwrap_tensor_subclasses([y], is_joint_structure=False, subclass_metas=metas)
+            osc.unwrap_args([y], is_joint_structure=False, subclass_metas=metas)
             """,
             "Give the attribute a tensor, or re-create the metas from arguments of the new structure.",
             fixed="""
                 y = MeshTensor(torch.ones(2), Mesh())
-                osc.unwrap_tensor_subclasses([y], is_joint_structure=False, subclass_metas=metas)
+                osc.unwrap_args([y], is_joint_structure=False, subclass_metas=metas)
             """,
         ),
         _e(
@@ -1368,13 +1368,13 @@ RUNTIME = Group(
             "a flat list of another length than the metas",
             """The flat list has more or fewer values than the metas describe (with
             `num_fw_outs_saved_for_bw`, plus that many saved activations).""",
-            "osc.wrap_tensor_subclasses([*flat, torch.ones(1)], subclass_metas=metas, is_runtime=True)",
+            "osc.wrap_args([*flat, torch.ones(1)], subclass_metas=metas, is_runtime=True)",
             """Wrap the flat list made from the same subclass structure as the metas; re-create the
-            metas (`create_subclass_meta`) if `__tensor_flatten__` changed.""",
+            metas (`describe_args`) if `__tensor_flatten__` changed.""",
             fixed="""
                 args = [x]
                 {fix}
-                osc.wrap_tensor_subclasses(flat, subclass_metas=metas, is_runtime=True)
+                osc.wrap_args(flat, subclass_metas=metas, is_runtime=True)
             """,
         ),
         _e(
@@ -1382,22 +1382,22 @@ RUNTIME = Group(
             "OpaqueTypeError",
             "a non-tensor in a tensor slot of the flat list",
             "A value of the flat list in a slot that rebuilds a tensor attribute is not a tensor.",
-            "osc.wrap_tensor_subclasses([None, flat[1]], subclass_metas=metas, is_runtime=True)",
-            "Pass the flat values in the order `unwrap_tensor_subclasses` returns them.",
+            "osc.wrap_args([None, flat[1]], subclass_metas=metas, is_runtime=True)",
+            "Pass the flat values in the order `unwrap_args` returns them.",
             fixed="""
-                osc.wrap_tensor_subclasses(flat, subclass_metas=metas, is_runtime=True)
+                osc.wrap_args(flat, subclass_metas=metas, is_runtime=True)
             """,
         ),
         _e(
             "wrap-joint-no-tangent-metas",
             "OpaqueValueError",
             "a joint wrap without tangent metas",
-            "`wrap_tensor_subclasses_maybe_joint(..., is_joint_structure=True)` was not given `tangent_metas`.",
-            "osc.wrap_tensor_subclasses_maybe_joint((flat, flat), is_joint_structure=True, inp_metas=metas)",
-            "Pass `tangent_metas=create_subclass_meta(tangents)`.",
+            "`wrap_args_maybe_joint(..., is_joint_structure=True)` was not given `tangent_metas`.",
+            "osc.wrap_args_maybe_joint((flat, flat), is_joint_structure=True, inp_metas=metas)",
+            "Pass `tangent_metas=describe_args(tangents)`.",
             fixed="""
-                osc.wrap_tensor_subclasses_maybe_joint(
-                    (flat, flat), is_joint_structure=True, inp_metas=metas, tangent_metas=osc.create_subclass_meta([x])
+                osc.wrap_args_maybe_joint(
+                    (flat, flat), is_joint_structure=True, inp_metas=metas, tangent_metas=osc.describe_args([x])
                 )
             """,
         ),
@@ -1406,12 +1406,12 @@ RUNTIME = Group(
 
 TANGENTS = Group(
     "tangents",
-    "Tangents: `process_runtime_tangent`",
-    """`process_runtime_tangent(tangent, meta)` brings a gradient given at run time to the type,
+    "Tangents: `unwrap_tangent`",
+    """`unwrap_tangent(tangent, meta)` brings a gradient given at run time to the type,
     context and layout of its forward output (`meta`) and returns its leaves.""",
     """
-    (out_meta,) = osc.create_subclass_meta([x])  # the forward output was x
-    (mesh_meta,) = osc.create_subclass_meta([Mesh()])  # an output that was an opaque
+    (out_meta,) = osc.describe_args([x])  # the forward output was x
+    (mesh_meta,) = osc.describe_args([Mesh()])  # an output that was an opaque
     """,
     (
         _e(
@@ -1419,10 +1419,10 @@ TANGENTS = Group(
             "OpaqueTypeError",
             "a tensor for an output that was an opaque",
             "The forward output in this slot was an opaque, which has no gradient.",
-            "osc.process_runtime_tangent(torch.ones(1), mesh_meta)",
+            "osc.unwrap_tangent(torch.ones(1), mesh_meta)",
             "Pass `None` for outputs that are opaques.",
             fixed="""
-                osc.process_runtime_tangent(None, mesh_meta)
+                osc.unwrap_tangent(None, mesh_meta)
             """,
         ),
         _e(
@@ -1431,7 +1431,7 @@ TANGENTS = Group(
             "another subclass type or context, and no coercion",
             """The tangent's type or flatten context differs from the forward output's, and its class
             defines no `__coerce_same_metadata_as_tangent__`.""",
-            'osc.process_runtime_tangent(MeshTensor(torch.ones(2), Mesh(), "other"), out_meta, name="grad_out[0]")',
+            'osc.unwrap_tangent(MeshTensor(torch.ones(2), Mesh(), "other"), out_meta, name="grad_out[0]")',
             """Define `__coerce_same_metadata_as_tangent__(self, expected_metadata,
             expected_type=None)` returning a tangent of the expected type and context, or make
             backward produce one.""",
@@ -1439,7 +1439,7 @@ TANGENTS = Group(
                 MeshTensor.__coerce_same_metadata_as_tangent__ = lambda self, expected_metadata, expected_type=None: MeshTensor(
                     self._data, self._mesh, expected_metadata
                 )
-                osc.process_runtime_tangent(MeshTensor(torch.ones(2), Mesh(), "other"), out_meta, name="grad_out[0]")
+                osc.unwrap_tangent(MeshTensor(torch.ones(2), Mesh(), "other"), out_meta, name="grad_out[0]")
             """,
         ),
         _e(
@@ -1453,7 +1453,7 @@ TANGENTS = Group(
                     return self._data  # a plain tensor, not a MeshTensor
 
 
-            osc.process_runtime_tangent(Coerces(torch.ones(2), Mesh()), out_meta)
+            osc.unwrap_tangent(Coerces(torch.ones(2), Mesh()), out_meta)
             """,
             "Return a tensor of the expected type and flatten context.",
             fixed="""
@@ -1462,7 +1462,7 @@ TANGENTS = Group(
                         return MeshTensor(self._data, self._mesh, expected_metadata)
 
 
-                osc.process_runtime_tangent(Coerces(torch.ones(2), Mesh()), out_meta)
+                osc.unwrap_tangent(Coerces(torch.ones(2), Mesh()), out_meta)
             """,
         ),
         _e(
@@ -1473,11 +1473,11 @@ TANGENTS = Group(
             """
             grad = MeshTensor(torch.ones(2), Mesh())
             grad._mesh = None
-            osc.process_runtime_tangent(grad, out_meta)
+            osc.unwrap_tangent(grad, out_meta)
             """,
             "Build the tangent with the same attributes as the forward output (its opaques included).",
             fixed="""
-                osc.process_runtime_tangent(MeshTensor(torch.ones(2), Mesh()), out_meta)
+                osc.unwrap_tangent(MeshTensor(torch.ones(2), Mesh()), out_meta)
             """,
         ),
     ),
@@ -1486,7 +1486,7 @@ TANGENTS = Group(
 MODULES = Group(
     "modules",
     "Modules: storages and parameters",
-    """`untyped_storages` counts a tensor's memory; `unwrap_tensor_subclass_parameters`
+    """`untyped_storages` counts a tensor's memory; `unwrap_subclass_parameters`
     parametrizes every subclass parameter of a module over its plain leaves with
     `opaque_subclass.modules.parametrization.UnwrapSubclass`.""",
     """
@@ -1521,7 +1521,7 @@ MODULES = Group(
             never ran its `right_inverse`.""",
             "UnwrapSubclass()(torch.ones(2))",
             """Register it with `torch.nn.utils.parametrize.register_parametrization(module, name,
-            UnwrapSubclass(), unsafe=True)`, or call `osc.unwrap_tensor_subclass_parameters(module)`.""",
+            UnwrapSubclass(), unsafe=True)`, or call `osc.unwrap_subclass_parameters(module)`.""",
             fixed="""
                 module = Holder(MeshTensor(torch.ones(2), Mesh()))
                 {fix}
@@ -1534,30 +1534,30 @@ MODULES = Group(
             "`UnwrapSubclass` on a plain tensor",
             "`UnwrapSubclass` was registered on a parameter that is not a wrapper subclass.",
             "UnwrapSubclass().right_inverse(torch.ones(2))",
-            "Parametrize only subclass parameters; `unwrap_tensor_subclass_parameters` picks them.",
+            "Parametrize only subclass parameters; `unwrap_subclass_parameters` picks them.",
             fixed="""
                 module = Holder(MeshTensor(torch.ones(2), Mesh()))
-                osc.unwrap_tensor_subclass_parameters(module).w
+                osc.unwrap_subclass_parameters(module).w
             """,
         ),
         _e(
             "parametrization-deleted-leaf",
             "OpaqueSubclassError",
             "an opaque leaf deleted from a parametrization",
-            """After `unwrap_tensor_subclass_parameters` (the library's or torch's), an opaque leaf
+            """After `unwrap_subclass_parameters` (or torch's `unwrap_tensor_subclass_parameters`), an opaque leaf
             stored on `module.parametrizations.w` was deleted, and `module.w` was read (also by a
             forward, compiled or not). Raised from the library's fix of torch's
             `ParametrizationList.forward` on every release; not an `AttributeError`, which the
             property `w` would turn into `'Holder' object has no attribute 'w'`.""",
             """
-            module = osc.unwrap_tensor_subclass_parameters(Holder(MeshTensor(torch.ones(2), Mesh())))
+            module = osc.unwrap_subclass_parameters(Holder(MeshTensor(torch.ones(2), Mesh())))
             del module.parametrizations.w.original1
             module.w
             """,
             """Store the opaque again at the leaf the message names (assigning `module.w` needs every
             leaf in place: torch's `right_inverse` reads them).""",
             fixed="""
-                module = osc.unwrap_tensor_subclass_parameters(Holder(MeshTensor(torch.ones(2), Mesh())))
+                module = osc.unwrap_subclass_parameters(Holder(MeshTensor(torch.ones(2), Mesh())))
                 del module.parametrizations.w.original1
                 value = Mesh()
                 {fix}
@@ -1568,12 +1568,12 @@ MODULES = Group(
             "parametrization-export",
             "OpaqueSubclassError",
             "exporting a parametrized subclass torch cannot rebuild",
-            """`torch.export` traced a module after `unwrap_tensor_subclass_parameters`, and a subclass
+            """`torch.export` traced a module after `unwrap_subclass_parameters`, and a subclass
             it rebuilds has a constructor torch.export cannot record (its `__init__` is not marked
             with `mark_subclass_constructor_exportable_experimental`; an `OpaqueSubclass`'s is).
             Raised while exporting.""",
             """
-            holder = osc.unwrap_tensor_subclass_parameters(Holder(MeshTensor(torch.ones(2), Mesh())))
+            holder = osc.unwrap_subclass_parameters(Holder(MeshTensor(torch.ones(2), Mesh())))
             torch.export.export(holder, (torch.ones(2),), strict=False)
             """,
             """Export the subclass parameter itself (remove the parametrization, as the message
@@ -1581,7 +1581,7 @@ MODULES = Group(
             fixed="""
                 # A fresh module: torch 2.11's non-strict export leaves a buffer hook on the
                 # module of a failed export (not removed on error), which refuses buffers later.
-                module = osc.unwrap_tensor_subclass_parameters(Holder(MeshTensor(torch.ones(2), Mesh())))
+                module = osc.unwrap_subclass_parameters(Holder(MeshTensor(torch.ones(2), Mesh())))
                 {fix}
                 torch.export.export(module, (torch.ones(2),), strict=False)
             """,
@@ -1788,7 +1788,7 @@ EXPORT = Group(
             "save-local-class",
             "OpaqueSubclassError",
             "saving a construction of a class defined in a function",
-            """After `unwrap_tensor_subclass_parameters`, the exported graph constructs each subclass
+            """After `unwrap_subclass_parameters`, the exported graph constructs each subclass
             parameter, and the manifest records its class by qualified name; a class defined in a
             function cannot be imported by a loading process.""",
             """
@@ -1800,7 +1800,7 @@ EXPORT = Group(
                 return LocalWeight(torch.ones(2), mesh)
 
 
-            unwrapped = osc.unwrap_tensor_subclass_parameters(Holder(local_weight()))
+            unwrapped = osc.unwrap_subclass_parameters(Holder(local_weight()))
             osc.export.save(torch.export.export(unwrapped, (torch.ones(2),), strict=False), io.BytesIO())
             """,
             "Define the subclass at module level, so that `import` finds it.",
@@ -1809,11 +1809,11 @@ EXPORT = Group(
             "load-construction",
             "OpaqueSubclassError",
             "a saved construction run without being restored",
-            """A program exported after `unwrap_tensor_subclass_parameters` and saved by
+            """A program exported after `unwrap_subclass_parameters` and saved by
             `opaque_subclass.export.save` was loaded with `torch.export.load` and run: the library's
             stand-in for each subclass construction raises.""",
             """
-            unwrapped = osc.unwrap_tensor_subclass_parameters(Holder(Weight(torch.ones(2), mesh)))
+            unwrapped = osc.unwrap_subclass_parameters(Holder(Weight(torch.ones(2), mesh)))
             constructs = io.BytesIO()
             osc.export.save(torch.export.export(unwrapped, (torch.ones(2),), strict=False), constructs)
             torch.export.load(io.BytesIO(constructs.getvalue())).module()(torch.ones(2))
@@ -2237,9 +2237,9 @@ LEFT_OUT: tuple[tuple[str, str, str], ...] = (
 #: Raise sites not listed separately: they raise the message of an entry.
 SAME_MESSAGE = (
     "`__tensor_unflatten__` returning another type is checked by `unflatten_subclass`, the run-time "
-    "`wrap_tensor_subclasses`, the parametrization and `check_rebuild`, all with the message of "
+    "`wrap_args`, the parametrization and `check_rebuild`, all with the message of "
     "[another type](#unflatten-other-type)",
-    "`wrap_tensor_subclasses_maybe_joint` with a joint structure that is not a pair raises the "
+    "`wrap_args_maybe_joint` with a joint structure that is not a pair raises the "
     "message of [unwrap](#unwrap-joint-not-a-pair) with its own name",
     "a flat list too short for `num_fw_outs_saved_for_bw` saved activations raises the message of "
     "[a flat list of another length](#wrap-width)",
@@ -2423,7 +2423,7 @@ executed) and fails if that raises, for every fix that can run in one process. F
 a function the fix cannot import it and says `(with <Class> in scope)`; for a class of an importable
 module it starts with the import. Paths start at a name for the argument, `x` by default
 (`flatten_subclass(t, name=...)` sets it; `args[1]` is the second argument of
-`unwrap_tensor_subclasses`, with metas or without). Under `torch.compile` and `torch.export` the same checks
+`unwrap_args`, with metas or without). Under `torch.compile` and `torch.export` the same checks
 run on the same walk and give the same messages with Dynamo's name of the input as the root
 (`L['x']._mesh` instead of `x._mesh`; non-strict export says `input._mesh` where it first walks its
 inputs). Messages are wrapped at 100 columns here.

@@ -3,7 +3,7 @@
 Job 1 (:func:`export_and_save`, 2 gloo processes) shards an MLP with
 :class:`~opaque_subclass.sharded.ShardedTensor` weights, exports it and saves
 each rank's program (its shards) with ``opaque_subclass.export.save`` (with
-``payload["unwrap"]``, after ``unwrap_tensor_subclass_parameters``); the
+``payload["unwrap"]``, after ``unwrap_subclass_parameters``); the
 ``DeviceMesh`` is stored by name only. Job 2 (:func:`load_and_run`, 2 new
 processes on another port) builds its mesh on a process group of its own
 (``dist.new_group``), loads the program with that mesh and runs a forward; the
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 import opaque_subclass.export as oexport
-from opaque_subclass import unwrap_tensor_subclass_parameters
+from opaque_subclass import unwrap_subclass_parameters
 from opaque_subclass.cli.demo import MLP_PLAN
 from opaque_subclass.sharded import ShardedTensor, shard_module
 from opaque_subclass.sharded.collectives import record_collectives
@@ -50,7 +50,7 @@ def export_and_save(rank: int, world_size: int, payload: dict[str, Any]) -> dict
     mesh = init_device_mesh("cpu", (world_size,))
     model = shard_module(_model(), mesh, MLP_PLAN)
     if payload.get("unwrap"):  # the weights as plain tensors, rebuilt inside the graph
-        unwrap_tensor_subclass_parameters(model)
+        unwrap_subclass_parameters(model)
     ep = torch.export.export(model, (_input(),), strict=payload["strict"])
     manifest = oexport.save(ep, _path(payload, rank), opaques={"mesh": mesh})
     return {"names": list(manifest.names), "types": [r.type_name for r in manifest.opaques]}
@@ -63,7 +63,7 @@ def load_and_run(rank: int, world_size: int, payload: dict[str, Any]) -> dict[st
     mesh = DeviceMesh.from_group(group, "cpu")
     ep = oexport.load(_path(payload, rank), opaques={"mesh": mesh})
     # the program's meshes: inside its ShardedTensor weights, or, after
-    # unwrap_tensor_subclass_parameters, lifted constants that rebuild them
+    # unwrap_subclass_parameters, lifted constants that rebuild them
     meshes = {id(p.mesh) for p in ep.state_dict.values() if isinstance(p, ShardedTensor)}
     meshes |= {id(c) for c in ep.constants.values() if isinstance(c, DeviceMesh)}
     with record_collectives() as records:

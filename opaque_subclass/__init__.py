@@ -4,18 +4,18 @@
 
 * registry - :class:`OpaqueBase`, :func:`register_opaque`, :func:`is_opaque`,
   :func:`opaque_kind`;
-* schema - :class:`PlainTensorMeta`, :class:`OpaqueMeta`, :class:`SymIntMeta`,
-  :class:`SubclassCreationMeta`, :func:`iter_slots`, :func:`iter_subclasses`;
+* schema - :class:`TensorSlot`, :class:`OpaqueSlot`, :class:`SymIntSlot`,
+  :class:`SubclassLayout`, :func:`iter_slots`, :func:`iter_subclasses`;
 * flatten - :func:`flatten_subclass`, :func:`unflatten_subclass`,
-  :func:`create_subclass_meta`;
-* run time - :func:`unwrap_tensor_subclasses`, :func:`wrap_tensor_subclasses`,
-  :func:`wrap_tensor_subclasses_maybe_joint`, :func:`process_runtime_tangent`;
+  :func:`describe_args`;
+* run time - :func:`unwrap_args`, :func:`wrap_args`,
+  :func:`wrap_args_maybe_joint`, :func:`unwrap_tangent`;
 * guards - :func:`opaque_alias_pattern`, :class:`OpaqueAliasPattern`;
 * authoring - :class:`OpaqueSubclass`, a declarative base class;
 * adoption - :func:`adopt`, :func:`unadopt`, :func:`adoptions`, :class:`ContextOpaque`,
   :class:`Adoption`: objects of the flatten context of a class you do not own
   made opaque attributes (presets in :mod:`opaque_subclass.adoption`);
-* modules - :func:`unwrap_tensor_subclass_parameters`, :func:`is_exportable_constructor`,
+* modules - :func:`unwrap_subclass_parameters`, :func:`is_exportable_constructor`,
   :func:`untyped_storages`;
 * mode - :func:`support`, :func:`enable`, :func:`disable`;
 * :mod:`opaque_subclass.export` - ``save``/``load`` of exported programs whose
@@ -48,7 +48,7 @@ if TYPE_CHECKING or _gate.REFUSAL is None:
     from opaque_subclass.authoring.base import OpaqueAttr, OpaqueSubclass
     from opaque_subclass.core.aliasing import OpaqueAliasPattern, opaque_alias_pattern
     from opaque_subclass.core.flatten import (
-        create_subclass_meta,
+        describe_args,
         flatten_subclass,
         is_wrapper_subclass,
         unflatten_subclass,
@@ -63,20 +63,20 @@ if TYPE_CHECKING or _gate.REFUSAL is None:
         register_opaque,
     )
     from opaque_subclass.core.runtime import (
-        process_runtime_tangent,
-        unwrap_tensor_subclasses,
-        wrap_tensor_subclasses,
-        wrap_tensor_subclasses_maybe_joint,
+        unwrap_args,
+        unwrap_tangent,
+        wrap_args,
+        wrap_args_maybe_joint,
     )
     from opaque_subclass.core.spec import (
-        OpaqueMeta,
-        PlainTensorMeta,
-        SubclassCreationMeta,
-        SymIntMeta,
+        OpaqueSlot,
+        SubclassLayout,
+        SymIntSlot,
+        TensorSlot,
         iter_slots,
         iter_subclasses,
     )
-    from opaque_subclass.modules.parametrization import is_exportable_constructor, unwrap_tensor_subclass_parameters
+    from opaque_subclass.modules.parametrization import is_exportable_constructor, unwrap_subclass_parameters
     from opaque_subclass.modules.storage import untyped_storages
 
     enable()
@@ -109,19 +109,19 @@ __all__ = [
     "OpaqueBase",
     "OpaqueKind",
     "OpaqueMemberError",
-    "OpaqueMeta",
+    "OpaqueSlot",
     "OpaqueSubclass",
     "OpaqueSubclassError",
     "OpaqueTypeError",
     "OpaqueValueError",
-    "PlainTensorMeta",
-    "SubclassCreationMeta",
+    "SubclassLayout",
     "Support",
-    "SymIntMeta",
+    "SymIntSlot",
+    "TensorSlot",
     "__version__",
     "adopt",
     "adoptions",
-    "create_subclass_meta",
+    "describe_args",
     "disable",
     "enable",
     "flatten_subclass",
@@ -132,14 +132,14 @@ __all__ = [
     "iter_subclasses",
     "opaque_alias_pattern",
     "opaque_kind",
-    "process_runtime_tangent",
     "register_opaque",
     "support",
     "unadopt",
     "unflatten_subclass",
     "untyped_storages",
-    "unwrap_tensor_subclass_parameters",
-    "unwrap_tensor_subclasses",
-    "wrap_tensor_subclasses",
-    "wrap_tensor_subclasses_maybe_joint",
+    "unwrap_args",
+    "unwrap_subclass_parameters",
+    "unwrap_tangent",
+    "wrap_args",
+    "wrap_args_maybe_joint",
 ]

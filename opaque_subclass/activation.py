@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from opaque_subclass.adoption.adopt import adoptions
+from opaque_subclass.core.recorder import RECORDER
 from opaque_subclass.core.registry import opaque_kind, register_opaque
 from opaque_subclass.gate import unsupported_warning
 from opaque_subclass.mode import Mode, Support
@@ -137,6 +138,15 @@ FIXES: PatchSet | None = (
 def state() -> Activation:
     """The current :class:`Activation`."""
     return _STATE
+
+
+def _installed_factories() -> frozenset[str]:
+    """The factories of the rows on now (what the recorder's writers are named by)."""
+    on = {*_STATE.patched, *_STATE.fixes}
+    return frozenset(p.make for p in (*_ROW.patches, *_ROW.fixes) if isinstance(p.make, str) and p.target in on)
+
+
+RECORDER.follow(_installed_factories)
 
 
 @contextlib.contextmanager

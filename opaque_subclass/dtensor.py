@@ -56,8 +56,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from opaque_subclass._version import __version__
 from opaque_subclass.core.errors import OpaqueSubclassError
+from opaque_subclass.core.recorder import RECORDER
 from opaque_subclass.core.registry import real_object, register_opaque
-from opaque_subclass.fixes.below_dynamo import position_uses_of
 from opaque_subclass.sharded.collectives import note_collective
 
 __all__ = [
@@ -231,6 +231,10 @@ class MeshGroupPass(CustomGraphPass):
         rewrite_collectives(graph)
 
 
+#: The fix row that keys AOTAutograd's cache by a mesh's shape under share_compiles (torch 2.12+).
+_MESH_KEYED_CACHE = "opaque_subclass.fixes.autograd_cache:make_autograd_cache_key"
+
+
 def refuse_rank_positions(graph: torch.fx.Graph) -> None:
     """Raise :class:`ShareCompilesError` when the compilation in progress used
     where this rank sits in a mesh input (its coordinate, its local rank) while
@@ -238,8 +242,21 @@ def refuse_rank_positions(graph: torch.fx.Graph) -> None:
     a rank's chunk in a Replicate -> Shard redistribution, an uneven shard's
     size, a random op's offset), and another rank loading it would compute this
     rank's part instead of its own. Reading the coordinate only to learn whether
-    the rank is in the mesh at all (``get_coordinate() is None``) is no use."""
-    uses = position_uses_of()
+    the rank is in the mesh at all (``get_coordinate() is None``) is no use.
+
+    Where the uses are not recorded (no fix row writes them on this torch) but
+    AOTAutograd's cache would still hand the entry to other ranks, every graph
+    with a mesh input is refused: nothing could tell a safe one."""
+    context = RECORDER.compilation()
+    uses = {} if context is None else RECORDER.by_object("position_uses", context)
+    unobserved = RECORDER.unobserved("position_uses")
+    if unobserved is not None and RECORDER.installed(_MESH_KEYED_CACHE) and _mesh_inputs(graph):
+        raise ShareCompilesError(
+            f"share_compiles cannot tell whether this graph computes this rank's part: {unobserved}. "
+            "AOTAutograd's cache would serve it to every rank of the job. Fix: compile this function outside "
+            "share_compiles() on this torch, or install a torch release the library supports in full "
+            "(python -m opaque_subclass says which)."
+        )
     for node, mesh in _mesh_inputs(graph):
         used = uses.get(id(mesh))
         if used:

@@ -1,39 +1,28 @@
 """The patch machinery: fingerprinted, all-or-nothing, exactly reversible.
 
-A :class:`Patch` names one torch function (or method) by its qualified name,
-the fingerprint of the original's source, and a factory that builds the
-replacement from the original. :class:`PatchSet` applies a list of patches:
+A :class:`Patch` names a torch function (or method), the fingerprint of its
+source, and a factory building the replacement from the original.
+:class:`PatchSet` applies a list of them:
 
-* before anything is touched, every target is resolved and every fingerprint
-  checked; one mismatch refuses the whole set (nothing is patched) and the
-  mismatches are reported;
-* a function imported by name into other torch modules (``from .x import f``)
-  is replaced in every module that holds the same object, found by identity;
-* :meth:`PatchSet.disable` puts the very original objects back in every place
-  it replaced them; enabling and disabling are idempotent;
-* a target whose torch module is not imported yet is not imported for it: its
-  fingerprint is taken from the module's source file (parsed, not run), and
-  the patch is applied the moment torch imports the module (an import hook on
-  ``sys.meta_path``, removed by :meth:`PatchSet.disable`). So
-  ``import opaque_subclass`` costs no import of Dynamo, AOTAutograd, inductor
-  or export, and a set is still checked whole before anything is replaced.
-* we are never the only package patching torch: a target another package
-  replaced before the set is enabled (its value is a function of that package's
-  module) is not an unknown torch build. When that function wraps torch's
-  original (found through ``__wrapped__`` or its closure, with the recorded
-  fingerprint) and the patch's factory is marked :func:`composes`, the
-  replacement is built over the other package's function; otherwise the patch
-  is *blocked*: a set of independent fixes applies the others and names it, a
-  set that provides one feature together is refused, naming the package and the
-  function. :meth:`PatchSet.disable` restores a place only while it still holds
-  our replacement: a patch another package installed over ours afterwards stays,
-  with ours beneath it (named in :attr:`PatchSet.held`);
-* parsing those source files is most of what importing the library costs
-  (0.55 s of 0.66 s on torch 2.11), so a release row may record the digest of
-  every torch source file its checks read (:func:`record_sources`): when each
-  recorded file is unchanged (hashed, not parsed), the fingerprints read from
-  them are the ones recorded, and no file is parsed; one changed file, and
-  every source fingerprint is read the slow, exact way.
+* every target is resolved and fingerprinted first; one mismatch refuses the
+  whole set (nothing is patched);
+* a function imported by name elsewhere (``from .x import f``) is replaced in
+  every torch module holding the same object;
+* :meth:`PatchSet.disable` puts the very originals back; both are idempotent;
+* a target whose module is not imported yet is fingerprinted from its source
+  file (parsed, not run) and patched when torch imports it (a ``sys.meta_path``
+  hook), so ``import opaque_subclass`` imports no Dynamo, AOTAutograd, inductor
+  or export;
+* a target another package replaced first is built over when that function
+  wraps torch's original (``__wrapped__`` or closure, recorded fingerprint) and
+  the factory is marked :func:`composes`; otherwise it is *blocked*: a set of
+  independent fixes applies the others and names it, a one-feature set is
+  refused. :meth:`PatchSet.disable` leaves a patch installed over ours
+  afterwards in place, ours beneath it (:attr:`PatchSet.held`);
+* parsing is most of the import cost (0.55 s of 0.66 s on torch 2.11), so a
+  release row may record each read file's digest (:func:`record_sources`): all
+  files unchanged (hashed), the recorded fingerprints are used; one changed,
+  every fingerprint is parsed the exact way.
 """
 
 from __future__ import annotations
@@ -93,10 +82,8 @@ def _builtin_inherited(owner: Any, attr: str) -> bool:
 
 
 def attribute_fingerprint(owner: Any, attr: str) -> str:
-    """:func:`fingerprint` of ``owner.attr``; for an attribute a class inherits
-    from a builtin type (it has no source), a fingerprint of the class's own
-    source that says so: the patch of such an attribute is written against a
-    class that, as recorded, defines none of its own."""
+    """:func:`fingerprint` of ``owner.attr``; for one inherited from a builtin
+    type (no source), a fingerprint of the class's source saying so."""
     if _builtin_inherited(owner, attr):
         return _inherited_text(attr, textwrap.dedent(inspect.getsource(owner)))
     return fingerprint(_function(_raw(owner, attr)))
@@ -106,12 +93,10 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def composes(factory: _F) -> _F:
-    """Mark a replacement factory whose replacement calls ``original`` for
-    everything it does not change itself, copying nothing of torch's body: such
-    a replacement can be built over another package's replacement of the same
-    function when that one wraps torch's original (see :class:`PatchSet`). For
-    the calls it does change (a named error instead of torch's, another guard),
-    the other package's function is not called, as torch's would not be."""
+    """Mark a factory whose replacement calls ``original`` for all it does not
+    change, copying none of torch's body, so it can be built over another
+    package's replacement that wraps torch's original (see :class:`PatchSet`).
+    Calls it does change do not reach the other package's function."""
     factory.composes = True  # type: ignore[attr-defined]  # a marker read by Patch.composes
     return factory
 
@@ -129,8 +114,7 @@ class OtherPatch:
     package
         Its top-level package (``physicsnemo``).
     wraps_original
-        Whether it wraps torch's original: a function with the fingerprint the
-        patch was written against is its ``__wrapped__`` or in its closure.
+        Whether its ``__wrapped__`` or closure holds a function with the patch's fingerprint.
     """
 
     target: str
@@ -147,8 +131,7 @@ def _is_ours_or_torchs(module: str) -> bool:
 
 
 def _wrapped_functions(fn: Any, depth: int = 3) -> Iterator[Any]:
-    """Functions ``fn`` wraps: its ``__wrapped__`` chain and the functions in its
-    closure, up to ``depth`` levels down."""
+    """Functions ``fn`` wraps (``__wrapped__`` chain, closure), ``depth`` levels down."""
     todo, seen = [(fn, 0)], {id(fn)}
     while todo:
         obj, level = todo.pop()
@@ -171,8 +154,7 @@ def _cell_contents(cell: Any) -> Any:
 
 
 def _foreign_module(current: Any) -> str | None:
-    """The module of ``current``'s function when it is another package's
-    (neither torch's nor ours), else ``None``."""
+    """The module of ``current``'s function when neither torch's nor ours, else ``None``."""
     module = getattr(_function(current), "__module__", None)
     if not isinstance(module, str) or _is_ours_or_torchs(module):
         return None
@@ -180,8 +162,7 @@ def _foreign_module(current: Any) -> str | None:
 
 
 def other_patch(target: str, current: Any, expected: str) -> OtherPatch | None:
-    """The other package's replacement at ``target``, or ``None`` when
-    ``current`` is torch's (or ours)."""
+    """The other package's replacement at ``target``; ``None`` if torch's or ours."""
     module = _foreign_module(current)
     if module is None:
         return None
@@ -210,29 +191,22 @@ class Patch:
     fingerprint
         :func:`fingerprint` of the original the replacement was written against.
     make
-        The factory ``make(original) -> replacement``, or where it lives,
-        ``"package.module:function"`` (how the release tables in
-        :mod:`opaque_subclass.releases` name it: they hold data only, and the
-        module is imported when the set is enabled). Its docstring says what
-        the patch does.
+        The factory ``make(original) -> replacement``, or ``"package.module:function"``
+        (as the data-only tables in :mod:`opaque_subclass.releases` name it;
+        imported on enable). Its docstring says what the patch does.
     depends_on
         ``(qualified name, fingerprint)`` of torch functions the replacement
-        relies on without replacing them (a caller whose use of the target's
-        result the replacement is written for). They are checked like the
-        target: a changed source refuses the whole set.
+        relies on without replacing (e.g. a caller of the target); checked like
+        the target.
     scope
-        ``"everywhere"`` (the default): the function is replaced in every torch
-        module that holds it. ``"here"``: only the name given by ``target`` is
-        rebound (one module's import of a function defined elsewhere), so every
-        other module keeps torch's function.
+        ``"everywhere"`` (default): replaced in every torch module holding it;
+        ``"here"``: only the name ``target`` is rebound.
     caches
-        Qualified names of torch's caches that keep the target they read on
-        first use: ``functools`` caches (Dynamo's type-dispatch table keeps
-        ``VariableBuilder.wrap_tensor``) or dicts (Dynamo's builtin handlers
-        keep ``BuiltinVariable.call_isinstance`` bound). Each is cleared whenever the patch
-        is installed, suspended or removed, so torch rebuilds it from the
-        function in place: without that, ``disable()`` would leave the
-        replacement running from the cache.
+        Qualified names of torch caches keeping the target from first use:
+        ``functools`` caches (Dynamo's type dispatch keeps
+        ``VariableBuilder.wrap_tensor``) or dicts (Dynamo's builtin handlers keep
+        ``BuiltinVariable.call_isinstance`` bound). Cleared on install, suspend
+        and removal, else ``disable()`` would leave the replacement running.
     """
 
     target: str
@@ -254,8 +228,7 @@ class Patch:
 
     @property
     def fingerprinted(self) -> tuple[tuple[str, str], ...]:
-        """``(qualified name, fingerprint)`` of every function the patch is
-        checked against: its target, then its ``depends_on``."""
+        """``(qualified name, fingerprint)`` of the target, then of ``depends_on``."""
         return ((self.target, self.fingerprint), *self.depends_on)
 
     @property
@@ -264,18 +237,16 @@ class Patch:
 
     @property
     def composes(self) -> bool:
-        """Whether the replacement may be built over another package's
-        replacement that wraps torch's original (:func:`composes`)."""
+        """Whether the factory is marked :func:`composes`."""
         return bool(getattr(self.factory(), "composes", False))
 
 
 class PatchRefused(RuntimeError):
     """The running torch does not match the patches: nothing was patched.
 
-    ``others``: the targets another package replaced in a way the set cannot
-    live with (a set whose patches provide one feature together); ``build``:
-    the problems of the torch build itself. When ``build`` is empty the torch
-    build is the one the set was written for, and the other package is the cause.
+    ``others``: targets another package replaced in a way a one-feature set
+    cannot live with; ``build``: problems of the torch build itself (empty: the
+    other package is the cause).
     """
 
     def __init__(self, message: str, others: dict[str, OtherPatch] | None = None, build: tuple[str, ...] = ()) -> None:
@@ -321,8 +292,7 @@ def _module_file(module_name: str) -> str | None:
 
 
 def _locate(target: str) -> tuple[str, tuple[str, ...]] | None:
-    """``(module name, attribute path)`` of a qualified name whose module is not
-    imported, from the files alone; ``None`` when no prefix is a torch source file."""
+    """``(module name, attribute path)`` from the files alone; ``None`` if no prefix is a torch source file."""
     parts = target.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         module_name = ".".join(parts[:cut])
@@ -352,8 +322,7 @@ def _parsed(file: str) -> tuple[str, ast.Module]:
 
 
 def _imported_from(module_name: str, file: str, body: list[ast.stmt], name: str) -> str | None:
-    """The module ``name`` is imported from by a top-level ``from ... import``,
-    when that is the last binding of ``name`` in ``body``."""
+    """The module of the ``from ... import`` that last binds ``name`` in ``body``, if any."""
     source: str | None = None
     for node in _definitions(body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
@@ -372,11 +341,9 @@ def _imported_from(module_name: str, file: str, body: list[ast.stmt], name: str)
 
 
 def source_fingerprint(module_name: str, path: tuple[str, ...], read: list[str] | None = None) -> str | None:
-    """:func:`fingerprint` of the definition ``path`` (``("Class", "method")``)
-    in ``module_name``'s source file, read and parsed but not run: the same
-    text ``inspect.getsource`` gives once the module is imported. ``None`` when
-    the file or a ``def``/``class`` statement for it is not found. Each file
-    read is appended to ``read`` when given."""
+    """:func:`fingerprint` of definition ``path`` (``("Class", "method")``) parsed
+    from ``module_name``'s file (as ``inspect.getsource`` would give); ``None``
+    if not found. Files read are appended to ``read``."""
     file = _module_file(module_name)
     if file is None:
         return None
@@ -414,10 +381,8 @@ def _node_source(text: str, node: ast.stmt) -> str:
 
 
 def _takes_from_builtins(node: ast.stmt | None, name: str) -> bool:
-    """Whether the class statement ``node``, whose body defines no ``name``,
-    inherits it from a builtin type: its bases are ``type`` or ``object`` only
-    and ``name`` is a dunder (read from the source, as :func:`_builtin_inherited`
-    decides on the live class)."""
+    """:func:`_builtin_inherited` from source: class ``node`` does not define
+    dunder ``name`` and its bases are only ``type``/``object``."""
     if not isinstance(node, ast.ClassDef) or not (name.startswith("__") and name.endswith("__")):
         return False
     for statement in _definitions(node.body):
@@ -434,14 +399,10 @@ def file_digest(file: str) -> str:
 
 
 def record_sources(patches: Iterable[Patch]) -> tuple[tuple[str, str], ...]:
-    """``(path relative to the torch package, digest)`` of every torch source
-    file that the source fingerprints of ``patches`` (targets and
-    ``depends_on``) are read from, for a release row's ``sources``, after an
-    entry ``("<fingerprints>", digest)`` for the fingerprints themselves (a
-    record is trusted only by the set it was made for). Every such
-    fingerprint is computed from the files (whether or not the module is
-    imported) and must equal the one the row records: a row records the
-    digests of a torch its patches were checked against, never of another."""
+    """A release row's ``sources``: ``("<fingerprints>", digest)`` (a record is
+    trusted only by its own set), then ``(path relative to torch, digest)`` of
+    each file the fingerprints of ``patches`` are parsed from. Each parsed
+    fingerprint must equal the recorded one, so only a checked torch is recorded."""
     patches = tuple(patches)
     root = _torch_root()
     if root is None:
@@ -470,10 +431,8 @@ def _fingerprints_digest(patches: Iterable[Patch]) -> str:
 
 
 def _unchanged_files(sources: tuple[tuple[str, str], ...], patches: Iterable[Patch]) -> frozenset[str]:
-    """The recorded torch source files (absolute paths) when the record was
-    made for these very fingerprints and every file has its recorded digest;
-    empty otherwise (a changed file may be one a redirect ``from .x import f``
-    leads to: all or none are trusted)."""
+    """The recorded files (absolute) when made for these fingerprints and all
+    unchanged; else empty (all or none: a redirect may lead to a changed one)."""
     root = _torch_root()
     recorded = dict(sources)
     if root is None or recorded.pop(_FINGERPRINTS, None) != _fingerprints_digest(patches):
@@ -488,8 +447,7 @@ def _unchanged_files(sources: tuple[tuple[str, str], ...], patches: Iterable[Pat
 
 
 def _raw(owner: Any, attr: str) -> Any:
-    """The attribute as stored (a function for methods, not a bound method;
-    the ``staticmethod``/``classmethod`` object for those)."""
+    """The attribute as stored (a method's function; a ``staticmethod``/``classmethod`` object)."""
     if isinstance(owner, type):
         for klass in owner.__mro__:
             if attr in vars(klass):
@@ -503,8 +461,7 @@ def _function(raw: Any) -> Any:
 
 
 def _cache(name: str) -> Any:
-    """The cache named ``name``: a ``functools`` cache wrapper (a function or a
-    static/class method), or a dict torch fills itself (a class attribute)."""
+    """The ``functools`` cache or torch-filled dict named ``name``."""
     cached = _function(_raw(*_resolve(name)[:2]))
     if not isinstance(cached, dict) and not callable(getattr(cached, "cache_clear", None)):
         raise TypeError(f"{name} is not a functools cache (nor a dict)")
@@ -531,10 +488,8 @@ class _Applied:
 class PatchSet:
     """An ordered list of patches applied and removed as one unit.
 
-    ``independent``: the patches are fixes that do not rely on each other, so a
-    patch blocked by another package's replacement (see the module's notes) is
-    left out and the others are applied; otherwise (a backport, whose patches
-    provide one feature together) a blocked patch refuses the whole set.
+    ``independent``: a blocked patch (see the module's notes) is left out and
+    the others applied; otherwise (a backport: one feature) it refuses the set.
     """
 
     def __init__(
@@ -577,8 +532,7 @@ class PatchSet:
 
     @property
     def targets(self) -> tuple[str, ...]:
-        """Every target of an enabled set, in the set's order, whether applied
-        already or waiting for its module's import (a blocked one is not)."""
+        """Targets of an enabled set, in order, applied or waiting (not blocked)."""
         if not self.enabled:
             return ()
         return tuple(p.target for p in self.patches if p.target not in self.blocked)
@@ -592,15 +546,10 @@ class PatchSet:
     def _fingerprint_of(
         target: str, recorded: str | None = None, unchanged: frozenset[str] = frozenset()
     ) -> tuple[str | None, str | None, Any]:
-        """``(fingerprint, module, current)`` of ``target``'s current definition:
-        from the module's source file, without importing it, when the module is
-        not imported (``module`` names it: the patch can wait for its import;
-        ``current`` is ``None``); else, or when the file cannot be read, from the
-        object (``module`` is ``None``; ``current`` is the function there, and the
-        fingerprint ``None`` when it has no source). ``recorded``: the fingerprint
-        recorded with the set's ``sources``, taken instead of parsing when the
-        target's file is among ``unchanged`` (the recorded files, each with its
-        recorded digest)."""
+        """``(fingerprint, module, current)`` of ``target``: from its source file
+        if the module is not imported (``module`` names it, ``current`` is
+        ``None``; ``recorded`` is used if the file is among ``unchanged``), else
+        from the object (``module`` ``None``; fingerprint ``None`` if sourceless)."""
         located = _locate(target)
         if located is not None and located[0] not in sys.modules:
             if recorded is not None and _module_file(located[0]) in unchanged:
@@ -618,11 +567,8 @@ class PatchSet:
             return None, None, current  # another package's function without source
 
     def _examine(self) -> tuple[list[str], dict[str, str], dict[str, OtherPatch], dict[str, OtherPatch]]:
-        """``(problems, waits, composed, blocked)``: the problems that would refuse
-        the set (unresolvable targets, changed sources, targets another package
-        replaced in a way the set cannot live with), the module each target that
-        can wait for its import waits for, and the targets another package
-        replaced (see :attr:`composed`, :attr:`blocked`)."""
+        """``(problems, waits, composed, blocked)``: what refuses the set, the
+        module each waiting target waits for, and targets other packages replaced."""
         problems = []
         waits: dict[str, str] = {}
         composed: dict[str, OtherPatch] = {}
@@ -672,8 +618,7 @@ class PatchSet:
         return "this patch rewrites torch's function rather than wrapping it, so it cannot be built over another's"
 
     def blocked_text(self, blocked: dict[str, OtherPatch] | None = None) -> str:
-        """Why each blocked target (default: :attr:`blocked`) cannot take our
-        patch, and the fix, in one paragraph."""
+        """Why each blocked target (default :attr:`blocked`) is blocked, and the fix."""
         blocked = self.blocked if blocked is None else blocked
         parts = [f"{other} before opaque_subclass: {self._why_blocked(t, other)}" for t, other in blocked.items()]
         packages = sorted({o.package for o in blocked.values()})
@@ -684,15 +629,13 @@ class PatchSet:
         )
 
     def check(self) -> list[str]:
-        """Problems that would refuse the set: unresolvable targets, changed
-        sources, targets another package replaced that the set cannot live with."""
+        """Problems that would refuse the set (a blocked target only if not independent)."""
         problems, _, _, blocked = self._examine()
         return [*problems, self.blocked_text(blocked)] if blocked and not self.independent else problems
 
     def enable(self) -> tuple[str, ...]:
-        """Check every patch, then apply each one whose module is imported and
-        defer the others to their module's import; or apply none (raising
-        :class:`PatchRefused`)."""
+        """Check all, then apply those whose module is imported and defer the
+        rest to its import; or apply none (:class:`PatchRefused`)."""
         with self._lock:
             if self.enabled:
                 return self.targets
@@ -725,12 +668,9 @@ class PatchSet:
             self._deferred = deferred
             if deferred:
                 _ImportHook.add(self)
-            # A module imported after its patches were examined and before the hook was in place (a
-            # replacement's factory may import a torch module another patch waits for; another
-            # thread may import one) was never seen by the hook: apply its patches now. A module
-            # still being initialized (enable() called from within its own import) may not define
-            # its targets yet: it stays waiting, and the hook, which did not see its import start,
-            # will not apply them either (a limit: no torch module imports this library).
+            # A module imported between _examine and the hook (by a factory or another thread) was
+            # never seen by it: patch now. One still initializing (enable() inside its import) stays
+            # waiting and is never patched (a limit: no torch module imports this library).
             for name in list(deferred):
                 module = sys.modules.get(name)
                 if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
@@ -741,8 +681,7 @@ class PatchSet:
             return self.targets
 
     def _forget_lost_held(self) -> None:
-        """Drop the held records whose replacement no longer runs at its target
-        (the other package put something else there): they are applied afresh."""
+        """Drop held records whose replacement no longer runs at its target (applied afresh)."""
         for target, record in list(self._held_records.items()):
             ours = _function(record.replacement)
             with suppress(ImportError, AttributeError):
@@ -802,8 +741,7 @@ class PatchSet:
         self._applied = []
 
     def disable(self) -> None:
-        """Restore every original object and drop the patches still waiting for
-        their module's import; a no-op when not enabled."""
+        """Restore every original and drop the waiting patches; no-op when disabled."""
         with self._lock:
             self._disable_locked()
 
@@ -854,9 +792,8 @@ class PatchSet:
 
     @staticmethod
     def _uninstall(applied: list[_Applied]) -> dict[str, OtherPatch]:
-        """Put the originals back where our replacements still are; return the
-        targets where another package has since installed its own over ours
-        (left in place: removing ours would remove theirs too)."""
+        """Put originals back where ours still are; return targets another package
+        has since covered (left: removing ours would remove theirs)."""
         held: dict[str, OtherPatch] = {}
         for record in reversed(applied):
             kept = []
@@ -872,8 +809,7 @@ class PatchSet:
                     kept.append((d, k))
             record.places[:] = kept
             if record.patch.scope == "everywhere" and not isinstance(record.replacement, (staticmethod, classmethod)):
-                # torch modules imported while the patch was on took the
-                # replacement by name (``from .x import f``): restore those too.
+                # modules imported meanwhile took the replacement by name: restore those too
                 for _, namespace, key in _torch_namespaces_holding(record.replacement):
                     namespace[key] = record.original
             with suppress(ImportError, AttributeError, TypeError):  # checked when applied
@@ -882,9 +818,8 @@ class PatchSet:
 
 
 class _ImportHook(importlib.abc.MetaPathFinder):
-    """One finder on ``sys.meta_path`` for every enabled set with patches waiting
-    for their module: such a module is found by the other finders as usual and
-    loaded by its own loader, after which the waiting sets apply their patches."""
+    """The ``sys.meta_path`` finder for sets with waiting patches: the module is
+    found and loaded as usual, then the waiting sets patch it."""
 
     sets: list[PatchSet] = []  # the sets with patches waiting, in enabling order
     lock = threading.Lock()
@@ -961,12 +896,8 @@ def _torch_namespaces_holding(obj: Any) -> list[tuple[str, dict[str, Any], str]]
 
 
 class _ClassAttr:
-    """Item assignment onto a class attribute (``vars(cls)`` is read-only).
-
-    Assigning the original back when the class did not define the attribute
-    itself (it was inherited) deletes the class's own entry instead, so the
-    class is left exactly as found.
-    """
+    """Item assignment onto a class attribute (``vars(cls)`` is read-only);
+    putting back an inherited original deletes the class's own entry instead."""
 
     def __init__(self, cls: type) -> None:
         self.cls = cls

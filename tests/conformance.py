@@ -1152,7 +1152,7 @@ def _deleted_opaque_leaf() -> Observation:
     """``module.w`` after ``del module.parametrizations.w.original1`` (the opaque
     leaf), eager and under torch.compile: the library's error, not the property
     reported missing."""
-    model = opaque_subclass.unwrap_tensor_subclass_parameters(CScale(CMesh("w")))
+    model = opaque_subclass.unwrap_subclass_parameters(CScale(CMesh("w")))
     del model.parametrizations.w.original1
     names = ("CSharded", "module.parametrizations.w.original1", "w._mesh", "CMesh", "found: nothing")
     eager = raised(lambda: model.w, *names)
@@ -1233,14 +1233,12 @@ def _api_round_trip() -> Observation:
     return describe(opaque_subclass.unflatten_subclass(leaves, spec), {"mesh": m, "stream": s})
 
 
-@entry("api/create-subclass-meta")
+@entry("api/describe-args")
 def _api_meta() -> Observation:
-    metas = opaque_subclass.create_subclass_meta(
-        [torch.ones(1), CTwo(torch.ones(2), torch.ones(2), CMesh("a"), CStream(0))]
-    )
+    metas = opaque_subclass.describe_args([torch.ones(1), CTwo(torch.ones(2), torch.ones(2), CMesh("a"), CStream(0))])
     out = []
     for meta in metas:
-        if isinstance(meta, opaque_subclass.SubclassCreationMeta):
+        if isinstance(meta, opaque_subclass.SubclassLayout):
             slots = [
                 (path, type(slot).__name__, getattr(slot, "index", None))
                 for path, slot in opaque_subclass.iter_slots(meta)
@@ -1255,9 +1253,9 @@ def _api_meta() -> Observation:
 def _api_unwrap_wrap() -> Observation:
     m = CMesh("a")
     args = [torch.ones(1), CSharded(torch.arange(2.0), m, "t")]
-    metas = opaque_subclass.create_subclass_meta(args)
-    flat = opaque_subclass.unwrap_tensor_subclasses(args, is_joint_structure=False)
-    back = opaque_subclass.wrap_tensor_subclasses(flat, subclass_metas=metas)
+    metas = opaque_subclass.describe_args(args)
+    flat = opaque_subclass.unwrap_args(args, is_joint_structure=False)
+    back = opaque_subclass.wrap_args(flat, subclass_metas=metas)
     return {"flat": describe(flat, {"mesh": m}), "back": describe(back, {"mesh": m})}
 
 
@@ -1374,7 +1372,7 @@ def _export_save_load() -> Observation:
 def _export_unwrapped() -> Observation:
     import opaque_subclass.export
 
-    model = opaque_subclass.unwrap_tensor_subclass_parameters(CScale(CMesh("saver")))
+    model = opaque_subclass.unwrap_subclass_parameters(CScale(CMesh("saver")))
     ep = torch.export.export(model, (torch.ones(3),), strict=False)
     buffer = io.BytesIO()
     opaque_subclass.export.save(ep, buffer)
@@ -1397,7 +1395,7 @@ def _export_torch_save() -> Observation:
 @entry("modules/unwrap-parameters-compiled")
 def _unwrap_params_compiled() -> Observation:
     m = CMesh("w")
-    model = opaque_subclass.unwrap_tensor_subclass_parameters(CScale(m))
+    model = opaque_subclass.unwrap_subclass_parameters(CScale(m))
     with fresh():
         count = counter("aot_eager")
         out = torch.compile(model, backend=count, fullgraph=True)(torch.ones(3))

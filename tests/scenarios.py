@@ -635,13 +635,13 @@ ANSWERING_OPAQUE_FAILURE = StockFailure(
 
 def parametrization_names_a_deleted_opaque_leaf() -> None:
     """``del module.parametrizations.w.original1`` (the opaque leaf stored by
-    ``unwrap_tensor_subclass_parameters``), then ``module.w``: the library's
+    ``unwrap_subclass_parameters``), then ``module.w``: the library's
     error names the leaf and the opaque's attribute, not the property (issue #24)."""
     import opaque_subclass as osc
 
     module = torch.nn.Module()
     module.w = torch.nn.Parameter(MeshTensor(torch.ones(2), Mesh("w")), requires_grad=False)
-    osc.unwrap_tensor_subclass_parameters(module)
+    osc.unwrap_subclass_parameters(module)
     del module.parametrizations.w.original1
     with pytest.raises(osc.OpaqueSubclassError, match=r"module\.parametrizations\.w\.original1, the opaque"):
         _ = module.w

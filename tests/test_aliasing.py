@@ -8,7 +8,7 @@ import opaque_subclass as osc
 
 
 def _flat(*args):
-    return osc.unwrap_tensor_subclasses(list(args), is_joint_structure=False)
+    return osc.unwrap_args(list(args), is_joint_structure=False)
 
 
 def test_no_opaques():

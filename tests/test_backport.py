@@ -622,7 +622,7 @@ def test_a_dtensors_own_mesh_stays_a_compile_time_constant():
 
 
 def _export_after_unwrap(strict):
-    from opaque_subclass import OpaqueSubclass, unwrap_tensor_subclass_parameters
+    from opaque_subclass import OpaqueSubclass, unwrap_subclass_parameters
 
     class Lifted(OpaqueSubclass):
         tensor_attrs = ("_data",)
@@ -637,7 +637,7 @@ def _export_after_unwrap(strict):
             return self.w * x
 
     mesh = Mesh("strict" if strict else "lift")
-    module = unwrap_tensor_subclass_parameters(Scale(mesh))
+    module = unwrap_subclass_parameters(Scale(mesh))
     ep = torch.export.export(module, (torch.ones(3),), strict=strict)
     out = ep.module()(torch.ones(3))
     assert out._mesh is mesh, f"the output carries {out._mesh!r}, expected {mesh!r}"
@@ -781,7 +781,7 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
     ),
     "torch._functorch._aot_autograd.subclass_parametrization.UnwrapTensorSubclass.forward": (
         _torch_unwrap_parametrization_keeps_opaque,
-        StockFailure(AttributeError, r"^'OpaqueMeta' object has no attribute 'attrs'$"),
+        StockFailure(AttributeError, r"^'OpaqueSlot' object has no attribute 'attrs'$"),
     ),
     "torch._dynamo.convert_frame.fullgraph_capture": (
         _strict_export_reads_captured_opaque,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -273,12 +272,10 @@ def _spawn(*args: str, cache_dir: Path, seed: str) -> dict[str, Any]:
         "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
         "TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
     }
-    out = subprocess.run(
-        [sys.executable, "-c", "import test_compile_cache; test_compile_cache._child()", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
+    # One warm server per hash seed (the seed is read when an interpreter starts, so it is
+    # part of a server's environment): each child is a fresh interpreter with that seed.
+    out = warm.run(
+        [sys.executable, "-c", "import test_compile_cache; test_compile_cache._child()", *args], timeout=300, env=env
     )
     assert out.returncode == 0, out.stdout + out.stderr[-5000:]
     if "no-method" not in args:

@@ -69,12 +69,12 @@ def test_device_mesh_runtime_and_sharing(mesh):
     other = DeviceMesh("cpu", torch.arange(1))
     args = [MeshTensor(torch.randn(2), mesh), nested(1, data=torch.randn(2)), MeshTensor(torch.randn(2), mesh), other]
     args[1]._mesh = other
-    metas = osc.create_subclass_meta(args)
-    flat = osc.unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
+    metas = osc.describe_args(args)
+    flat = osc.unwrap_args(args, is_joint_structure=False, subclass_metas=metas)
     pattern = osc.opaque_alias_pattern(flat)
     assert pattern.groups == ((1, 5), (3, 6))
-    rt = [m.runtime_safe() if isinstance(m, osc.SubclassCreationMeta) else m for m in metas]
-    out = osc.wrap_tensor_subclasses(flat, subclass_metas=rt, is_runtime=True)
+    rt = [m.runtime_safe() if isinstance(m, osc.SubclassLayout) else m for m in metas]
+    out = osc.wrap_args(flat, subclass_metas=rt, is_runtime=True)
     assert out[0]._mesh is mesh and out[1]._mesh is other and out[3] is other
     t = torch.ones(2)
     dist.all_reduce(t, group=out[0]._mesh.get_group())

@@ -12,7 +12,7 @@ nested inner level. A *route* is one way the input reaches the library:
 * ``aot_eager`` / ``inductor`` - ``torch.compile(lambda t: t * 2, fullgraph=True)``
   with that backend (``torch._dynamo.reset()`` first);
 * ``export`` - non-strict ``torch.export.export`` of a module doubling its input;
-* ``parametrize`` - ``unwrap_tensor_subclass_parameters`` on a module holding the
+* ``parametrize`` - ``unwrap_subclass_parameters`` on a module holding the
   input as a parameter, then reading the parameter back.
 
 Each cell asserts that the error the user sees is the library's: raised inside
@@ -430,7 +430,7 @@ def _export(x: torch.Tensor) -> None:
 
 
 def _parametrize(x: torch.Tensor) -> None:
-    osc.unwrap_tensor_subclass_parameters(_Holder(x)).w  # noqa: B018  # reading it rebuilds the subclass
+    osc.unwrap_subclass_parameters(_Holder(x)).w  # noqa: B018  # reading it rebuilds the subclass
 
 
 ROUTES: dict[str, Callable[[torch.Tensor], None]] = {

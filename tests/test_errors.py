@@ -87,9 +87,9 @@ def test_value_opaque_in_attribute_list():
 def test_value_opaque_rejected_by_every_entry_point():
     bad = _broken(Config(4))
     for call in (
-        lambda: osc.create_subclass_meta([bad]),
-        lambda: osc.unwrap_tensor_subclasses([bad], is_joint_structure=False),
-        lambda: osc.unwrap_tensor_subclasses(([bad], []), is_joint_structure=True),
+        lambda: osc.describe_args([bad]),
+        lambda: osc.unwrap_args([bad], is_joint_structure=False),
+        lambda: osc.unwrap_args(([bad], []), is_joint_structure=True),
     ):
         with pytest.raises(TypeError, match="value-type opaque"):
             call()
@@ -113,7 +113,7 @@ class _BadUnflatten(MeshTensor):
 def _spec_and_leaves(x: torch.Tensor) -> tuple[list[object], object]:
     """A spec and leaves made without flatten_subclass's rebuild check, to reach
     the rebuild paths with a class that fails it."""
-    spec = osc.create_subclass_meta([x], count_symints=False)[0]
+    spec = osc.describe_args([x], count_symints=False)[0]
     return walk_leaves(x), spec
 
 
@@ -137,7 +137,7 @@ def test_unflatten_returning_wrong_type_generic_and_generated():
     assert "_BadUnflatten.__tensor_unflatten__" in msg and "returned torch.Tensor" in msg
     assert "test_errors._BadUnflatten.__tensor_unflatten__" in msg and "expected an instance of _BadUnflatten" in msg
     with pytest.raises(TypeError, match="_BadUnflatten.__tensor_unflatten__ .rebuilding 'x'. returned torch.Tensor"):
-        osc.wrap_tensor_subclasses(leaves, subclass_metas=[spec], is_runtime=True)
+        osc.wrap_args(leaves, subclass_metas=[spec], is_runtime=True)
 
 
 def test_nested_unflatten_wrong_type_names_inner_path():
@@ -146,7 +146,7 @@ def test_nested_unflatten_wrong_type_names_inner_path():
         osc.flatten_subclass(x)
     leaves, spec = _spec_and_leaves(x)
     with pytest.raises(TypeError, match="rebuilding 'x._data'"):
-        osc.wrap_tensor_subclasses(leaves, subclass_metas=[spec], is_runtime=True)
+        osc.wrap_args(leaves, subclass_metas=[spec], is_runtime=True)
 
 
 def test_leaf_count_mismatch():
@@ -170,22 +170,22 @@ def test_leaf_kind_mismatch_names_slot():
 
 def test_wrap_flat_length_mismatch():
     args = [MeshTensor(torch.randn(2), Mesh()), torch.ones(1)]
-    metas = osc.create_subclass_meta(args)
-    flat = osc.unwrap_tensor_subclasses(args, is_joint_structure=False)
+    metas = osc.describe_args(args)
+    flat = osc.unwrap_args(args, is_joint_structure=False)
     with pytest.raises(osc.OpaqueSubclassError, match="describe 3 flat slots .3 values. but 4 values"):
-        osc.wrap_tensor_subclasses([*flat, torch.ones(1)], subclass_metas=metas, is_runtime=True)
+        osc.wrap_args([*flat, torch.ones(1)], subclass_metas=metas, is_runtime=True)
     with pytest.raises(
         osc.OpaqueSubclassError, match="describe 3 flat slots plus 2 saved activations .5 values. but 2"
     ):
-        osc.wrap_tensor_subclasses(flat[:2], subclass_metas=metas, num_fw_outs_saved_for_bw=2, is_runtime=True)
+        osc.wrap_args(flat[:2], subclass_metas=metas, num_fw_outs_saved_for_bw=2, is_runtime=True)
 
 
 def test_unwrap_with_wrong_type_for_meta():
-    metas = osc.create_subclass_meta([MeshTensor(torch.randn(2), Mesh())])
+    metas = osc.describe_args([MeshTensor(torch.randn(2), Mesh())])
     with pytest.raises(TypeError, match="expected a test_subclasses|expected a subclasses.MeshTensor"):
-        osc.unwrap_tensor_subclasses([torch.ones(2)], is_joint_structure=False, subclass_metas=metas)
+        osc.unwrap_args([torch.ones(2)], is_joint_structure=False, subclass_metas=metas)
     with pytest.raises(osc.OpaqueSubclassError, match="1 args but 2 metas|2 args but 1 metas"):
-        osc.unwrap_tensor_subclasses([torch.ones(2), torch.ones(2)], is_joint_structure=False, subclass_metas=metas)
+        osc.unwrap_args([torch.ones(2), torch.ones(2)], is_joint_structure=False, subclass_metas=metas)
 
 
 def test_bad_flatten_return():
@@ -199,9 +199,9 @@ def test_bad_flatten_return():
 
 def test_joint_structure_shape_errors():
     with pytest.raises(TypeError, match=r"pair \(primals, tangents\)"):
-        osc.unwrap_tensor_subclasses([torch.ones(1)], is_joint_structure=True)
+        osc.unwrap_args([torch.ones(1)], is_joint_structure=True)
     with pytest.raises(ValueError, match="needs tangent_metas"):
-        osc.wrap_tensor_subclasses_maybe_joint(([], []), is_joint_structure=True, inp_metas=[])
+        osc.wrap_args_maybe_joint(([], []), is_joint_structure=True, inp_metas=[])
 
 
 @pytest.mark.parametrize("value", [torch.float64, torch.device("cpu")])
@@ -220,10 +220,10 @@ def test_torch_value_type_attribute_suggests_the_context_not_registration(value)
 def test_create_subclass_meta_refuses_a_bare_tensor():
     x = MeshTensor(torch.randn(2), Mesh())
     with pytest.raises(
-        TypeError, match=r"expects a list or tuple of arguments, got .*MeshTensor.*create_subclass_meta\(\[x\]\)"
+        TypeError, match=r"expects a list or tuple of arguments, got .*MeshTensor.*describe_args\(\[x\]\)"
     ):
-        osc.create_subclass_meta(x)
-    assert len(osc.create_subclass_meta([x])) == 1
+        osc.describe_args(x)
+    assert len(osc.describe_args([x])) == 1
 
 
 def test_non_strict_export_names_a_bad_attribute():

@@ -10,7 +10,7 @@ from opaque_subclass import (
     OpaqueSubclass,
     OpaqueSubclassError,
     is_exportable_constructor,
-    unwrap_tensor_subclass_parameters,
+    unwrap_subclass_parameters,
 )
 
 
@@ -60,7 +60,7 @@ STRICT = pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "st
 def test_export_after_unwrap_has_only_plain_tensor_parameters(strict):
     mesh = Mesh("u")
     module = Scale(mesh)
-    unwrap_tensor_subclass_parameters(module)
+    unwrap_subclass_parameters(module)
     x = torch.randn(3)
     ep = torch.export.export(module, (x,), strict=strict)
     assert {k: type(v) for k, v in ep.state_dict.items()} == {"parametrizations.w.original0": torch.nn.Parameter}
@@ -90,7 +90,7 @@ def test_export_after_unwrap_with_none_metadata(strict):
     module = torch.nn.Module()
     module.w = torch.nn.Parameter(MaybeSharded(torch.arange(3.0), mesh, None))
     module.forward = lambda x: module.w * x
-    unwrap_tensor_subclass_parameters(module)
+    unwrap_subclass_parameters(module)
     x = torch.randn(3)
     ep = torch.export.export(module, (x,), strict=strict)
     out = ep.module()(x)
@@ -111,7 +111,7 @@ class SharedMesh(torch.nn.Module):
 @STRICT
 def test_export_after_unwrap_lifts_a_shared_opaque_once(strict):
     mesh = Mesh("shared")
-    module = unwrap_tensor_subclass_parameters(SharedMesh(mesh))
+    module = unwrap_subclass_parameters(SharedMesh(mesh))
     ep = torch.export.export(module, (torch.ones(3),), strict=strict)
     custom = [spec.target for spec in ep.graph_signature.input_specs if spec.kind.name == "CUSTOM_OBJ"]
     assert len(custom) == 1 and ep.constants[custom[0]] is mesh
@@ -166,7 +166,7 @@ def test_exportable_constructor_detection():
 @STRICT
 def test_export_of_unrecordable_rebuild_names_subclass_path_and_fix(strict):
     mesh = Mesh("hand")
-    module = unwrap_tensor_subclass_parameters(Net(MeshTensor(torch.arange(3.0), mesh)))
+    module = unwrap_subclass_parameters(Net(MeshTensor(torch.arange(3.0), mesh)))
     x = torch.ones(3)
     assert type(module(x)) is MeshTensor  # eager (and compile) are unaffected
     with pytest.raises(Exception) as info:

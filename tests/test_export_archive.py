@@ -63,7 +63,7 @@ class Tagged(OpaqueSubclass):
 
 
 class Unwrapped(torch.nn.Module):
-    """Subclass parameters at one and two levels, for unwrap_tensor_subclass_parameters."""
+    """Subclass parameters at one and two levels, for unwrap_subclass_parameters."""
 
     def __init__(self):
         super().__init__()
@@ -366,7 +366,7 @@ def test_after_unwrap_tensor_subclass_parameters(strict):
     """The subclasses are rebuilt inside the graph (flat_apply of the constructor,
     whose specs torch's serializer refuses): saved as the library's op, restored
     at load, with the lifted meshes named after the parameters they rebuild."""
-    model = opaque_subclass.unwrap_tensor_subclass_parameters(Unwrapped())
+    model = opaque_subclass.unwrap_subclass_parameters(Unwrapped())
     x = torch.randn(3)
     ep = torch.export.export(model, (x,), strict=strict)
     assert any(n.target is torch.ops.higher_order.flat_apply for n in ep.graph.nodes)
@@ -400,9 +400,7 @@ def test_after_unwrap_tensor_subclass_parameters(strict):
 
 
 def test_unwrapped_program_loaded_by_torch_alone_says_how_to_load():
-    ep = torch.export.export(
-        opaque_subclass.unwrap_tensor_subclass_parameters(Scale(Mesh())), (torch.randn(3),), strict=False
-    )
+    ep = torch.export.export(opaque_subclass.unwrap_subclass_parameters(Scale(Mesh())), (torch.randn(3),), strict=False)
     buf, manifest = _saved(ep)
     assert manifest.names == ("w._mesh",)  # w and b share one mesh, lifted once
     assert [c.args[-1] for c in manifest.constructions] == [("input", "parametrizations.w.0.lifted_custom_0")] * 2
@@ -427,9 +425,7 @@ def test_unwrapped_program_needs_importable_subclasses():
         def forward(self, x):
             return self.w * x
 
-    ep = torch.export.export(
-        opaque_subclass.unwrap_tensor_subclass_parameters(Holder()), (torch.ones(2),), strict=False
-    )
+    ep = torch.export.export(opaque_subclass.unwrap_subclass_parameters(Holder()), (torch.ones(2),), strict=False)
     with pytest.raises(
         OpaqueSubclassError,
         match=r"calls <class '.*<locals>.Local'>, which a loading process cannot import by name. Fix: define the subclass at module level",

@@ -19,7 +19,7 @@ def test_plain_tensor_is_one_leaf():
     t = torch.randn(3)
     leaves, spec = osc.flatten_subclass(t)
     assert leaves == [t] or leaves[0] is t
-    assert spec == osc.PlainTensorMeta(0)
+    assert spec == osc.TensorSlot(0)
     assert osc.unflatten_subclass(leaves, spec) is t
 
 
@@ -35,7 +35,7 @@ def test_single_opaque_leaf_is_the_same_object():
     x = MeshTensor(torch.randn(2, 2), m, ctx="c")
     leaves, spec = osc.flatten_subclass(x)
     assert leaves[0] is x._data and leaves[1] is m
-    assert spec.attrs["_mesh"] == osc.OpaqueMeta(1, "_mesh", Mesh)
+    assert spec.attrs["_mesh"] == osc.OpaqueSlot(1, "_mesh", Mesh)
     assert spec.meta == "c" and spec.outer_size == (2, 2) and spec.subclass_type is MeshTensor
     y = osc.unflatten_subclass(leaves, spec)
     assert y._mesh is m and y._data is x._data and y._ctx == "c"
@@ -68,7 +68,7 @@ def test_nested_three_levels_paths_and_identity():
     assert paths == ["w._data._data._data", "w._data._data._mesh", "w._data._mesh", "w._mesh"]
     assert spec.arg_count == 4 and spec.num_opaques == 3
     inner = spec.attrs["_data"]
-    assert isinstance(inner, osc.SubclassCreationMeta) and inner.attr == "_data" and inner.meta == ("lvl", 1)
+    assert isinstance(inner, osc.SubclassLayout) and inner.attr == "_data" and inner.meta == ("lvl", 1)
     y = osc.unflatten_subclass(leaves, spec)
     assert y._data._data._mesh is meshes[0] and y._ctx == ("lvl", 2)
 
@@ -107,13 +107,13 @@ def test_spec_is_frozen():
 
 def test_meta_validates_slot_layout():
     with pytest.raises(ValueError, match="contiguous"):
-        osc.SubclassCreationMeta(
+        osc.SubclassLayout(
             flat_tensor_start_idx=0,
-            attrs={"_data": osc.PlainTensorMeta(0, "_data"), "_mesh": osc.OpaqueMeta(2, "_mesh", Mesh)},
+            attrs={"_data": osc.TensorSlot(0, "_data"), "_mesh": osc.OpaqueSlot(2, "_mesh", Mesh)},
             meta=None,
             outer_size=(1,),
             outer_stride=(1,),
             subclass_type=MeshTensor,
         )
     with pytest.raises(ValueError, match="must agree"):
-        osc.SubclassCreationMeta(0, {"_data": osc.PlainTensorMeta(0, "other")}, None, (1,), (1,), MeshTensor)
+        osc.SubclassLayout(0, {"_data": osc.TensorSlot(0, "other")}, None, (1,), (1,), MeshTensor)

@@ -1,4 +1,4 @@
-"""unwrap_tensor_subclass_parameters and nn.utils.parametrize with opaques
+"""unwrap_subclass_parameters and nn.utils.parametrize with opaques
 (native on torch >= 2.12, backported on 2.11)."""
 
 import pytest
@@ -8,7 +8,7 @@ from subclasses import Config, Mesh, MeshTensor, MultiOpaque, Stream, nested
 from torch.nn.utils import parametrize
 
 import opaque_subclass as osc
-from opaque_subclass.modules.parametrization import UnwrapSubclass, unwrap_tensor_subclass_parameters
+from opaque_subclass.modules.parametrization import UnwrapSubclass, unwrap_subclass_parameters
 
 BACKPORT = osc.support().mode == "backport"
 
@@ -24,7 +24,7 @@ def test_parameters_and_buffers_become_plain_leaves():
     m = Mesh("w")
     lin = _model(m)
     inner_mesh = lin.stats._data._mesh
-    unwrap_tensor_subclass_parameters(lin)
+    unwrap_subclass_parameters(lin)
     assert type(lin.weight) is MeshTensor and lin.weight._mesh is m
     assert type(lin.stats) is MeshTensor and lin.stats._data._mesh is inner_mesh
     state = lin.state_dict()
@@ -42,10 +42,10 @@ def test_parameters_and_buffers_become_plain_leaves():
 def test_requires_grad_follows_the_original_parameter():
     lin = torch.nn.Linear(2, 2)
     lin.weight = torch.nn.Parameter(MeshTensor(torch.randn(2, 2), Mesh()), requires_grad=False)
-    unwrap_tensor_subclass_parameters(lin)
+    unwrap_subclass_parameters(lin)
     assert lin.parametrizations.weight.original0.requires_grad is False
     lin2 = _model(Mesh())
-    unwrap_tensor_subclass_parameters(lin2)
+    unwrap_subclass_parameters(lin2)
     assert lin2.parametrizations.weight.original0.requires_grad is True
 
 
@@ -53,15 +53,15 @@ def test_multi_opaque_and_idempotent():
     m, s = Mesh(), Stream(3)
     mod = torch.nn.Module()
     mod.p = torch.nn.Parameter(MultiOpaque(torch.ones(2), torch.zeros(2), m, s))
-    unwrap_tensor_subclass_parameters(mod)
-    unwrap_tensor_subclass_parameters(mod)  # already parametrized: unchanged
+    unwrap_subclass_parameters(mod)
+    unwrap_subclass_parameters(mod)  # already parametrized: unchanged
     assert mod.p._mesh is m and mod.p._stream is s
     assert len(mod.parametrizations.p) == 1
 
 
 def test_assignment_updates_leaves_and_opaque():
     lin = _model(Mesh("a"))
-    unwrap_tensor_subclass_parameters(lin)
+    unwrap_subclass_parameters(lin)
     new = Mesh("b")
     lin.weight = MeshTensor(torch.zeros(2, 3), new)
     assert lin.weight._mesh is new and torch.equal(lin.parametrizations.weight.original0, torch.zeros(2, 3))
@@ -71,7 +71,7 @@ def test_forward_uses_rebuilt_subclass_with_same_opaque():
     m = Mesh()
     mod = torch.nn.Module()
     mod.w = torch.nn.Parameter(MeshTensor(torch.full((3,), 2.0), m))
-    unwrap_tensor_subclass_parameters(mod)
+    unwrap_subclass_parameters(mod)
     out = mod.w * 3
     assert type(out) is MeshTensor and out._mesh is m and torch.equal(out._data, torch.full((3,), 6.0))
 
@@ -147,7 +147,7 @@ def test_compiled_forward_rebuilds_an_opaque_subclass_parameter(backend):
     stopped at torch.Tensor._make_wrapper_subclass ("Attempted to call function
     marked as skipped")."""
     m = Mesh("w")
-    model = unwrap_tensor_subclass_parameters(_ScaleDeclared(m))
+    model = unwrap_subclass_parameters(_ScaleDeclared(m))
     torch._dynamo.reset()
     counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
     try:

@@ -63,33 +63,33 @@ def test_flatten_unflatten_round_trip(t):
     rebuilt = osc.unflatten_subclass(leaves, spec)
     assert type(rebuilt) is type(t)
     assert _same(osc.flatten_subclass(rebuilt)[0], leaves)
-    if isinstance(spec, osc.SubclassCreationMeta):
+    if isinstance(spec, osc.SubclassLayout):
         assert spec.arg_count == len(leaves) == spec.num_tensors + spec.num_opaques
         slots = list(osc.iter_slots(spec))
         assert [s.unwrapped_idx for _, s in slots] == list(range(len(leaves)))
         for _, s in slots:
-            assert isinstance(leaves[s.unwrapped_idx], torch.Tensor) != isinstance(s, osc.OpaqueMeta)
+            assert isinstance(leaves[s.unwrapped_idx], torch.Tensor) != isinstance(s, osc.OpaqueSlot)
 
 
 @SETTINGS
 @given(st.lists(trees(), min_size=1, max_size=4))
 def test_unwrap_wrap_round_trip_over_argument_lists(args):
-    metas = osc.create_subclass_meta(args)
-    generic = osc.unwrap_tensor_subclasses(args, is_joint_structure=False)
-    by_spec = osc.unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
+    metas = osc.describe_args(args)
+    generic = osc.unwrap_args(args, is_joint_structure=False)
+    by_spec = osc.unwrap_args(args, is_joint_structure=False, subclass_metas=metas)
     assert _same(generic, by_spec)
     assert _same(generic, [leaf for a in args for leaf in _expected_leaves(a)])
-    runtime = [m.runtime_safe() if isinstance(m, osc.SubclassCreationMeta) else m for m in metas]
+    runtime = [m.runtime_safe() if isinstance(m, osc.SubclassLayout) else m for m in metas]
     for metas_used, is_runtime in ((runtime, True), (metas, False)):
-        out = osc.wrap_tensor_subclasses(generic, subclass_metas=metas_used, is_runtime=is_runtime)
+        out = osc.wrap_args(generic, subclass_metas=metas_used, is_runtime=is_runtime)
         assert [type(o) for o in out] == [type(a) for a in args]
-        assert _same(osc.unwrap_tensor_subclasses(list(out), is_joint_structure=False), generic)
+        assert _same(osc.unwrap_args(list(out), is_joint_structure=False), generic)
 
 
 @SETTINGS
 @given(st.lists(trees(), min_size=1, max_size=4))
 def test_alias_pattern_matches_identity(args):
-    flat = osc.unwrap_tensor_subclasses(args, is_joint_structure=False)
+    flat = osc.unwrap_args(args, is_joint_structure=False)
     pattern = osc.opaque_alias_pattern(flat)
     opaque_slots = [i for i, v in enumerate(flat) if not isinstance(v, torch.Tensor)]
     assert list(pattern.slots) == opaque_slots

@@ -1,4 +1,4 @@
-"""create_subclass_meta, unwrap/wrap (inference, joint, saved activations,
+"""describe_args, unwrap/wrap (inference, joint, saved activations,
 symbolic sizes), the generated fast path against the generic one."""
 
 import pickle
@@ -17,51 +17,49 @@ from opaque_subclass.core.spec import rebuild as build
 
 
 def _rt(metas):
-    return [m.runtime_safe() if isinstance(m, osc.SubclassCreationMeta) else m for m in metas]
+    return [m.runtime_safe() if isinstance(m, osc.SubclassLayout) else m for m in metas]
 
 
 def test_metas_number_slots_across_arguments():
     m = Mesh()
     args = [torch.ones(1), MeshTensor(torch.ones(2), m), 7, m, nested(2)]
-    metas = osc.create_subclass_meta(args)
-    assert metas[0] == osc.PlainTensorMeta(0)
-    assert isinstance(metas[1], osc.SubclassCreationMeta) and metas[1].flat_tensor_start_idx == 1
-    assert metas[2] == osc.PlainTensorMeta(3)
-    assert metas[3] == osc.OpaqueMeta(4, None, Mesh)
+    metas = osc.describe_args(args)
+    assert metas[0] == osc.TensorSlot(0)
+    assert isinstance(metas[1], osc.SubclassLayout) and metas[1].flat_tensor_start_idx == 1
+    assert metas[2] == osc.TensorSlot(3)
+    assert metas[3] == osc.OpaqueSlot(4, None, Mesh)
     assert metas[4].flat_tensor_start_idx == 5 and metas[4].arg_count == 3
-    flat = osc.unwrap_tensor_subclasses(args, is_joint_structure=False)
+    flat = osc.unwrap_args(args, is_joint_structure=False)
     assert len(flat) == 8 and flat[2] is m and flat[3] == 7 and flat[4] is m
-    out = osc.wrap_tensor_subclasses(flat, subclass_metas=_rt(metas), is_runtime=True)
+    out = osc.wrap_args(flat, subclass_metas=_rt(metas), is_runtime=True)
     assert out[2] == 7 and out[3] is m and out[1]._mesh is m and out[4]._data._mesh is args[4]._data._mesh
 
 
 def test_runtime_wrap_carries_new_opaques():
-    metas = _rt(osc.create_subclass_meta([MeshTensor(torch.ones(2), Mesh("compile"))]))
+    metas = _rt(osc.describe_args([MeshTensor(torch.ones(2), Mesh("compile"))]))
     for i in range(5):
         runtime_mesh = Mesh(f"call{i}")
-        (out,) = osc.wrap_tensor_subclasses(
-            [torch.full((2,), float(i)), runtime_mesh], subclass_metas=metas, is_runtime=True
-        )
+        (out,) = osc.wrap_args([torch.full((2,), float(i)), runtime_mesh], subclass_metas=metas, is_runtime=True)
         assert out._mesh is runtime_mesh and out._data[0].item() == i
 
 
 def test_generated_and_generic_paths_agree():
     x = MeshTensor(MultiOpaque(torch.randn(2), torch.randn(2), Mesh(), Stream()), Mesh(), ctx=("k", 1))
-    (meta,) = osc.create_subclass_meta([x])
+    (meta,) = osc.describe_args([x])
     leaves = list(compiled_unwrap(meta, False)(x))
-    generic = osc.unwrap_tensor_subclasses([x], is_joint_structure=False)
+    generic = osc.unwrap_args([x], is_joint_structure=False)
     assert len(leaves) == 5 and all(a is b for a, b in zip(leaves, generic, strict=True))
     a = compiled_wrap(meta.runtime_safe())(leaves)
     b = build(meta, leaves, is_runtime=True)
-    leaves_a = osc.unwrap_tensor_subclasses([a], is_joint_structure=False)
-    leaves_b = osc.unwrap_tensor_subclasses([b], is_joint_structure=False)
+    leaves_a = osc.unwrap_args([a], is_joint_structure=False)
+    leaves_b = osc.unwrap_args([b], is_joint_structure=False)
     assert len(leaves_a) == 5 and all(p is q for p, q in zip(leaves_a, leaves_b, strict=True))
     assert type(a._data) is type(b._data) is MultiOpaque
     assert a._ctx == b._ctx == ("k", 1)
 
 
 def test_generated_code_is_cached_per_meta():
-    (meta,) = _rt(osc.create_subclass_meta([MeshTensor(torch.ones(2), Mesh())]))
+    (meta,) = _rt(osc.describe_args([MeshTensor(torch.ones(2), Mesh())]))
     assert compiled_wrap(meta) is compiled_wrap(meta)
     assert compiled_unwrap(meta, False) is compiled_unwrap(meta, False)
 
@@ -70,7 +68,7 @@ def test_checks_are_a_parameter_of_generation_and_of_its_cache_key():
     """Which checks a generated function makes is passed, not read from a global: each
     setting gets its own function, cached under its own key, and the default one is
     the one the run-time helpers use."""
-    (meta,) = _rt(osc.create_subclass_meta([MeshTensor(torch.ones(2), Mesh())]))
+    (meta,) = _rt(osc.describe_args([MeshTensor(torch.ones(2), Mesh())]))
     unchecked = RuntimeChecks(opaque_slots=False)
     checked_unwrap, checked_wrap = compiled_unwrap(meta, False), compiled_wrap(meta)
     assert compiled_unwrap(meta, False, unchecked) is not checked_unwrap
@@ -83,7 +81,7 @@ def test_checks_are_a_parameter_of_generation_and_of_its_cache_key():
         checked_unwrap(bad)
     assert compiled_unwrap(meta, False, unchecked)(bad)[1] is stray
     with pytest.raises(osc.OpaqueTypeError, match=r"opaque"):
-        osc.unwrap_tensor_subclasses([bad], is_joint_structure=False, subclass_metas=[meta])
+        osc.unwrap_args([bad], is_joint_structure=False, subclass_metas=[meta])
     # no module-level setting to change: nothing public in codegen is a mutable container
     public = {k: v for k, v in vars(codegen).items() if not k.startswith("_")}
     assert not [k for k, v in public.items() if isinstance(v, (dict, list, set))], public.keys()
@@ -119,10 +117,10 @@ class _OddNames(torch.Tensor):
 def test_non_identifier_attribute_names_use_generic_path():
     m = Mesh()
     x = _OddNames(torch.ones(3), m)
-    metas = _rt(osc.create_subclass_meta([x]))
-    flat = osc.unwrap_tensor_subclasses([x], is_joint_structure=False, subclass_metas=metas)
+    metas = _rt(osc.describe_args([x]))
+    flat = osc.unwrap_args([x], is_joint_structure=False, subclass_metas=metas)
     assert flat[1] is m
-    (y,) = osc.wrap_tensor_subclasses(flat, subclass_metas=metas, is_runtime=True)
+    (y,) = osc.wrap_args(flat, subclass_metas=metas, is_runtime=True)
     assert getattr(y, "class") is m
 
 
@@ -130,32 +128,28 @@ def test_joint_structure_round_trip():
     pm, tm = Mesh("p"), Mesh("t")
     primals = [MeshTensor(torch.ones(2), pm), torch.zeros(1)]
     tangents = [MeshTensor(torch.ones(2), tm)]
-    p_metas, t_metas = osc.create_subclass_meta(primals), osc.create_subclass_meta(tangents)
-    flat = osc.unwrap_tensor_subclasses((primals, tangents), is_joint_structure=True)
+    p_metas, t_metas = osc.describe_args(primals), osc.describe_args(tangents)
+    flat = osc.unwrap_args((primals, tangents), is_joint_structure=True)
     assert isinstance(flat, tuple) and len(flat[0]) == 3 and flat[1][1] is tm
-    by_spec = osc.unwrap_tensor_subclasses(
-        (primals, tangents), is_joint_structure=True, subclass_metas=(p_metas, t_metas)
-    )
+    by_spec = osc.unwrap_args((primals, tangents), is_joint_structure=True, subclass_metas=(p_metas, t_metas))
     assert all(a is b for a, b in zip(flat[0] + flat[1], by_spec[0] + by_spec[1], strict=True))
-    wp, wt = osc.wrap_tensor_subclasses_maybe_joint(
+    wp, wt = osc.wrap_args_maybe_joint(
         flat, is_joint_structure=True, inp_metas=_rt(p_metas), tangent_metas=_rt(t_metas), is_runtime=True
     )
     assert wp[0]._mesh is pm and wt[0]._mesh is tm and wp[1] is primals[1]
-    inference = osc.wrap_tensor_subclasses_maybe_joint(
-        flat[0], is_joint_structure=False, inp_metas=_rt(p_metas), is_runtime=True
-    )
+    inference = osc.wrap_args_maybe_joint(flat[0], is_joint_structure=False, inp_metas=_rt(p_metas), is_runtime=True)
     assert inference[0]._mesh is pm
 
 
 def test_saved_activations_pass_through():
     m = Mesh()
     outs = [MeshTensor(torch.ones(2), m), torch.ones(3)]
-    metas = _rt(osc.create_subclass_meta(outs))
-    flat = osc.unwrap_tensor_subclasses(outs, is_joint_structure=False)
+    metas = _rt(osc.describe_args(outs))
+    flat = osc.unwrap_args(outs, is_joint_structure=False)
     acts = [torch.zeros(4), m]
-    wrapped = osc.wrap_tensor_subclasses(flat + acts, subclass_metas=metas, num_fw_outs_saved_for_bw=2, is_runtime=True)
+    wrapped = osc.wrap_args(flat + acts, subclass_metas=metas, num_fw_outs_saved_for_bw=2, is_runtime=True)
     assert len(wrapped) == 4 and wrapped[0]._mesh is m and wrapped[2] is acts[0] and wrapped[3] is m
-    empty = osc.wrap_tensor_subclasses(flat, subclass_metas=metas, num_fw_outs_saved_for_bw=0, is_runtime=True)
+    empty = osc.wrap_args(flat, subclass_metas=metas, num_fw_outs_saved_for_bw=0, is_runtime=True)
     assert len(empty) == 2
 
 
@@ -189,16 +183,16 @@ def test_symbolic_sizes_take_slots_and_are_read_back_at_run_time():
     with mode:
         inner = _symbolic(mode, real_inner, "x")
         fake = MeshTensor(MeshTensor(inner, m_in), m_out)
-    (meta,) = osc.create_subclass_meta([fake], count_symints=True)
+    (meta,) = osc.describe_args([fake], count_symints=True)
     assert meta.original_subclass is fake
     assert meta.size_placeholders == (0,) and meta.stride_placeholders == ()
     assert meta.arg_count == 5  # tensor, inner mesh, inner size, outer mesh, outer size
     paths = [p for p, _ in osc.iter_slots(meta, "x")]
     assert paths == ["x._data._data", "x._data._mesh", "x._data.size()[0]", "x._mesh", "x.size()[0]"]
-    flat = osc.unwrap_tensor_subclasses([fake], is_joint_structure=False, append_symints=True)
+    flat = osc.unwrap_args([fake], is_joint_structure=False, append_symints=True)
     assert isinstance(flat[0], FakeTensor) and isinstance(flat[2], torch.SymInt) and flat[1] is m_in
     with mode:
-        (traced,) = osc.wrap_tensor_subclasses(flat, subclass_metas=[meta], is_runtime=False)
+        (traced,) = osc.wrap_args(flat, subclass_metas=[meta], is_runtime=False)
     _check_traced_rebuild(traced, fake, flat)
 
     safe = meta.runtime_safe()
@@ -206,9 +200,9 @@ def test_symbolic_sizes_take_slots_and_are_read_back_at_run_time():
     assert pickle.loads(pickle.dumps(safe)) == safe
     m_rt = Mesh("rt")
     real = MeshTensor(MeshTensor(torch.randn(7, 3), m_rt), m_out)
-    rflat = osc.unwrap_tensor_subclasses([real], is_joint_structure=False, append_symints=True, subclass_metas=[safe])
+    rflat = osc.unwrap_args([real], is_joint_structure=False, append_symints=True, subclass_metas=[safe])
     assert rflat[2] == 7 and rflat[4] == 7 and rflat[1] is m_rt
-    (out,) = osc.wrap_tensor_subclasses(rflat, subclass_metas=[safe], is_runtime=True)
+    (out,) = osc.wrap_args(rflat, subclass_metas=[safe], is_runtime=True)
     assert out.shape == (7, 3) and out._data.shape == (7, 3) and out._data._mesh is m_rt
 
 
@@ -222,12 +216,12 @@ def test_the_traced_rebuild_check_refuses_a_wrong_mesh_or_symbol():
     with mode:
         fake = MeshTensor(MeshTensor(_symbolic(mode, real_inner, "x"), Mesh("in")), Mesh("out"))
         other = _symbolic(mode, real_other, "y")
-    (meta,) = osc.create_subclass_meta([fake], count_symints=True)
-    flat = osc.unwrap_tensor_subclasses([fake], is_joint_structure=False, append_symints=True)
+    (meta,) = osc.describe_args([fake], count_symints=True)
+    flat = osc.unwrap_args([fake], is_joint_structure=False, append_symints=True)
 
     def traced(leaves):
         with mode:
-            return osc.wrap_tensor_subclasses(leaves, subclass_metas=[meta], is_runtime=False)[0]
+            return osc.wrap_args(leaves, subclass_metas=[meta], is_runtime=False)[0]
 
     _check_traced_rebuild(traced(flat), fake, flat)
     wrong_mesh = traced([*flat[:3], Mesh("out"), flat[4]])
@@ -249,30 +243,30 @@ def test_trace_time_wrap_mirrors_autograd_meta():
         inner = mode.from_tensor(real_inner)
         fake = MeshTensor(inner, Mesh())
         fake.requires_grad_(True)
-    (meta,) = osc.create_subclass_meta([fake])
-    flat = osc.unwrap_tensor_subclasses([fake], is_joint_structure=False)
+    (meta,) = osc.describe_args([fake])
+    flat = osc.unwrap_args([fake], is_joint_structure=False)
     with mode:
-        (rebuilt,) = osc.wrap_tensor_subclasses(flat, subclass_metas=[meta], is_runtime=False)
+        (rebuilt,) = osc.wrap_args(flat, subclass_metas=[meta], is_runtime=False)
     assert rebuilt.requires_grad
 
 
 def test_real_tensors_are_not_kept_in_metas():
-    (meta,) = osc.create_subclass_meta([MeshTensor(torch.ones(2), Mesh())])
+    (meta,) = osc.describe_args([MeshTensor(torch.ones(2), Mesh())])
     assert meta.original_subclass is None
 
 
 def test_memory_format_recorded():
     x = PlainPair(torch.randn(1, 2, 3, 3).contiguous(memory_format=torch.channels_last), torch.randn(1, 2, 3, 3))
-    (meta,) = osc.create_subclass_meta([x], with_memory_format=True)
+    (meta,) = osc.describe_args([x], with_memory_format=True)
     assert meta.attrs["a"].memory_format == torch.channels_last
     assert meta.attrs["b"].memory_format == torch.contiguous_format
 
 
 def test_meta_equality_and_hash():
-    a = osc.create_subclass_meta([MeshTensor(torch.ones(2), Mesh())])[0]
-    b = osc.create_subclass_meta([MeshTensor(torch.zeros(2), Mesh())])[0]
+    a = osc.describe_args([MeshTensor(torch.ones(2), Mesh())])[0]
+    b = osc.describe_args([MeshTensor(torch.zeros(2), Mesh())])[0]
     assert a == b and hash(a) == hash(b)
-    c = osc.create_subclass_meta([MeshTensor(torch.zeros(3), Mesh())])[0]
+    c = osc.describe_args([MeshTensor(torch.zeros(3), Mesh())])[0]
     assert a != c
 
 
@@ -280,22 +274,22 @@ def test_meta_equality_and_hash():
 def test_many_arguments(k):
     meshes = [Mesh(str(i)) for i in range(k)]
     args = [MeshTensor(torch.full((2,), float(i)), meshes[i]) for i in range(k)]
-    metas = _rt(osc.create_subclass_meta(args))
-    flat = osc.unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
+    metas = _rt(osc.describe_args(args))
+    flat = osc.unwrap_args(args, is_joint_structure=False, subclass_metas=metas)
     assert len(flat) == 2 * k
-    out = osc.wrap_tensor_subclasses(flat, subclass_metas=metas, is_runtime=True)
+    out = osc.wrap_args(flat, subclass_metas=metas, is_runtime=True)
     assert all(o._mesh is m and o._data[0].item() == i for i, (o, m) in enumerate(zip(out, meshes, strict=True)))
 
 
 @pytest.mark.parametrize("with_metas", [False, True], ids=["walk", "metas"])
 @pytest.mark.parametrize("joint", [False, True], ids=["flat", "joint"])
 def test_unwrap_names_a_bad_argument_the_same_with_and_without_metas(with_metas, joint):
-    """unwrap_tensor_subclasses names a bad attribute by the argument's place,
+    """unwrap_args names a bad attribute by the argument's place,
     ``args[1]._data._data`` (``primals[1]...``, ``tangents[0]...`` for a joint
     structure), with metas (the generated unwrap, cached per meta) as without
     (the validating walk); the generated unwrap's own name ``x`` does not leak."""
     good, broken = nested(2), nested(2)
-    metas = osc.create_subclass_meta([good, good])
+    metas = osc.describe_args([good, good])
     broken._data._data = None
     args: object = [good, broken]
     subclass_metas: object = metas if with_metas else None
@@ -305,17 +299,17 @@ def test_unwrap_names_a_bad_argument_the_same_with_and_without_metas(with_metas,
         subclass_metas = (metas, metas[:1]) if with_metas else None
     for _ in range(2):  # the generated unwrap is cached after the first call: same name again
         with pytest.raises(TypeError) as info:
-            osc.unwrap_tensor_subclasses(args, is_joint_structure=joint, subclass_metas=subclass_metas)
+            osc.unwrap_args(args, is_joint_structure=joint, subclass_metas=subclass_metas)
         msg = str(info.value)
         assert where in msg and "x._data" not in msg and "NoneType" in msg and "Fix:" in msg, msg
     if joint:  # and a bad tangent is named as one
         args = ([good], [broken])
         subclass_metas = (metas[:1], metas[:1]) if with_metas else None
         with pytest.raises(TypeError, match=r"tangents\[0\]\._data\._data"):
-            osc.unwrap_tensor_subclasses(args, is_joint_structure=True, subclass_metas=subclass_metas)
+            osc.unwrap_args(args, is_joint_structure=True, subclass_metas=subclass_metas)
     if with_metas:  # another type than the metas were made from: the argument is named too
         with pytest.raises(TypeError, match=r"expected a subclasses\.MeshTensor at args\[1\] .*got torch\.Tensor"):
-            osc.unwrap_tensor_subclasses([good, torch.ones(2)], is_joint_structure=False, subclass_metas=metas)
+            osc.unwrap_args([good, torch.ones(2)], is_joint_structure=False, subclass_metas=metas)
 
 
 @pytest.mark.parametrize("bad", [3, None, 2.5, "t"])
@@ -326,12 +320,12 @@ def test_fast_paths_refuse_a_non_tensor_in_a_tensor_slot(bad):
     from opaque_subclass.core.codegen import ArgumentsPlan
 
     m = Mesh()
-    metas = osc.create_subclass_meta([nested(2)])
+    metas = osc.describe_args([nested(2)])
     broken = nested(2)
     broken._data._data = bad
     kind = type(bad).__name__
     with pytest.raises(TypeError, match=rf"MeshTensor: args\[0\]\._data\._data is a tensor slot.*got {kind}\b.*Fix:"):
-        osc.unwrap_tensor_subclasses([broken], is_joint_structure=False, subclass_metas=metas)
+        osc.unwrap_args([broken], is_joint_structure=False, subclass_metas=metas)
     with pytest.raises(TypeError, match=rf"args\[0\]\._data\._data is a tensor slot.*got {kind}\b"):
         ArgumentsPlan(metas).unwrap([broken])
     rt = _rt(metas)
@@ -341,7 +335,7 @@ def test_fast_paths_refuse_a_non_tensor_in_a_tensor_slot(bad):
         TypeError,
         match=rf"wrap of .*MeshTensor: flat slot 0 rebuilds the tensor attribute x\._data\._data, got {kind}\b.*Fix:",
     ):
-        osc.wrap_tensor_subclasses(flat, subclass_metas=rt, is_runtime=True)
+        osc.wrap_args(flat, subclass_metas=rt, is_runtime=True)
     with pytest.raises(
         TypeError, match=rf"flat slot 0 rebuilds the tensor attribute args\[0\]\._data\._data, got {kind}\b"
     ):
@@ -352,8 +346,8 @@ def test_fast_paths_accept_tensor_subtypes_in_tensor_slots():
     """Parameters (and other Tensor subtypes) pass the slot check."""
     m = Mesh()
     x = MeshTensor(torch.nn.Parameter(torch.ones(2)), m)
-    metas = osc.create_subclass_meta([x])
-    flat = osc.unwrap_tensor_subclasses([x], is_joint_structure=False, subclass_metas=metas)
+    metas = osc.describe_args([x])
+    flat = osc.unwrap_args([x], is_joint_structure=False, subclass_metas=metas)
     assert flat[0] is x._data and flat[1] is m
-    (out,) = osc.wrap_tensor_subclasses(flat, subclass_metas=_rt(metas), is_runtime=True)
+    (out,) = osc.wrap_args(flat, subclass_metas=_rt(metas), is_runtime=True)
     assert out._data is x._data and out._mesh is m

@@ -1,4 +1,4 @@
-"""process_runtime_tangent: opaque slots passed through, tensor slots coerced."""
+"""unwrap_tangent: opaque slots passed through, tensor slots coerced."""
 
 import pytest
 import torch
@@ -9,20 +9,20 @@ import opaque_subclass as osc
 
 def test_plain_tangent_coerced_to_forward_memory_format():
     out = torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)
-    (meta,) = osc.create_subclass_meta([out], with_memory_format=True)
+    (meta,) = osc.describe_args([out], with_memory_format=True)
     tangent = torch.randn(2, 3, 4, 4)
-    new, leaves = osc.process_runtime_tangent(tangent, meta)
+    new, leaves = osc.unwrap_tangent(tangent, meta)
     assert (new.is_contiguous(memory_format=torch.channels_last) and leaves == [new]) or leaves[0] is new
     assert torch.equal(new, tangent)
 
 
 def test_subclass_tangent_keeps_opaque_and_coerces_inner_layout():
     fw = MeshTensor(torch.randn(4, 3), Mesh("fw"))
-    (meta,) = osc.create_subclass_meta([fw], with_memory_format=True)
+    (meta,) = osc.describe_args([fw], with_memory_format=True)
     tangent_mesh = Mesh("tangent")
     inner = torch.randn(3, 4).t()  # non-contiguous
     tangent = MeshTensor(inner, tangent_mesh)
-    new, leaves = osc.process_runtime_tangent(tangent, meta)
+    new, leaves = osc.unwrap_tangent(tangent, meta)
     assert len(leaves) == 2 and leaves[1] is tangent_mesh
     assert leaves[0].is_contiguous() and torch.equal(leaves[0], inner)
     assert new._data is leaves[0] and new._mesh is tangent_mesh
@@ -31,30 +31,30 @@ def test_subclass_tangent_keeps_opaque_and_coerces_inner_layout():
 def test_nested_tangent_leaves_line_up_with_slots():
     m, s = Mesh(), Stream()
     fw = MeshTensor(MultiOpaque(torch.randn(2), torch.randn(2), m, s), m)
-    (meta,) = osc.create_subclass_meta([fw], with_memory_format=True)
+    (meta,) = osc.describe_args([fw], with_memory_format=True)
     tm, ts = Mesh("t"), Stream(9)
     tangent = MeshTensor(MultiOpaque(torch.ones(2), torch.ones(2), tm, ts), tm)
-    _, leaves = osc.process_runtime_tangent(tangent, meta)
-    kinds = ["opaque" if isinstance(slot, osc.OpaqueMeta) else "tensor" for _, slot in osc.iter_slots(meta)]
+    _, leaves = osc.unwrap_tangent(tangent, meta)
+    kinds = ["opaque" if isinstance(slot, osc.OpaqueSlot) else "tensor" for _, slot in osc.iter_slots(meta)]
     assert kinds == ["tensor", "tensor", "opaque", "opaque", "opaque"]
     assert leaves[2] is tm and leaves[3] is ts and leaves[4] is tm
 
 
 def test_non_tensor_tangent_passes_through():
-    (meta,) = osc.create_subclass_meta([Mesh()])
-    assert osc.process_runtime_tangent(None, meta) == (None, [None])
+    (meta,) = osc.describe_args([Mesh()])
+    assert osc.unwrap_tangent(None, meta) == (None, [None])
 
 
 def test_tensor_for_opaque_output_is_rejected():
-    (meta,) = osc.create_subclass_meta([Mesh()])
+    (meta,) = osc.describe_args([Mesh()])
     with pytest.raises(TypeError, match=r"tangent 'tangent'.*subclasses.Mesh opaque, which has no tangent"):
-        osc.process_runtime_tangent(torch.ones(1), meta)
+        osc.unwrap_tangent(torch.ones(1), meta)
 
 
 def test_type_mismatch_without_coercion_names_types_and_fix():
-    (meta,) = osc.create_subclass_meta([MeshTensor(torch.randn(2), Mesh())], with_memory_format=True)
+    (meta,) = osc.describe_args([MeshTensor(torch.randn(2), Mesh())], with_memory_format=True)
     with pytest.raises(TypeError) as info:
-        osc.process_runtime_tangent(torch.randn(2), meta, name="grad_out[0]")
+        osc.unwrap_tangent(torch.randn(2), meta, name="grad_out[0]")
     msg = str(info.value)
     assert "'grad_out[0]' is a torch.Tensor" in msg and "subclasses.MeshTensor" in msg
     assert "__coerce_same_metadata_as_tangent__" in msg
@@ -68,20 +68,20 @@ class _Coercible(PlainPair):
 
 
 def test_coercion_hook_is_used():
-    (meta,) = osc.create_subclass_meta([MeshTensor(torch.randn(2), Mesh(), ctx="c")], with_memory_format=True)
-    new, leaves = osc.process_runtime_tangent(_Coercible(torch.ones(2), torch.ones(2)), meta)
+    (meta,) = osc.describe_args([MeshTensor(torch.randn(2), Mesh(), ctx="c")], with_memory_format=True)
+    new, leaves = osc.unwrap_tangent(_Coercible(torch.ones(2), torch.ones(2)), meta)
     assert type(new) is MeshTensor and new._ctx == "c" and leaves[1].name == "coerced"
 
 
 def test_context_mismatch_without_hook():
-    (meta,) = osc.create_subclass_meta([MeshTensor(torch.randn(2), Mesh(), ctx="fw")], with_memory_format=True)
+    (meta,) = osc.describe_args([MeshTensor(torch.randn(2), Mesh(), ctx="fw")], with_memory_format=True)
     with pytest.raises(TypeError, match="with flatten context 'bw'.*with context 'fw'"):
-        osc.process_runtime_tangent(MeshTensor(torch.randn(2), Mesh(), ctx="bw"), meta)
+        osc.unwrap_tangent(MeshTensor(torch.randn(2), Mesh(), ctx="bw"), meta)
 
 
 def test_non_opaque_in_opaque_slot_of_tangent():
-    (meta,) = osc.create_subclass_meta([MeshTensor(torch.randn(2), Mesh())], with_memory_format=True)
+    (meta,) = osc.describe_args([MeshTensor(torch.randn(2), Mesh())], with_memory_format=True)
     bad = MeshTensor(torch.randn(2), Mesh())
     bad._mesh = 5
     with pytest.raises(TypeError, match=r"tangent 'tangent._mesh': expected a reference opaque in this slot, got int"):
-        osc.process_runtime_tangent(bad, meta)
+        osc.unwrap_tangent(bad, meta)

@@ -1,6 +1,6 @@
-"""Public names that torch's private AOTAutograd modules define too are listed,
-with how they differ, in docs/core.md section 13 (no name shadows a torch
-function's with different semantics without the docs saying so)."""
+"""The run-time API mirrors torch's private AOTAutograd helpers under names of
+its own (docs/core.md section 13): no public name of the library is the name of
+another object in those modules, and the table maps each of ours to torch's."""
 
 from __future__ import annotations
 
@@ -55,7 +55,23 @@ def _documented() -> dict[str, str]:
 
 def test_the_table_is_parsed():
     rows = _documented()
-    assert {"create_subclass_meta", "unwrap_tensor_subclasses", "OpaqueMeta", "OpaqueBase"} <= set(rows), rows
+    assert {"describe_args", "unwrap_args", "OpaqueSlot", "OpaqueBase"} <= set(rows), rows
+
+
+def test_every_row_names_a_public_object():
+    missing = sorted(name for name in _documented() if name not in osc.__all__)
+    assert not missing, f"docs/core.md section 13 names {missing}, which opaque_subclass does not export"
+
+
+def test_no_public_name_is_a_torch_name_of_another_object():
+    """Our names are our own: where torch binds one of them (a module function or
+    class, or a method of AOTDispatchAutograd, whose process_runtime_tangent our
+    unwrap_tangent mirrors), it binds the very same object."""
+    from torch._functorch._aot_autograd.runtime_wrappers import AOTDispatchAutograd
+
+    clashes = [name for name, values in _shared_names().items() if any(v is not getattr(osc, name) for v in values)]
+    clashes += [name for name in osc.__all__ if name in vars(AOTDispatchAutograd)]
+    assert not clashes, f"opaque_subclass.{clashes} carry the names of other torch objects: rename them"
 
 
 @pytest.mark.parametrize("name", sorted(_shared_names()))

@@ -38,7 +38,7 @@ def _nested(levels: int) -> torch.Tensor:
 
 ROUTES = {
     "flatten_subclass": lambda x: osc.flatten_subclass(x),
-    "create_subclass_meta": lambda x: osc.create_subclass_meta([x]),
+    "describe_args": lambda x: osc.describe_args([x]),
     "walk": lambda x: list(walk(x)),
     "check_rebuild": lambda x: check_rebuild(x),
     "split_attrs+tensor_leaves": lambda x: (split_attrs(x), tensor_leaves(x)),

@@ -83,11 +83,11 @@ def _compiled(backend: str, fn: Any) -> Any:
 
 
 def _metas(*args: Any) -> list[Any]:
-    return osc.create_subclass_meta(list(args))
+    return osc.describe_args(list(args))
 
 
 def _unwrap(args: list[Any], metas: list[Any]) -> list[Any]:
-    return osc.unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
+    return osc.unwrap_args(args, is_joint_structure=False, subclass_metas=metas)
 
 
 # ------------------------------------- (a) the attribute list changes, context equal
@@ -134,10 +134,10 @@ def test_api_unwrap_still_accepts_names_returned_as_a_tuple_after_a_change_of_li
 def test_api_tangent_listing_other_attributes_is_refused():
     a, b = Mesh("a"), Mesh("b")
     out = Listing(torch.ones(2), ["_data", "_a"], _a=a)
-    (meta,) = osc.create_subclass_meta([out], with_memory_format=True)
+    (meta,) = osc.describe_args([out], with_memory_format=True)
     tangent = Listing(torch.ones(2), ["_data", "_b"], _a=Mesh("stale"), _b=b)
     _raises(
-        lambda: osc.process_runtime_tangent(tangent, meta),
+        lambda: osc.unwrap_tangent(tangent, meta),
         OpaqueTypeError,
         "subclasses.Listing",
         "'tangent'",
@@ -150,9 +150,9 @@ def test_api_tangent_listing_other_attributes_is_refused():
 
 def test_api_tangent_with_an_opaque_in_a_tensor_slot_is_refused():
     out = Listing(torch.ones(2), ["_data", "_aux"], _aux=torch.ones(2))
-    (meta,) = osc.create_subclass_meta([out], with_memory_format=True)
+    (meta,) = osc.describe_args([out], with_memory_format=True)
     tangent = Listing(torch.ones(2), ["_data", "_aux"], _aux=Mesh("m"))
-    _raises(lambda: osc.process_runtime_tangent(tangent, meta), OpaqueTypeError, "'tangent._aux'", "subclasses.Mesh")
+    _raises(lambda: osc.unwrap_tangent(tangent, meta), OpaqueTypeError, "'tangent._aux'", "subclasses.Mesh")
 
 
 def _backward_with(backend: str, tangent: Listing) -> Listing:
@@ -247,7 +247,7 @@ def test_api_wrap_checks_opaque_slots(value):
     metas = [m.runtime_safe() for m in _metas(MeshTensor(torch.ones(2), Mesh()))]
     kind = "torch.Tensor" if isinstance(value, torch.Tensor) else "int"
     _raises(
-        lambda: osc.wrap_tensor_subclasses([torch.ones(2), value], subclass_metas=metas, is_runtime=True),
+        lambda: osc.wrap_args([torch.ones(2), value], subclass_metas=metas, is_runtime=True),
         OpaqueTypeError,
         "subclasses.MeshTensor",
         "flat slot 1",
@@ -271,7 +271,7 @@ def test_api_wrap_of_attributes_named_unlike_identifiers_checks_opaque_slots():
     setattr(x, "the mesh", Mesh())
     metas = [m.runtime_safe() for m in _metas(x)]
     _raises(
-        lambda: osc.wrap_tensor_subclasses([torch.ones(2), 5], subclass_metas=metas, is_runtime=True),
+        lambda: osc.wrap_args([torch.ones(2), 5], subclass_metas=metas, is_runtime=True),
         OpaqueTypeError,
         "x.the mesh",
         "int",
@@ -307,10 +307,10 @@ def test_api_unwrap_of_a_deleted_nested_opaque_names_it():
 
 
 def test_api_tangent_of_a_deleted_opaque_names_it():
-    (meta,) = osc.create_subclass_meta([MeshTensor(torch.ones(2), Mesh())], with_memory_format=True)
+    (meta,) = osc.describe_args([MeshTensor(torch.ones(2), Mesh())], with_memory_format=True)
     tangent = MeshTensor(torch.ones(2), Mesh())
     del tangent._mesh
-    _raises(lambda: osc.process_runtime_tangent(tangent, meta), OpaqueAttributeError, "tangent._mesh", "found: nothing")
+    _raises(lambda: osc.unwrap_tangent(tangent, meta), OpaqueAttributeError, "tangent._mesh", "found: nothing")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -382,7 +382,7 @@ def _deleted_leaf(module: torch.nn.Module, path: str, where: str, attribute: str
 
 
 def test_parametrization_read_of_a_deleted_opaque_leaf_names_it():
-    module = osc.unwrap_tensor_subclass_parameters(_Holds(Mesh("w")))
+    module = osc.unwrap_subclass_parameters(_Holds(Mesh("w")))
     del module.parametrizations.w.original1
     with pytest.raises(OpaqueSubclassError) as info:
         _ = module.w
@@ -398,7 +398,7 @@ def test_parametrization_deleted_leaf_of_a_submodule_gives_a_fix_that_runs():
     root = torch.nn.Module()
     root.layer = _Holds(Mesh("a"))
     root.blocks = torch.nn.Sequential(_Holds(Mesh("b")))
-    osc.unwrap_tensor_subclass_parameters(root)
+    osc.unwrap_subclass_parameters(root)
     del root.layer.parametrizations.w.original1
     del root.blocks[0].parametrizations.w.original1
     for path, where in (
@@ -414,7 +414,7 @@ def test_parametrization_deleted_leaf_of_a_submodule_gives_a_fix_that_runs():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_compiled_module_after_deleting_an_opaque_leaf_names_it(backend):
     torch._dynamo.reset()
-    module = osc.unwrap_tensor_subclass_parameters(_Holds(Mesh("w")))
+    module = osc.unwrap_subclass_parameters(_Holds(Mesh("w")))
     f = torch.compile(module, backend=backend)
     assert f(torch.ones(2))._mesh is module.w._mesh
     del module.parametrizations.w.original1
@@ -431,7 +431,7 @@ def test_fullgraph_compile_after_deleting_an_opaque_leaf_is_a_graph_break_at_the
     check (a function torch.compile must not trace) is called; the same
     program without ``fullgraph`` gives the library's error."""
     torch._dynamo.reset()
-    module = osc.unwrap_tensor_subclass_parameters(_Holds(Mesh("w")))
+    module = osc.unwrap_subclass_parameters(_Holds(Mesh("w")))
     f = torch.compile(module, backend="aot_eager", fullgraph=True)
     f(torch.ones(2))
     del module.parametrizations.w.original1
@@ -443,7 +443,7 @@ def test_fullgraph_compile_after_deleting_an_opaque_leaf_is_a_graph_break_at_the
 
 
 def test_non_strict_export_after_deleting_an_opaque_leaf_names_it():
-    module = osc.unwrap_tensor_subclass_parameters(_Holds(Mesh("w")))
+    module = osc.unwrap_subclass_parameters(_Holds(Mesh("w")))
     del module.parametrizations.w.original1
     _raises(
         lambda: torch.export.export(module, (torch.ones(2),), strict=False),
@@ -495,21 +495,21 @@ NOT_MODULES = {
 
 
 @pytest.mark.parametrize("label", sorted(NOT_MODULES))
-def test_unwrap_tensor_subclass_parameters_refuses_a_non_module(label):
+def test_unwrap_subclass_parameters_refuses_a_non_module(label):
     value = NOT_MODULES[label]
     found = {"None": "NoneType", "int": "int", "tensor": "subclasses.MeshTensor", "class": "type", "list": "list"}
     _raises(
-        lambda: osc.unwrap_tensor_subclass_parameters(value),
+        lambda: osc.unwrap_subclass_parameters(value),
         OpaqueTypeError,
-        "opaque_subclass.unwrap_tensor_subclass_parameters",
+        "opaque_subclass.unwrap_subclass_parameters",
         "torch.nn.Module",
         found[label],
     )
 
 
-def test_unwrap_tensor_subclass_parameters_fix_for_a_tensor_runs():
+def test_unwrap_subclass_parameters_fix_for_a_tensor_runs():
     t = MeshTensor(torch.ones(2), Mesh())
-    text = _raises(lambda: osc.unwrap_tensor_subclass_parameters(t), OpaqueTypeError, "subclasses.MeshTensor")
+    text = _raises(lambda: osc.unwrap_subclass_parameters(t), OpaqueTypeError, "subclasses.MeshTensor")
     scope: dict[str, Any] = {"t": t}
     exec(_snippets(text)[0], scope)
     assert scope["module"].weight._mesh is t._mesh

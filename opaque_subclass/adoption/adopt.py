@@ -1,52 +1,45 @@
 """Adopting a subclass you do not own: objects of its flatten context made opaque attributes.
 
-A subclass written before torch 2.12 keeps its mesh (or process group) inside
-the context its ``__tensor_flatten__`` returns, where torch.compile guards it by
-equality and bakes the compile-time object into the graph: a later call with an
-equal mesh of other process groups runs with the first call's mesh (lint
-OSC001). Its owner fixes that by listing the mesh among the attributes. A user
-who cannot change the class (it is another package's, and that package builds
-op outputs, gradients and tangents as the class itself, so a subclass of it
-does not help) declares the change instead::
+A subclass written before torch 2.12 keeps its mesh (or process group) in its
+``__tensor_flatten__`` context, where torch.compile guards it by equality and
+bakes the compile-time object into the graph: a later call with an equal mesh
+of other process groups runs with the first call's mesh (lint OSC001). A user
+who cannot list the mesh among the class's attributes (the class is another
+package's, which builds op outputs, gradients and tangents as the class
+itself, so a subclass does not help) declares the change instead::
 
     handle = opaque_subclass.adopt(ShardTensor, {"_mesh": ContextOpaque("[0].mesh", DeviceMesh)})
 
-While adopted, the class's ``__tensor_flatten__`` lists ``_mesh`` after its
-own attributes and returns its context with the mesh replaced by a
-:class:`~opaque_subclass.adoption.paths.Placeholder`; its
-``__tensor_unflatten__`` puts the ``_mesh`` it is given back into a copy of the
-context before the class's own unflatten runs. Every instance the class's code
-builds is covered, since only the class's methods change:
+While adopted, ``__tensor_flatten__`` lists ``_mesh`` after the class's own
+attributes and returns the context with the mesh replaced by a
+:class:`~opaque_subclass.adoption.paths.Placeholder`; ``__tensor_unflatten__``
+puts the given ``_mesh`` back into a copy of the context before the class's own
+unflatten runs. Only the class's methods change, so every instance is covered:
 
 * the context compares, deep-copies and pickles the same for every mesh, so
-  Dynamo's guard on it (the class's ``__metadata_guard__`` or ``==``), the
-  deep copy the guard keeps, and a cache key that pickles it no longer depend
-  on the mesh; the mesh is a graph input guarded by identity (and by its
-  registration's ``guard``);
-* ``__tensor_unflatten__`` called without ``_mesh`` (the class's own code,
-  written for the old flatten) rebuilds from the context as it is when the
-  context still holds the object, and raises a named error when it holds the
-  placeholder;
-* the class's ``__coerce_same_metadata_as_tangent__`` (torch calls it on a
-  runtime tangent with the context recorded while tracing) receives that
-  context with each placeholder replaced by the tangent's own object, so code
-  that rebuilds from it gets a mesh;
-* ``_mesh`` itself is a read-only attribute of the class that reads the
-  object from the instance's own context, as torch reads every listed name.
+  Dynamo's guard on it (``__metadata_guard__`` or ``==``), the guard's deep copy
+  and a pickling cache key no longer depend on the mesh; the mesh is a graph
+  input guarded by identity (and its registration's ``guard``);
+* ``__tensor_unflatten__`` called without ``_mesh`` (the class's own code)
+  rebuilds from the context when it still holds the object, and raises a named
+  error when it holds the placeholder;
+* ``__coerce_same_metadata_as_tangent__`` (called by torch on a runtime tangent
+  with the traced context) gets that context with each placeholder replaced by
+  the tangent's own object;
+* ``_mesh`` is a read-only class attribute reading the instance's own context.
 
-Nothing of an instance changes, and the class's own methods are restored
-exactly by :meth:`Adoption.undo` (or :func:`unadopt`). The class's
-``__metadata_guard__`` and ``_stable_hash_for_caching`` are kept: both read
-the placeholder context or the instance, neither the mesh's identity.
+Instances never change; :meth:`Adoption.undo` (or :func:`unadopt`) restores the
+class's methods exactly. ``__metadata_guard__`` and
+``_stable_hash_for_caching`` are kept: they read the placeholder context or the
+instance, never the mesh's identity.
 
-Threads: adoptions are made and undone under one lock. The methods are
-replaced in an order that keeps every flatten readable by the unflatten of
-the moment: the unflatten, which reads both forms, first; the flatten last
-(undo: the flatten first). A program compiled while a class is adopted holds
-the placeholder context; its guard fails once the class is unadopted, so it
-is not run again, but a call of it still running on another thread when
-``unadopt`` runs rebuilds outputs with the class's own unflatten: undo an
-adoption while no compiled code of the class runs.
+Threads: adoptions are made and undone under one lock, replacing methods so
+every flatten stays readable by the current unflatten (unflatten, which reads
+both forms, first and flatten last; undo the reverse). A program compiled while
+adopted holds the placeholder context and fails its guard once unadopted, but a
+call still running on another thread during ``unadopt`` rebuilds outputs with
+the class's own unflatten: undo an adoption while no compiled code of the class
+runs.
 """
 
 from __future__ import annotations
@@ -81,11 +74,9 @@ _ABSENT = object()  # a name not in the class's own __dict__ before adoption
 class ContextOpaque:
     """Where an object to adopt sits in the flatten context, and its class.
 
-    ``path`` uses the notation of lint OSC001's paths after ``<context>``:
-    ``.mesh`` (an attribute or dataclass field), ``[0]`` (an item of a tuple
-    or list), ``['spec']`` (a mapping item), chained (``[0].mesh``). ``cls``
-    must be a registered reference opaque (``DeviceMesh`` and
-    ``ProcessGroup`` are registered on first use, as torch registers them).
+    ``path`` uses OSC001's path notation after ``<context>``: ``.mesh`` (attribute or dataclass field),
+    ``[0]`` (tuple or list item), ``['spec']`` (mapping item), chained (``[0].mesh``). ``cls`` must be a
+    registered reference opaque (``DeviceMesh`` and ``ProcessGroup`` register on first use, as in torch).
     """
 
     path: str
@@ -94,8 +85,7 @@ class ContextOpaque:
 
 @dataclasses.dataclass(frozen=True)
 class _Slot:
-    """One checked declaration of ``owner`` (the adopted class): the attribute
-    name, the parsed path, the opaque's class, the placeholder it leaves."""
+    """One checked declaration of the adopted class ``owner``, with the placeholder it leaves."""
 
     owner: type
     name: str
@@ -104,8 +94,7 @@ class _Slot:
     placeholder: Placeholder
 
     def read(self, ctx: object) -> object:
-        """The object at the path of ``ctx`` (the placeholder too), or an error
-        naming what the path found instead."""
+        """The object (or placeholder) at the path of ``ctx``; else an error naming what is there."""
         value, depth = self.path.read(ctx)
         if depth < len(self.path.steps):
             raise messages.path_not_found(
@@ -121,9 +110,8 @@ class _Slot:
         return value
 
     def check(self, ctx: object, value: object) -> None:
-        """``value``, read from the class's own context, is of the declared class
-        (a placeholder there is an instance built from an adopted context after
-        the adoption was undone: refused too)."""
+        """Refuse a ``value`` from the class's own context not of the declared class (a placeholder too:
+        an instance built from an adopted context after the undo)."""
         if not issubclass(opaque_type_of(value), self.cls):
             raise messages.wrong_type_at_path(
                 self.owner, self.name, self.path.text, value, self.cls, _suggest(ctx, self.cls)
@@ -142,8 +130,7 @@ def _suggest(ctx: object, opaque_cls: type) -> str | None:
 
 
 def _raw(cls: type, name: str) -> Any:
-    """The object ``name`` resolves to in ``cls``'s MRO (a function, a
-    ``classmethod`` or ``staticmethod``), unbound; ``None`` when absent."""
+    """The unbound object ``name`` resolves to in ``cls``'s MRO; ``None`` when absent."""
     for klass in cls.__mro__:
         if name in klass.__dict__:
             return klass.__dict__[name]
@@ -151,8 +138,7 @@ def _raw(cls: type, name: str) -> Any:
 
 
 class _AdoptedAttribute:
-    """The attribute an adopted opaque is listed under: reads the object from
-    the instance's own flatten context (as the class's flatten returns it)."""
+    """The attribute an adopted opaque is listed under: reads it from the instance's own flatten context."""
 
     def __init__(self, slot: _Slot, flatten: Any) -> None:
         self._slot = slot
@@ -170,11 +156,7 @@ class _AdoptedAttribute:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Adoption:
-    """An adoption in force: the class, its declarations, and how to undo it.
-
-    Returned by :func:`adopt`. :meth:`undo` restores the class's own methods
-    exactly (also as ``with opaque_subclass.adopt(...):``).
-    """
+    """An adoption in force, returned by :func:`adopt`; :meth:`undo` (or leaving ``with``) restores the class."""
 
     cls: type
     opaques: Mapping[str, ContextOpaque]
@@ -209,8 +191,7 @@ class Adoption:
             del _ADOPTIONS[self.cls]
 
     def summary(self) -> str:
-        """One line for ``support().adopted``: the class, the methods replaced,
-        each adopted object (``_mesh <- <context>[0].mesh``)."""
+        """One line for ``support().adopted``: class, methods replaced, ``_mesh <- <context>[0].mesh``."""
         methods = sorted(n for n in self._installed if n.startswith("__"))
         moved = ", ".join(f"{s.name} <- <context>{s.path.text}" for s in self._slots)
         return f"{qualified_name(self.cls)}: {', '.join(methods)} replaced; {moved}"
@@ -360,33 +341,26 @@ def adopt(cls: type, opaques: Mapping[str, ContextOpaque], *, example: object = 
     Parameters
     ----------
     cls
-        A tensor subclass you do not own, whose ``__tensor_flatten__`` keeps a
-        reference-like object (a ``DeviceMesh``, a process group) in its
-        context.
+        A tensor subclass you do not own whose flatten context keeps a ``DeviceMesh`` or process group.
     opaques
-        ``{attribute name: ContextOpaque(path, cls)}``: the name the object is
-        listed under (it must not be an attribute of ``cls``), where it sits in
-        the context, and its class (a registered reference opaque).
+        ``{attribute name: ContextOpaque(path, cls)}``: the new attribute (not one of ``cls``), where the
+        object sits in the context, and its registered reference opaque class.
     example
-        An instance of ``cls``: when given, every path is checked on it now;
-        otherwise on the first flatten.
+        An instance of ``cls`` to check every path on now, instead of on the first flatten.
 
     Returns
     -------
     Adoption
-        The handle: ``.undo()`` restores the class (also ``with adopt(...):``).
-        Adopting a class again with the same declaration returns the adoption
-        in force; with another one raises :class:`ValueError`.
+        The handle: ``.undo()`` restores the class (also ``with adopt(...):``). Adopting again with the
+        same declaration returns the adoption in force; with another raises :class:`ValueError`.
 
     Raises
     ------
     OpaqueTypeError
-        ``cls`` is not a tensor subclass with a flatten protocol, a declaration
-        is not a ``ContextOpaque``, its class is not a registered reference
-        opaque, or ``example`` holds another type at a path.
+        ``cls`` has no flatten protocol, a declaration is not a ``ContextOpaque`` or names no registered
+        reference opaque, or ``example`` holds another type at a path.
     OpaqueValueError
-        A bad attribute name, a path that is not one, or ``cls`` adopted
-        already with another declaration.
+        A bad attribute name or path, or ``cls`` adopted already with another declaration.
     OpaqueAttributeError
         ``example``'s context has nothing at a path.
     """

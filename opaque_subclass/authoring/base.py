@@ -11,36 +11,26 @@ Example::
     x = MeshTensor(torch.randn(4), Mesh(), "t")
 
 The class gets ``__tensor_flatten__`` (tensors then opaques, metadata in the
-context), ``__tensor_unflatten__``, a ``__repr__`` that never reads tensor
-data, a per-class op table (:meth:`OpaqueSubclass.implements`) and a default
-``__torch_dispatch__`` (see :mod:`opaque_subclass.authoring.dispatch`). Declarations are
-checked when the class statement runs, not on first use (only the registration
-of opaque classes may be left to the first instance, with
-``register_opaques=True``).
+context), ``__tensor_unflatten__``, a ``__repr__`` that never reads tensor data,
+a per-class op table (:meth:`OpaqueSubclass.implements`) and a default
+``__torch_dispatch__`` (:mod:`opaque_subclass.authoring.dispatch`). Declarations
+are checked when the class statement runs (only the registration of opaque
+classes may wait for the first instance, with ``register_opaques=True``); their
+error messages are built in :mod:`opaque_subclass.authoring.messages`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import keyword
-import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
 
+from opaque_subclass.authoring import messages
 from opaque_subclass.authoring.dispatch import dispatch
-from opaque_subclass.core.errors import (
-    OpaqueSubclassError,
-    OpaqueTypeError,
-    OpaqueValueError,
-    describe_type,
-    import_fix,
-    qualified_name,
-    subject,
-)
 from opaque_subclass.core.registry import (
     is_torch_handled_type,
     is_torch_own_opaque_type,
@@ -57,21 +47,16 @@ __all__ = ["OpaqueAttr", "OpaqueSubclass"]
 _TENSOR_NAMES = frozenset(dir(torch.Tensor))
 
 
-def _declaration_error(cls: type, message: str) -> TypeError:
-    return OpaqueTypeError(f"{subject(cls)}: {message}")
-
-
 @dataclasses.dataclass(frozen=True)
 class OpaqueAttr:
     """An ``opaque_attrs`` entry that also says how its class is registered:
     ``opaque_attrs = {"_gauge": OpaqueAttr(Gauge, members={"scale": Member.USE_REAL})}``.
 
-    The options are :func:`opaque_subclass.register_opaque`'s (``members``,
-    ``guard``, ``hoist``, ``reconstruct``), with the same checks and errors. A
-    class nobody registered yet is registered with them when the class
-    statement runs (with ``register_opaques=True``: when the first instance
-    is built); a class registered already must have been registered with the
-    same options (otherwise the error says how to make them agree).
+    The options are :func:`opaque_subclass.register_opaque`'s, with its checks
+    and errors. A class nobody registered yet is registered with them when the
+    class statement runs (with ``register_opaques=True``: at the first instance);
+    a class registered already must have been registered with the same options
+    (otherwise the error says how to make them agree).
     """
 
     cls: type
@@ -92,7 +77,7 @@ def _register_declared(cls: type, name: str, opaque_cls: type, options: dict[str
     try:
         register_opaque(opaque_cls, **options)
     except (TypeError, ValueError) as e:
-        raise type(e)(f"{subject(cls)}: opaque_attrs[{name!r}]: {e}") from e
+        raise messages.registration_failed(cls, name, e) from e
 
 
 # Classes declared with ``register_opaques=True`` whose opaque classes are still
@@ -105,24 +90,12 @@ _PENDING_LOCK = threading.Lock()
 
 def _register_pending(cls: type) -> None:
     if torch.compiler.is_compiling():
-        raise OpaqueTypeError(
-            f"{subject(cls)}: its first instance is built inside torch.compile, where its opaque "
-            f"classes ({', '.join(qualified_name(c) for c in _PENDING.get(cls, ()))}) cannot be registered. "
-            f"Fix: build one {cls.__qualname__} before compiling, or register them first: "
-            + "; ".join(
-                import_fix(c, 'opaque_subclass.register_opaque({cls}, kind="reference")') for c in _PENDING.get(cls, ())
-            )
-        )
+        raise messages.first_instance_compiling(cls, _PENDING.get(cls, ()))
     with _PENDING_LOCK:
         for opaque_cls in _PENDING.get(cls, ()):
             kind = opaque_kind(opaque_cls)
             if kind == "value":
-                raise OpaqueTypeError(
-                    f"{subject(cls)}: {qualified_name(opaque_cls)} was registered as a value-type opaque "
-                    "after the class was declared; its opaque_attrs need a reference opaque. Fix: register "
-                    'it with kind="reference" (before any other registration), or declare the attribute '
-                    "in meta_attrs."
-                )
+                raise messages.registered_as_value_later(cls, opaque_cls)
             options = _PENDING_OPTIONS.get(cls, {}).get(opaque_cls, {})
             if kind is None or options:
                 register_opaque(opaque_cls, kind="reference", **options)
@@ -130,76 +103,80 @@ def _register_pending(cls: type) -> None:
         _PENDING_OPTIONS.pop(cls, None)
 
 
-def _valid_name(name: object) -> str:
-    """An attribute name made from ``name`` for a fix: ``'2d'`` -> ``'_2d'``."""
-    text = re.sub(r"\W", "_", str(name)) or "_attr"
-    if not text.startswith("_"):
-        text = "_" + text
-    return text if text.isidentifier() and text not in _TENSOR_NAMES else "_attr"
-
-
-def _tuple_source(names: Sequence[object]) -> str:
-    return f"({', '.join(map(repr, names))}{',' if len(names) == 1 else ''})"
+def _set_pending(cls: type, pending: list[type], options: dict[type, dict[str, Any]]) -> None:
+    with _PENDING_LOCK:
+        if pending:
+            _PENDING[cls] = tuple(pending)
+            _PENDING_OPTIONS[cls] = options
+        else:
+            _PENDING.pop(cls, None)
+            _PENDING_OPTIONS.pop(cls, None)
 
 
 def _check_names(cls: type, group: str, names: Sequence[str]) -> tuple[str, ...]:
     if isinstance(names, str):
-        raise _declaration_error(
-            cls, f"{group} must be a tuple of names, got the string {names!r}. Fix: `{group} = ({names!r},)`"
-        )
+        raise messages.names_as_string(cls, group, names)
     if not isinstance(names, (tuple, list)):
-        try:  # the names of a set or dict, in a fixed order: the user's to check
-            given = [n for n in names if isinstance(n, str)]
-            fixed = _tuple_source(sorted(given) if isinstance(names, (set, frozenset)) else given)
-        except Exception:
-            fixed = '("_data",)'
-        raise _declaration_error(
-            cls,
-            f"{group} must be a tuple of attribute names, got {describe_type(names)}, which has no fixed "
-            f"order. Fix: a tuple in the order the flat slots should have, e.g. `{group} = {fixed}`",
-        )
+        raise messages.names_without_order(cls, group, names)
     for name in names:
         if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-            fixed = _tuple_source([_valid_name(n) if n == name else n for n in names])
-            raise _declaration_error(
-                cls, f"{group} entry {name!r} is not a valid attribute name. Fix: `{group} = {fixed}`"
-            )
+            raise messages.invalid_name(cls, group, name, names, _TENSOR_NAMES)
         if name in _TENSOR_NAMES:
-            raise _declaration_error(
-                cls,
-                f"{group} entry {name!r} would shadow torch.Tensor.{name}. Fix: rename it, e.g. '_{name}'.",
-            )
+            raise messages.shadows_tensor(cls, group, name)
     return tuple(names)
 
 
-def _declared_subclasses() -> list[type]:
-    """The user's declared subclasses of OpaqueSubclass (the library's own left
-    out), in declaration order as far as ``__subclasses__`` keeps it."""
-    found: list[type] = []
-    stack = list(reversed(OpaqueSubclass.__subclasses__()))
-    while stack:
-        klass = stack.pop()
-        if "_value_names" in klass.__dict__ and not klass.__module__.startswith("opaque_subclass"):
-            found.append(klass)
-        stack.extend(reversed(klass.__subclasses__()))
-    return found
+def _check_groups(cls: type[OpaqueSubclass]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The three groups of names, checked: valid, at least one tensor, none in two groups."""
+    tensors = _check_names(cls, "tensor_attrs", cls.tensor_attrs)
+    if not tensors:
+        raise messages.no_tensor_attrs(cls)
+    if not isinstance(cls.opaque_attrs, Mapping):
+        raise messages.opaque_attrs_not_a_mapping(cls, cls.opaque_attrs)
+    opaques = _check_names(cls, "opaque_attrs", tuple(cls.opaque_attrs))
+    metas = _check_names(cls, "meta_attrs", cls.meta_attrs)
+    seen: dict[str, str] = {}
+    for group, names in (("tensor_attrs", tensors), ("opaque_attrs", opaques), ("meta_attrs", metas)):
+        for name in names:
+            if name in seen:
+                raise messages.declared_twice(cls, name, seen[name], group, [n for n in names if n != name])
+            seen[name] = group
+    return tensors, opaques, metas
 
 
-def _implements_on_base(ops: tuple[Any, ...]) -> str:
-    """The message for ``OpaqueSubclass.implements(...)``, with a fix on the most
-    recently declared subclass (a placeholder when there is none)."""
-    try:
-        declared = _declared_subclasses()
-        name = declared[-1].__name__ if declared else "YourSubclass"
-        shown = ", ".join(f"torch.ops.{op}" for op in ops) or "torch.ops.aten.mul.Tensor"
-    except Exception:  # an error message must never crash
-        name, shown = "YourSubclass", "torch.ops.aten.mul.Tensor"
-    scope = f" (with {name} in scope)" if name != "YourSubclass" else " (YourSubclass: your OpaqueSubclass)"
-    return (
-        "OpaqueSubclass.implements() registers a rule for one subclass, not for the base class. "
-        f"Fix: call it on your subclass, `import torch; {name}.implements({shown})`{scope}, as the "
-        f"decorator @{name}.implements({shown})."
-    )
+def _split(entry: type | OpaqueAttr) -> tuple[Any, dict[str, Any] | None]:
+    """An ``opaque_attrs`` value as (its class, its registration options or ``None``)."""
+    return (entry.cls, entry.options()) if isinstance(entry, OpaqueAttr) else (entry, None)
+
+
+def _check_opaque(
+    cls: type, name: str, opaque_cls: Any, options: dict[str, Any] | None, register_opaques: bool
+) -> bool:
+    """Check the class of ``opaque_attrs[name]``, registering it where the declaration
+    asks; ``False`` when that waits for the first instance (``register_opaques=True``)."""
+    if not isinstance(opaque_cls, type):
+        raise messages.opaque_not_a_class(cls, name, opaque_cls)
+    if issubclass(opaque_cls, torch.Tensor):
+        raise messages.opaque_is_tensor_class(cls, name, opaque_cls)
+    if opaque_cls.__module__ == "builtins" or is_torch_handled_type(opaque_cls):
+        raise messages.opaque_is_plain_value(cls, name, opaque_cls)
+    kind = opaque_kind(opaque_cls)
+    if kind is None and is_torch_own_opaque_type(opaque_cls) and not register_opaques:
+        # torch registers ProcessGroup and DeviceMesh itself, at a moment that differs by
+        # release (2.14+: ProcessGroup on importing torch; 2.12+: both on importing
+        # torch.distributed.tensor; 2.11: never). Naming one registers it as torch would,
+        # on every release (with register_opaques=True: when the first instance is built).
+        _register_declared(cls, name, opaque_cls, options or {})
+        kind = opaque_kind(opaque_cls)
+    elif options is not None and (kind == "reference" or (kind is None and not register_opaques)):
+        # Registered already: the same options or a named error; not yet: registered with them.
+        _register_declared(cls, name, opaque_cls, options)
+        kind = opaque_kind(opaque_cls)
+    if kind == "value":
+        raise messages.opaque_is_value_opaque(cls, name, opaque_cls)
+    if kind is None and not register_opaques:
+        raise messages.opaque_not_registered(cls, name, opaque_cls)
+    return kind is not None
 
 
 class OpaqueSubclass(torch.Tensor):
@@ -211,16 +188,15 @@ class OpaqueSubclass(torch.Tensor):
         Names of the inner tensors, at least one. The first one gives the
         default dtype, device, size and stride.
     opaque_attrs
-        ``{name: class}`` of the opaque attributes; each class must be a
-        registered *reference* opaque (:func:`opaque_subclass.register_opaque`),
-        or, with the class keyword ``register_opaques=True``
-        (``class T(OpaqueSubclass, register_opaques=True)``), a class nobody
-        registered yet: it is then registered as a reference opaque when the
-        first instance is built, not when the class statement runs (for a
-        library that must not register anything on import). torch's own
-        ``ProcessGroup`` and ``DeviceMesh``, which torch registers itself at a
-        moment that differs by release, are registered when the class
-        statement names them, on every release, as torch registers them.
+        ``{name: class}`` of the opaque attributes, each a registered *reference*
+        opaque (:func:`opaque_subclass.register_opaque`). With the class keyword
+        ``register_opaques=True`` (``class T(OpaqueSubclass, register_opaques=True)``)
+        a class nobody registered yet is registered as one when the first
+        instance is built, not when the class statement runs (for a library that
+        must not register anything on import). torch's ``ProcessGroup`` and
+        ``DeviceMesh``, which torch registers itself at a moment that differs by
+        release, are registered as torch does when the class statement names
+        them, on every release.
     meta_attrs
         Names of plain metadata (hashable, compared with ``==``), kept in the
         flatten context: torch.compile specializes on it.
@@ -232,9 +208,8 @@ class OpaqueSubclass(torch.Tensor):
     ``outer_size``/``outer_stride`` default to the first inner tensor's (a
     sharded tensor passes its global shape). ``requires_grad=True`` gives a
     leaf that requires grad. Inner tensors never require grad: when one given
-    does (a parameter, an activation), the construction is differentiable with
-    respect to it - gradients reaching the result flow back to it - and the
-    stored inner tensor is detached (the same as :meth:`from_inner`).
+    does (a parameter, an activation), the result is differentiable with respect
+    to it and stores it detached (as :meth:`from_inner` does).
     """
 
     tensor_attrs: ClassVar[tuple[str, ...]] = ()
@@ -251,104 +226,18 @@ class OpaqueSubclass(torch.Tensor):
     def __init_subclass__(cls, register_opaques: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._op_table = {}
-        tensors = _check_names(cls, "tensor_attrs", cls.tensor_attrs)
-        if not tensors:
-            raise _declaration_error(
-                cls,
-                'declares no tensor_attrs; a wrapper subclass needs at least one inner tensor. Fix: tensor_attrs = ("_data",)',
-            )
-        if not isinstance(cls.opaque_attrs, Mapping):
-            raise _declaration_error(
-                cls,
-                f"opaque_attrs must map names to opaque classes, got {describe_type(cls.opaque_attrs)}. "
-                'Fix: opaque_attrs = {"_mesh": DeviceMesh}',
-            )
-        opaques = _check_names(cls, "opaque_attrs", tuple(cls.opaque_attrs))
-        metas = _check_names(cls, "meta_attrs", cls.meta_attrs)
-        seen: dict[str, str] = {}
-        for group, names in (("tensor_attrs", tensors), ("opaque_attrs", opaques), ("meta_attrs", metas)):
-            for name in names:
-                if name in seen:
-                    rest = _tuple_source([n for n in names if n != name])
-                    raise _declaration_error(
-                        cls,
-                        f"{name!r} is declared in both {seen[name]} and {group}; each attribute belongs to one "
-                        f"group. Fix: keep it in {seen[name]} only, `{group} = {rest}` (rename the other "
-                        "attribute if both are meant)",
-                    )
-                seen[name] = group
-        pending: list[type] = []
-        pending_options: dict[type, dict[str, Any]] = {}
+        tensors, opaques, metas = _check_groups(cls)
         declared: dict[str, type] = {}
-        for name, opaque_cls in cls.opaque_attrs.items():
-            options: dict[str, Any] | None = None
-            if isinstance(opaque_cls, OpaqueAttr):
-                options, opaque_cls = opaque_cls.options(), opaque_cls.cls
+        pending: list[type] = []  # registered when the first instance is built
+        pending_options: dict[type, dict[str, Any]] = {}
+        for name, entry in cls.opaque_attrs.items():
+            opaque_cls, options = _split(entry)
             declared[name] = opaque_cls
-            if not isinstance(opaque_cls, type):
-                shown = type(opaque_cls).__name__
-                raise _declaration_error(
-                    cls,
-                    f"opaque_attrs[{name!r}] must be a class, got {describe_type(opaque_cls)} (an instance). "
-                    f"Fix: name its class, `opaque_attrs = {{{name!r}: {shown}}}` (with {shown} in scope), and "
-                    "pass the object to the constructor",
-                )
-            if issubclass(opaque_cls, torch.Tensor):
-                raise _declaration_error(
-                    cls,
-                    f"opaque_attrs[{name!r}] is {qualified_name(opaque_cls)}, a tensor class. Fix: declare "
-                    f"{name!r} in tensor_attrs",
-                )
-            if opaque_cls.__module__ == "builtins" or is_torch_handled_type(opaque_cls):
-                raise _declaration_error(
-                    cls,
-                    f"opaque_attrs[{name!r}] is {qualified_name(opaque_cls)}, a plain value type that "
-                    "cannot be registered as an opaque (torch.compile compares such values and "
-                    f"specializes on them). Fix: declare {name!r} in meta_attrs (metadata, kept in the "
-                    "flatten context), or wrap the value in a class registered with "
-                    "opaque_subclass.register_opaque if its identity must travel as a graph input",
-                )
-            kind = opaque_kind(opaque_cls)
-            if kind is None and is_torch_own_opaque_type(opaque_cls) and not register_opaques:
-                # torch registers ProcessGroup and DeviceMesh itself, at a moment that
-                # differs by release (torch 2.14+: ProcessGroup with torch; 2.12+: both
-                # when torch.distributed.tensor is imported; 2.11: never): naming one
-                # here registers it as torch's own registration would, on every release
-                # (with register_opaques=True, when the first instance is built).
-                _register_declared(cls, name, opaque_cls, options or {})
-                kind = opaque_kind(opaque_cls)
-            elif options is not None and (kind == "reference" or (kind is None and not register_opaques)):
-                # Registered already: the same options or a named error. Not yet
-                # registered: the declaration asks for it, with these options.
-                _register_declared(cls, name, opaque_cls, options)
-                kind = opaque_kind(opaque_cls)
-            if kind == "value":
-                raise _declaration_error(
-                    cls,
-                    f"opaque_attrs[{name!r}] is {qualified_name(opaque_cls)}, a value-type opaque. Value "
-                    f"opaques are constants compiled into the graph. Fix: declare {name!r} in meta_attrs.",
-                )
-            if kind is None:
-                if register_opaques:
-                    pending.append(opaque_cls)
-                    if options:
-                        pending_options[opaque_cls] = options
-                    continue
-                raise _declaration_error(
-                    cls,
-                    f"opaque_attrs[{name!r}] is {qualified_name(opaque_cls)}, which is not a registered opaque "
-                    "type. Fix: register it before defining the class: "
-                    + import_fix(opaque_cls, 'opaque_subclass.register_opaque({cls}, kind="reference")')
-                    + ", or declare the class with register_opaques=True to register it when the first "
-                    "instance is built",
-                )
-        with _PENDING_LOCK:
-            if pending:
-                _PENDING[cls] = tuple(pending)
-                _PENDING_OPTIONS[cls] = pending_options
-            else:
-                _PENDING.pop(cls, None)
-                _PENDING_OPTIONS.pop(cls, None)
+            if not _check_opaque(cls, name, opaque_cls, options, register_opaques):
+                pending.append(opaque_cls)
+                if options:
+                    pending_options[opaque_cls] = options
+        _set_pending(cls, pending, pending_options)
         cls.tensor_attrs, cls.meta_attrs = tensors, metas
         cls.opaque_attrs = cls._opaque_classes = declared  # OpaqueAttr entries read as their classes from here on
         cls._value_names = tensors + opaques + metas
@@ -366,11 +255,7 @@ class OpaqueSubclass(torch.Tensor):
         **named: Any,
     ) -> Any:
         if cls is OpaqueSubclass:
-            raise OpaqueTypeError(
-                "OpaqueSubclass is a base class and declares no attributes, so it cannot be built. Fix: "
-                'declare a subclass, `class Scaled(OpaqueSubclass): tensor_attrs = ("_data",)`, and build '
-                "that: Scaled(data) (add opaque_attrs and meta_attrs as needed)."
-            )
+            raise messages.base_class_built()
         bound = cls._bind(values, named)
         # ``_trusted`` (private): a rebuild from flattened parts (unflatten, wrap_like,
         # a replayed exported constructor) stores the inner tensors as given.
@@ -378,12 +263,7 @@ class OpaqueSubclass(torch.Tensor):
             differentiable = [n for n in cls.tensor_attrs if bound[n].requires_grad]
             if differentiable:
                 if requires_grad:
-                    raise OpaqueValueError(
-                        f"{subject(cls)}: requires_grad=True asks for a leaf, but the inner tensor "
-                        f"{differentiable[0]!r} requires grad, so the result would be computed from it. "
-                        f"Fix: pass {differentiable[0]}=t.detach() for a leaf, or drop requires_grad=True "
-                        "to stay differentiable with respect to t."
-                    )
+                    raise messages.leaf_of_grad_tensor(cls, differentiable[0])
                 others = {n: bound[n] for n in cls._value_names if n not in cls.tensor_attrs}
                 tensors = [bound[n] for n in cls.tensor_attrs]
                 return _FromInner.apply(cls, others, outer_size, outer_stride, *tensors)
@@ -418,49 +298,23 @@ class OpaqueSubclass(torch.Tensor):
         if "_none" in named:  # metadata that is None, named apart in a recorded export call (see _recorded)
             named = {n: v for n, v in named.items() if n != "_none"} | dict.fromkeys(named["_none"])
         if len(values) > len(names):
-            raise OpaqueTypeError(
-                f"{subject(cls)}() takes {len(names)} values ({', '.join(names)}), got {len(values)}. Fix: "
-                f"drop the last {len(values) - len(names)} value(s): pass one value per declared attribute, in "
-                f"the order {', '.join(names)}"
-            )
+            raise messages.too_many_values(cls, names, len(values))
         bound = dict(zip(names, values, strict=False))
         for name, value in named.items():
             if name not in names:
-                close = difflib.get_close_matches(name, names, n=1) or difflib.get_close_matches(f"_{name}", names, n=1)
-                fix = f"write {close[0]}= instead of {name}=" if close else "use one of the declared names"
-                raise OpaqueTypeError(
-                    f"{subject(cls)}() got an unexpected argument {name!r}; declared attributes are "
-                    f"{', '.join(names)}. Fix: {fix}"
-                )
+                raise messages.unexpected_argument(cls, name, names)
             if name in bound:
-                position = names.index(name) + 1
-                raise OpaqueTypeError(
-                    f"{subject(cls)}() got {name!r} both by position and by keyword. Fix: give it once: drop "
-                    f"{name}= or pass only {position - 1} positional value(s)"
-                )
+                raise messages.given_twice(cls, name, names)
             bound[name] = value
         missing = [n for n in names if n not in bound]
         if missing:
-            raise OpaqueTypeError(
-                f"{subject(cls)}() is missing {', '.join(map(repr, missing))}. Fix: pass "
-                + ", ".join(f"{n}=..." for n in missing)
-                + f" too (declared attributes, in order: {', '.join(names)})"
-            )
+            raise messages.missing_values(cls, missing, names)
         for name in cls.tensor_attrs:
-            value = bound[name]
-            if not isinstance(value, torch.Tensor):
-                raise OpaqueTypeError(
-                    f"{subject(cls)}.{name} must be a tensor (declared in tensor_attrs), got {describe_type(value)}. "
-                    f"Fix: pass a tensor for {name}, e.g. {name}=torch.as_tensor(value) for a list or number"
-                )
+            if not isinstance(bound[name], torch.Tensor):
+                raise messages.not_a_tensor(cls, name, bound[name])
         for name, expected in cls._opaque_classes.items():
-            value = bound[name]
-            if not issubclass(opaque_type_of(value), expected):
-                raise OpaqueTypeError(
-                    f"{subject(cls)}.{name} must be a {qualified_name(expected)} (declared in "
-                    f"opaque_attrs), got {describe_type(value)}. Fix: pass the {expected.__qualname__} "
-                    "object itself."
-                )
+            if not issubclass(opaque_type_of(bound[name]), expected):
+                raise messages.wrong_opaque(cls, name, expected, bound[name])
         return bound
 
     @classmethod
@@ -471,11 +325,9 @@ class OpaqueSubclass(torch.Tensor):
         outer_stride: Sequence[int] | None = None,
         **named: Any,
     ) -> Any:
-        """Build an instance that is differentiable with respect to its inner tensors.
-
-        Gradients flowing into the result flow back to the inner tensors given
-        (as the matching inner tensors of the incoming gradient).
-        """
+        """Build an instance differentiable with respect to its inner tensors: a
+        gradient reaching the result flows back to the inner tensors given (as
+        the matching inner tensors of the incoming gradient)."""
         bound = cls._bind(values, named)
         tensors = [bound[n] for n in cls.tensor_attrs]
         others = {n: bound[n] for n in cls._value_names if n not in cls.tensor_attrs}
@@ -505,24 +357,22 @@ class OpaqueSubclass(torch.Tensor):
         """A new instance with the given inner tensors and this instance's opaques
         and metadata; the default dispatch rule rewraps results with it.
 
-        ``tensors`` must name every attribute of ``tensor_attrs``, each a tensor,
-        and nothing else: opaques and metadata always come from ``self`` (an op
-        rule that leaves an inner tensor unchanged passes the instance's own,
+        ``tensors`` names exactly the attributes of ``tensor_attrs``, each a
+        tensor (an op rule that leaves one unchanged passes the instance's own,
         ``_scale=x._scale``). Anything else raises
         :class:`~opaque_subclass.OpaqueSubclassError` naming the missing, extra
-        or non-tensor entries, not ``TypeError``: inside a Python operator
-        (``x * 2``) torch turns a ``TypeError`` into ``NotImplemented``, and the
-        mistake would surface only as ``unsupported operand type(s)``.
+        or non-tensor entries, not ``TypeError``, which torch turns into
+        ``NotImplemented`` inside a Python operator (``x * 2``), leaving only
+        ``unsupported operand type(s)``.
 
-        The default outer size and stride are the first inner tensor's; a
-        subclass whose outer shape differs from its inner tensors' (a sharded
-        tensor) overrides this to compute its own.
+        The outer size and stride are the first inner tensor's; a subclass whose
+        outer shape differs (a sharded tensor) overrides this.
         """
         cls = type(self)
         if len(tensors) != len(cls.tensor_attrs) or not all(
             isinstance(tensors.get(name), torch.Tensor) for name in cls.tensor_attrs
         ):
-            raise _wrap_like_error(cls, tensors)
+            raise messages.wrap_like_mismatch(cls, tensors)
         named: dict[str, Any] = dict(tensors)
         for name in (*cls.opaque_attrs, *cls.meta_attrs):
             named[name] = getattr(self, name)
@@ -533,11 +383,10 @@ class OpaqueSubclass(torch.Tensor):
     @classmethod
     def _recorded(cls, named: dict[str, Any], **sizes: Any) -> Any:
         """``cls(..., _trusted=True)`` as torch.export records it (a ``flat_apply``
-        of the constructor). The recorded arguments must be FX-graphable, which
-        ``None`` is not: metadata that is ``None`` (a replicated
-        ``ShardedTensor``'s ``_shard_dim``) travels as its name in ``_none``,
-        which :meth:`_bind` turns back into ``None`` (so a subclass's own
-        ``__new__`` that calls ``_bind`` needs nothing more)."""
+        of the constructor), whose arguments must be FX-graphable, which ``None``
+        is not: metadata that is ``None`` (a replicated ``ShardedTensor``'s
+        ``_shard_dim``) travels as its name in ``_none``, which :meth:`_bind`
+        turns back into ``None`` (a subclass's ``__new__`` calling it needs nothing more)."""
         none = tuple(n for n in cls.meta_attrs if n in named and named[n] is None)
         if none:
             named = {n: v for n, v in named.items() if n not in none}
@@ -561,37 +410,33 @@ class OpaqueSubclass(torch.Tensor):
     def _stable_hash_for_caching(self) -> str:
         """This input's part of the key of AOTAutograd's on-disk cache (torch >= 2.12).
 
-        torch asks a subclass input for this hash when it builds the cache key
-        of a compiled program (``AOTAutogradCachePickler`` in
-        ``torch/_functorch/_aot_autograd/autograd_cache.py``). Without it torch
-        warns ``<Class> does not implement _stable_hash_for_caching`` and hashes
-        the flatten output itself (outer shape, ``requires_grad``, the context,
-        each inner tensor's metadata, each opaque's class name). Measured on
-        2.12 - 2.15: a program with static shapes is reused all the same, but
-        one with symbolic sizes is never cached, because that hash pickles the
-        sizes with plain ``pickle``, which fails on a ``SymInt`` (torch logs
-        ``Bypassing autograd cache due to: Failed to pickle cache key``).
-        torch 2.11 never asks (its key pickles each input whole, opaques by
-        value); the library's 2.11 key asks for it instead
+        torch asks a subclass input for it when building a compiled program's key
+        (``AOTAutogradCachePickler``, ``torch/_functorch/_aot_autograd/autograd_cache.py``).
+        Without it torch warns ``<Class> does not implement _stable_hash_for_caching``
+        and hashes the flatten output itself (outer shape, ``requires_grad``, the
+        context, each inner tensor's metadata, each opaque's class name), pickling
+        the sizes with plain ``pickle``, which fails on a ``SymInt``. Measured on
+        2.12 - 2.15: a program with static shapes is reused all the same, one with
+        symbolic sizes never cached (torch logs ``Bypassing autograd cache due to:
+        Failed to pickle cache key``). torch 2.11 never asks (its key pickles each
+        input whole, opaques by value); the library's 2.11 key does
         (``opaque_subclass.fixes.autograd_cache.stable_subclass_inputs``).
 
-        Hashed, for this instance and every subclass nested in it (in walk
-        order, by attribute path): the qualified class name and the flatten
-        context (the metadata torch.compile specializes on) of each subclass;
-        the size, stride, dtype, device, layout, ``requires_grad`` and
-        conj/neg/inference flags of each subclass and inner tensor (symbolic
-        sizes as their symbols); the qualified class name of each opaque; and
-        the library's version (its dispatch and rewrap code is traced into the
-        program). Never an opaque's identity or value: an opaque is a graph
-        input and one program serves every object of its class; which inputs
-        share one opaque is keyed separately
-        (:mod:`opaque_subclass.fixes.autograd_cache`). Nothing hashed
-        depends on ``id()`` or ``hash()``, so every process computes the same
-        key: a set or frozenset anywhere in a context is written with its
-        elements sorted (its own order follows ``hash()``, which for strings
-        differs per process). A context that cannot be pickled raises
-        ``pickle.PicklingError``, ``TypeError`` or ``AttributeError``, on which
-        torch bypasses its cache for the program.
+        Hashed, for this instance and every subclass nested in it (in walk order,
+        by attribute path): each subclass's qualified class name and flatten
+        context (the metadata torch.compile specializes on); the size, stride,
+        dtype, device, layout, ``requires_grad`` and conj/neg/inference flags of
+        each subclass and inner tensor (symbolic sizes as their symbols); each
+        opaque's qualified class name; the library's version (its dispatch and
+        rewrap code is traced into the program). Never an opaque's identity or
+        value: an opaque is a graph input and one program serves every object of
+        its class (which inputs share one opaque is keyed separately,
+        :mod:`opaque_subclass.fixes.autograd_cache`). Nothing hashed depends on
+        ``id()`` or ``hash()``, so every process computes the same key: a set or
+        frozenset in a context is written sorted (its own order follows
+        ``hash()``, which for strings differs per process). A context that cannot
+        be pickled raises ``pickle.PicklingError``, ``TypeError`` or
+        ``AttributeError``, and torch bypasses its cache for the program.
         """
         return stable_subclass_hash(self)
 
@@ -599,14 +444,11 @@ class OpaqueSubclass(torch.Tensor):
 
     @classmethod
     def implements(cls, *ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Register ``fn(func, args, kwargs)`` as this class's implementation of ``ops``.
-
-        ``ops`` are ``OpOverload`` or ``OpOverloadPacket`` objects (a packet covers
-        all its overloads). Subclasses inherit their bases' tables and may
-        override entries.
-        """
+        """Register ``fn(func, args, kwargs)`` as this class's implementation of ``ops``
+        (``OpOverload`` or ``OpOverloadPacket`` objects; a packet covers all its
+        overloads). Subclasses inherit their bases' tables and may override entries."""
         if cls is OpaqueSubclass:
-            raise OpaqueTypeError(_implements_on_base(ops))
+            raise messages.implements_on_base(cls, ops)
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             for op in ops:
@@ -638,33 +480,6 @@ def _make_init_exportable() -> None:
 
 
 _make_init_exportable()
-
-
-def _wrap_like_error(cls: Any, tensors: Mapping[str, Any]) -> OpaqueSubclassError:
-    """The error for ``wrap_like(**tensors)`` on ``cls`` with names other than
-    exactly ``tensor_attrs``, or a value that is not a tensor."""
-    missing = [n for n in cls.tensor_attrs if n not in tensors]
-    problems = [f"missing {', '.join(map(repr, missing))}"] if missing else []
-    for name, value in tensors.items():
-        if name in cls.tensor_attrs:
-            if not isinstance(value, torch.Tensor):
-                problems.append(f"{name!r} is {describe_type(value)}, not a tensor")
-        elif name in cls.opaque_attrs:
-            problems.append(f"{name!r} is an opaque attribute (the result keeps the instance's)")
-        elif name in cls.meta_attrs:
-            problems.append(f"{name!r} is metadata (the result keeps the instance's)")
-        else:
-            problems.append(f"{name!r} is not an attribute of {cls.__qualname__}")
-    given = ", ".join(f"{n}={describe_type(v)}" for n, v in tensors.items()) or "no arguments"
-    fix = f"x.wrap_like({', '.join(f'{n}=x.{n}' for n in cls.tensor_attrs)})"
-    return OpaqueSubclassError(
-        f"{subject(cls)}.wrap_like() takes exactly the inner tensors of tensor_attrs "
-        f"({', '.join(map(repr, cls.tensor_attrs))}), each a tensor; opaques and metadata come from "
-        f"the instance. It got {given}: {'; '.join(problems)}. Fix: pass every inner tensor, the "
-        f"instance's own where the op leaves it unchanged, e.g. `{fix}` with x the "
-        f"{cls.__qualname__} (and the op's results in place of the tensors it computes). To change an "
-        f"opaque or metadata, build a new {cls.__qualname__}(...) instead."
-    )
 
 
 def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:

@@ -3,20 +3,19 @@ table, and the default rule for ops without an entry.
 
 The default rule applies the op to each inner tensor attribute in turn (every
 ``OpaqueSubclass`` argument of the class replaced by that attribute), then
-rewraps every tensor result with the opaques and metadata of the arguments via
-:meth:`OpaqueSubclass.wrap_like`. All arguments of the class must carry the
-same opaque objects (by identity, seen through torch's fake wrappers) and equal
-metadata; otherwise the op has no single meaning and an
-:class:`~opaque_subclass.OpaqueSubclassError` says which attribute differs and
-how to fix it. Results go through torch's ``return_and_correct_aliasing`` so
-in-place and view ops keep plain-tensor aliasing semantics.
+rewraps every tensor result with the arguments' opaques and metadata via
+:meth:`OpaqueSubclass.wrap_like`. All arguments of the class must carry the same
+opaque objects (by identity, seen through torch's fake wrappers) and equal
+metadata, or the op has no single meaning and an
+:class:`~opaque_subclass.OpaqueSubclassError` says which attribute differs.
+Results go through torch's ``return_and_correct_aliasing`` so in-place and view
+ops keep plain-tensor aliasing semantics.
 
 A ``TypeError`` raised by a rule (a registered one, or the default rule's
-``wrap_like``) leaves :func:`dispatch` as an ``OpaqueSubclassError`` with the
-``TypeError`` chained: torch's Python operators (``Tensor.__mul__`` and the
-others) turn a ``TypeError`` from anywhere below them into ``NotImplemented``,
-so ``x * 2`` would report only ``unsupported operand type(s)`` and hide the
-rule's message.
+``wrap_like``) leaves :func:`dispatch` as an ``OpaqueSubclassError`` with it
+chained: torch's Python operators (``Tensor.__mul__`` and the others) turn a
+``TypeError`` from anywhere below them into ``NotImplemented``, so ``x * 2``
+would report only ``unsupported operand type(s)``, hiding the rule's message.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import torch
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, subject
+from opaque_subclass.authoring import messages
 from opaque_subclass.core.registry import real_object
 
 __all__ = ["dispatch", "lookup"]
@@ -58,20 +57,11 @@ def _common_attrs(cls: Any, func: Any, instances: list[Any]) -> Any:
         for name in cls.opaque_attrs:
             a, b = getattr(proto, name), getattr(other, name)
             if _identity(a) != _identity(b):
-                raise OpaqueSubclassError(
-                    f"{subject(cls)}: {func} got arguments whose {name!r} are different "
-                    f"{describe_type(a)} objects; the default rule needs one {name!r} for all "
-                    f"arguments. Fix: bring the arguments to the same {name!r} first, or register "
-                    f"an implementation with @{cls.__qualname__}.implements({func})."
-                )
+                raise messages.opaques_differ(cls, func, name, a)
         for name in cls.meta_attrs:
             a, b = getattr(proto, name), getattr(other, name)
             if a != b:
-                raise OpaqueSubclassError(
-                    f"{subject(cls)}: {func} got arguments with different {name!r} ({a!r} and "
-                    f"{b!r}). Fix: make the metadata agree first, or register an implementation "
-                    f"with @{cls.__qualname__}.implements({func})."
-                )
+                raise messages.metadata_differs(cls, func, name, a, b)
     return proto
 
 
@@ -83,13 +73,7 @@ def dispatch(cls: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
             return impl(func, args, kwargs)
         return _default_rule(cls, func, args, kwargs)
     except TypeError as e:
-        rule = "the default rule" if impl is None else f"the rule {getattr(impl, '__qualname__', impl)!s}"
-        raise OpaqueSubclassError(
-            f"{subject(cls)}: {rule} for {func} raised {type(e).__name__}: {e}. It is raised "
-            "as OpaqueSubclassError, with the original chained above, because torch turns a TypeError "
-            "inside a Python operator (x * 2) into NotImplemented, which would show only "
-            "'unsupported operand type(s)'. Fix: correct the rule where the chained traceback points."
-        ) from e
+        raise messages.rule_raised_type_error(cls, func, impl, e) from e
 
 
 def _default_rule(cls: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

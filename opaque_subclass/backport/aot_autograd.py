@@ -1,17 +1,12 @@
 """AOTAutograd with opaque attributes (torch 2.11).
 
-AOTAutograd flattens subclass inputs and outputs into a flat list of graph
-inputs/outputs. Native torch (2.12+, pytorch/pytorch#176457) gives each opaque
-its own slot, traces it as a fake script object (so a graph output that is an
-input's opaque becomes a pass-through of that placeholder, and the *runtime*
-object flows to the output), and marks the slot so that tangent and mutation
-analysis skip it. These patches give torch 2.11 the same:
-
-* ``create_subclass_metadata`` gives an opaque a one-slot meta
-  (:class:`OpaqueSlotMeta`, a ``PlainTensorMeta`` that carries no layout);
-* ``unwrap_tensor_subclasses`` (trace time) replaces each opaque leaf by a fake
-  script object wrapping the very same object;
-* the functionalization helpers walk only tensor attributes.
+torch 2.12+ (pytorch/pytorch#176457) gives each opaque its own flat slot,
+traced as a fake script object (an output that is an input's opaque passes the
+*runtime* object through) and skipped by tangent and mutation analysis. These
+patches do the same on 2.11: ``create_subclass_metadata`` gives an opaque a
+one-slot :class:`OpaqueSlotMeta` (no layout); ``unwrap_tensor_subclasses``
+wraps each opaque leaf in a fake script object of the very object; the
+functionalization helpers walk only tensor attributes.
 """
 
 from __future__ import annotations
@@ -46,8 +41,7 @@ def _is_reference_opaque(value: object) -> bool:
 
 
 def fake_opaque(value: Any) -> Any:
-    """The fake script object standing for ``value`` while tracing under a fake
-    mode; ``value`` itself outside one. Wraps the very object (no copy)."""
+    """:func:`fake_opaque_always` under a fake mode, else ``value``."""
     from torch._guards import detect_fake_mode
 
     if detect_fake_mode() is None:
@@ -99,11 +93,10 @@ def make_unwrap_tensor_subclasses(original: Callable[..., Any]) -> Callable[...,
     """Replaces ``subclass_utils.unwrap_tensor_subclasses`` (torch 2.11), the
     trace-time unwrap.
 
-    Without it, opaque leaves enter the traced graph as plain Python constants:
-    the compile-time object is baked in and every later call returns it. With
-    it, each opaque leaf is traced as a fake script object wrapping the same
-    object, so it becomes a graph input and outputs that come from it return
-    the runtime object. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    Without it, opaque leaves are baked in as constants: every call returns the
+    compile-time object. With it, each is a fake script object of the same
+    object, a graph input, so outputs return the runtime object. Unnecessary
+    since torch 2.12 (pytorch/pytorch#176457).
     """
 
     def unwrap_tensor_subclasses(wrapped_args: Any, wrapped_args_descs: Any, *, append_symints: bool) -> Any:
@@ -118,10 +111,9 @@ def make_unwrap_tensor_subclasses(original: Callable[..., Any]) -> Callable[...,
 def make_is_fun(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._functorch._aot_autograd.functional_utils.is_fun`` (torch 2.11).
 
-    Without it, ``is_fun`` treats an opaque attribute as an inner tensor that
-    is not functional and fails with "mixed functional/non-functional inner
-    tensors". With it, only the subclass's tensor attributes decide. Unnecessary
-    since torch 2.12 (pytorch/pytorch#176457).
+    Without it, an opaque counts as a non-functional inner tensor ("mixed
+    functional/non-functional inner tensors"). With it, only tensor attributes
+    decide. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
 
     def is_fun(t: object) -> bool:
@@ -143,10 +135,9 @@ def make_skip_opaque(original: Callable[..., Any]) -> Callable[..., Any]:
     attribute of a subclass by calling itself (``sync_functional_tensor``,
     ``are_all_mutations_under_no_grad_or_inference_mode``).
 
-    Without it, the helper treats an opaque attribute as an inner tensor and
-    fails (``torch._sync`` of a non-tensor; "expected FunctionalTensor"). With
-    it, the recursion reaching an opaque answers neutrally (no sync to do; no
-    mutation), so only tensor attributes count. Unnecessary since torch 2.12
+    Without it, an opaque is taken for an inner tensor (``torch._sync`` of a
+    non-tensor; "expected FunctionalTensor"). With it, an opaque answers
+    neutrally (no sync, no mutation). Unnecessary since torch 2.12
     (pytorch/pytorch#176457).
     """
     neutral = True if original.__name__ == "are_all_mutations_under_no_grad_or_inference_mode" else None
@@ -157,11 +148,10 @@ def make_sc_visit(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``graph_capture_wrappers.sc_visit`` (torch 2.11), the reduction
     over a subclass's inner tensors used for mutation counters.
 
-    Without it, a compiled function that mutates a subclass input holding an
-    opaque under ``torch.no_grad()`` fails reading ``.elem`` of the opaque's
-    fake script object. With it, the reduction runs over the tensor leaves
-    only, in torch's order. Unnecessary since torch 2.12
-    (pytorch/pytorch#176457).
+    Without it, mutating a subclass input holding an opaque under
+    ``torch.no_grad()`` fails reading ``.elem`` of its fake script object. With
+    it, only tensor leaves are reduced, in torch's order. Unnecessary since
+    torch 2.12 (pytorch/pytorch#176457).
     """
 
     def sc_visit(t: Any, fn: Callable[[Any], Any], reduce_fn: Callable[[Any, Any], Any], accum_init: Any) -> Any:
@@ -178,19 +168,14 @@ def make_sc_visit(original: Callable[..., Any]) -> Callable[..., Any]:
 def make_set_proxy_slot(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch.fx.experimental.proxy_tensor.set_proxy_slot`` (torch 2.11).
 
-    While tracing the joint forward/backward graph, the same opaque reaches the
-    tracer twice: as a primal and inside the tangent of an output that carries
-    it. Without it, the tangent's fake wrapper gets its own proxy, so the
-    backward graph reads the opaque from the *tangent* (``tangents_2``) and the
-    gradient carries the tangent's object. With it, as in torch 2.12
-    (pytorch/pytorch#176457), the
-    first proxy registered for a real object (the primal's) is kept for every
-    fake wrapper of it: the backward graph reads the saved primal opaque and
-    the gradient carries the input's runtime object.
+    The joint graph's tracer meets an opaque as a primal and inside a tangent.
+    Without it, the backward reads it from the *tangent* (``tangents_2``) and
+    the gradient carries the tangent's object. With it, as in torch 2.12
+    (pytorch/pytorch#176457), every fake wrapper of a real object gets its
+    first (the primal's) proxy: the gradient carries the input's object.
     """
 
-    # per tracer (torch's, compile-private): {id(real object): (real object, its first proxy)};
-    # kept here, not on the tracer, and dropped with the tracer
+    # per tracer, dropped with it: {id(real object): (real object, its first proxy)}
     first_proxies: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
     lock = threading.Lock()
 
@@ -216,21 +201,17 @@ def make_autograd_cache_key(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._functorch._aot_autograd.autograd_cache.autograd_cache_key``
     (torch 2.11).
 
-    Without it, an AOTAutograd cache entry compiled in backport mode for a
-    graph with opaque inputs is stored under the key stock torch computes for
-    the same graph; the entry pickles the backport's own metadata classes, so
-    a process that never imported the library could load it and, unpickling
-    it, import the library and run with every patch applied. With it, the key
-    of such a graph ends in the opaques' sharing pattern (the same suffix as
-    the native releases' fix), so a process without the backport never looks
-    it up; graphs without opaques keep torch's key. torch 2.12 needs no
-    backport entries (pytorch/pytorch#176457), but gets the same suffix from
-    its own fix.
+    Without it, a backport-mode entry for a graph with opaques is stored under
+    stock torch's key, and a process without the library could load it and,
+    unpickling the backport's classes, run fully patched. With it, such a key
+    ends in the opaques' sharing pattern (the native fix's suffix), so stock
+    torch never looks it up; graphs without opaques keep torch's key. torch
+    2.12 needs no backport entries (pytorch/pytorch#176457) but gets the same
+    suffix from its own fix.
 
-    It also keys each subclass input that holds opaques by the input's stable
-    hash (``opaque_subclass.fixes.autograd_cache.stable_subclass_inputs``), as
-    torch 2.12 - 2.15 do: torch 2.11 pickles such an input whole, its shards'
-    data and its ``DeviceMesh`` (this rank's coordinate, group names) included,
-    so without it every rank of a job missed the cache for the same program.
+    It also keys subclass inputs holding opaques by stable hash
+    (``opaque_subclass.fixes.autograd_cache.stable_subclass_inputs``), as 2.12 -
+    2.15 do: 2.11 pickles them whole (shard data, ``DeviceMesh`` coordinate), so
+    without it every rank missed the cache for the same program.
     """
     return _native_autograd_cache.make_autograd_cache_key(original, key_subclasses_by_hash=True)

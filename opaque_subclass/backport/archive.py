@@ -31,7 +31,7 @@ import torch
 from opaque_subclass.core.errors import OpaqueTypeError, describe_type
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
 from opaque_subclass.core.registry import opaque_kind
-from opaque_subclass.core.spec import OpaqueMeta, iter_slots
+from opaque_subclass.core.spec import OpaqueSlot, iter_slots
 
 __all__ = [
     "make_load_constants",
@@ -130,7 +130,7 @@ def _held_reference_opaque(t: Any, fqn: str) -> tuple[str, Any] | None:
         return None
     leaves, spec = flatten_subclass(t, name=fqn)
     for path, slot in iter_slots(spec, fqn):
-        if isinstance(slot, OpaqueMeta) and opaque_kind(leaves[slot.unwrapped_idx]) == "reference":
+        if isinstance(slot, OpaqueSlot) and opaque_kind(leaves[slot.unwrapped_idx]) == "reference":
             return path, leaves[slot.unwrapped_idx]
     return None
 

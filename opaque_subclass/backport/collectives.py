@@ -1,28 +1,20 @@
 """Collectives on a process group held as an opaque attribute (torch 2.11).
 
-Compiled code that passes a subclass's ``ProcessGroup`` (a registered
-reference opaque, a graph input) to ``torch.distributed._functional_collectives``
-or to ``torch.distributed.all_reduce`` (which Dynamo rewrites to the functional
-form) runs torch's Python code on it while tracing. That code asks two
-questions of the group that torch 2.11 answers wrongly for an opaque:
+Passing a subclass's registered ``ProcessGroup`` (a graph input) to
+``torch.distributed._functional_collectives`` or ``torch.distributed.all_reduce``
+in compiled code runs torch's Python code on it, which torch 2.11 answers
+wrongly for an opaque twice:
 
-* ``isinstance(group, ProcessGroup)`` (``_resolve_group_name``): Dynamo sees
-  torch's fake wrapper of the opaque (``FakeScriptObject``), not the group, so
-  the answer is ``False`` and the collective raises ``ValueError: Unsupported
-  group type``. torch 2.12+ gives its own opaque classes a metaclass whose
-  ``__instancecheck__`` looks through the wrapper (``ProcessGroup`` and
-  ``DeviceMesh`` derive from ``OpaqueBase`` there); torch 2.11's classes cannot
-  be given one, so the answer is given where Dynamo evaluates ``isinstance``.
-* ``group or dist.group.WORLD`` (``all_reduce_inplace``): truthiness looks up
-  ``__bool__`` and ``__len__``, which a group neither declares nor has; torch
-  2.11 stops with ``Attempted to access unregistered member on an
-  OpaqueObject``, torch 2.12+ answers "no such attribute" and Python's default
-  (an object is true) follows.
+* ``isinstance(group, ProcessGroup)`` (``_resolve_group_name``) sees the
+  ``FakeScriptObject``: ``ValueError: Unsupported group type``. torch 2.12+'s
+  ``OpaqueBase`` metaclass looks through the wrapper; 2.11's classes cannot
+  get one, so the answer is given where Dynamo evaluates ``isinstance``.
+* ``group or dist.group.WORLD`` (``all_reduce_inplace``) looks up ``__bool__``
+  and ``__len__``: 2.11 stops with ``Attempted to access unregistered member on
+  an OpaqueObject``; 2.12+ answers "no such attribute" (the object is true).
 
-With both, the collective reads ``group.group_name`` (a declared member, read
-on the real group and guarded by Dynamo) and the graph calls
-``_c10d_functional`` with that name: one compilation per group name, as on
-torch 2.12 - 2.15.
+With both, the graph calls ``_c10d_functional`` with the guarded
+``group.group_name``: one compilation per group name, as on torch 2.12 - 2.15.
 """
 
 from __future__ import annotations
@@ -39,8 +31,7 @@ __all__ = ["make_call_isinstance", "make_var_getattr"]
 
 
 def _real_reference_opaque(variable: Any) -> object | None:
-    """The real object behind a Dynamo variable wrapping torch's fake wrapper of
-    a registered reference opaque; ``None`` for any other variable."""
+    """The real reference opaque behind a Dynamo variable of its fake wrapper, else ``None``."""
     from torch._dynamo.variables.script_object import (  # type: ignore[attr-defined]  # torch 2.11's name; mypy reads torch 2.14+, which renamed it
         TorchScriptObjectVariable,
     )
@@ -60,17 +51,14 @@ def make_call_isinstance(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._dynamo.variables.builtin.BuiltinVariable.call_isinstance``
     (torch 2.11).
 
-    Without it, ``isinstance(obj, cls)`` in compiled code, ``obj`` being a
-    registered ``ProcessGroup`` or ``DeviceMesh`` (classes that torch 2.11 does
-    not derive from ``OpaqueBase``), tests torch's fake wrapper and is
-    ``False``: ``funcol.all_reduce(x, "sum", t._group)`` fails with
-    ``Unsupported: Observed exception ... ValueError: Unsupported group type``.
-    With it, the test is made on the real object, as the metaclass of torch
-    2.12+'s ``ProcessGroup`` and ``DeviceMesh`` does (pytorch/pytorch#176457 and
-    its follow-ups made them opaque types deriving from ``OpaqueBase``). Other
-    classes without ``OpaqueBase`` keep torch's answer, as on every release
-    (docs/backport.md, limit (a)). The object is a graph
-    input of a fixed type, so the answer holds for every call the graph serves.
+    Without it, ``isinstance`` of a registered ``ProcessGroup`` or ``DeviceMesh``
+    (not ``OpaqueBase`` on 2.11) tests the fake wrapper and is ``False``:
+    ``funcol.all_reduce(x, "sum", t._group)`` fails with ``Unsupported: Observed
+    exception ... ValueError: Unsupported group type``. With it, the real object
+    is tested, as torch 2.12+'s metaclass does (pytorch/pytorch#176457 and
+    follow-ups); other non-``OpaqueBase`` classes keep torch's answer
+    (docs/backport.md, limit (a)). A graph input's type is fixed, so the answer
+    holds for every call.
     """
 
     def call_isinstance(self: Any, tx: Any, arg: Any, isinstance_type_var: Any) -> Any:
@@ -95,24 +83,18 @@ def make_var_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
     (:func:`opaque_subclass.fixes.members.make_getattr`) and Python's
     truthiness of an opaque.
 
-    Without it, ``group or dist.group.WORLD`` in compiled code (torch's
-    ``all_reduce_inplace``, reached by ``dist.all_reduce(x, group=t._group)``)
-    fails with ``UnsafeScriptObjectError: Attempted to access unregistered
-    member on an OpaqueObject ... '__bool__'``, and an undeclared member read
-    is torch's error rather than the library's ``OpaqueMemberError``. With it,
-    ``__bool__`` and ``__len__`` of an opaque that neither declares nor has them
-    are "no such attribute" (Dynamo then treats the object as true, as Python
-    does), as on torch 2.12+ (pytorch/pytorch#176457 and its follow-ups); an
-    undeclared member is the library's named error.
+    Without it, ``group or dist.group.WORLD`` (``all_reduce_inplace``, reached
+    by ``dist.all_reduce(x, group=t._group)``) fails with
+    ``UnsafeScriptObjectError: Attempted to access unregistered member on an
+    OpaqueObject ... '__bool__'``, and undeclared members get torch's error.
+    With it, absent ``__bool__``/``__len__`` are "no such attribute" (the
+    object is true), as on torch 2.12+ (pytorch/pytorch#176457 and follow-ups),
+    and an undeclared member is ``OpaqueMemberError``.
 
-    The same holds for a *value* opaque (a subclass's flatten context holding
-    one, ``x._ctx.bits``): torch 2.11 reads an attribute of a value opaque in
-    compiled code only when its registration declares it, and fails with
-    ``InternalTorchDynamoError: UnsafeScriptObjectError`` otherwise; torch
-    2.12+ reads it as a constant. With it, an undeclared member of a value
-    opaque is the library's ``OpaqueMemberError`` naming the declaration that
-    makes it compile on 2.11 (``Member.USE_REAL``: the value is compiled in, and
-    the value opaque's equality guard covers it).
+    Likewise for a *value* opaque (``x._ctx.bits``): 2.11 reads only declared
+    members (else ``InternalTorchDynamoError: UnsafeScriptObjectError``), 2.12+
+    any as a constant; with it, the error names the ``Member.USE_REAL``
+    declaration that compiles on 2.11 (covered by the equality guard).
     """
     checked = members.make_getattr(original)
 
@@ -132,9 +114,7 @@ def make_var_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _check_value_member_declared(variable: Any, tx: Any, name: str) -> None:
-    """Raise the library's error when compiled code reads a member of a value
-    opaque that its registration does not declare (torch 2.11 refuses it with
-    an internal error; a missing attribute and protocols stay torch's)."""
+    """Raise when compiled code reads an existing, undeclared member of a value opaque (2.11)."""
     from torch._dynamo.variables.script_object import (  # type: ignore[attr-defined]  # torch 2.11's name; mypy reads torch 2.14+, which renamed it
         TorchScriptObjectVariable,
     )

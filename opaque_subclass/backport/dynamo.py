@@ -1,10 +1,9 @@
 """Dynamo and shape guards for subclasses with opaque attributes (torch 2.11).
 
-Dynamo builds a symbolic (shape) context for every tensor attribute of a
-subclass input and later turns those contexts into shape guards. torch 2.11
-does both for every name in ``__tensor_flatten__`` and fails on an opaque
-(``'Mesh' object has no attribute 'is_nested'``). Opaques have no shape: these
-patches skip them, as torch 2.12 does (pytorch/pytorch#176457).
+torch 2.11 builds a symbolic context and shape guards for every name in
+``__tensor_flatten__`` and fails on an opaque (``'Mesh' object has no
+attribute 'is_nested'``); these patches skip opaques, as torch 2.12 does
+(pytorch/pytorch#176457).
 """
 
 from __future__ import annotations
@@ -33,10 +32,9 @@ __all__ = [
 def make_automatic_dynamic(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._dynamo.variables.builder._automatic_dynamic`` (torch 2.11).
 
-    Without it, compiling a function that takes a subclass listing an opaque
-    attribute fails in Dynamo. With it, the subclass's symbolic context has an
-    inner context for each tensor attribute and none for opaques (the outer
-    context is torch's own). Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    Without it, compiling with a subclass listing an opaque fails in Dynamo.
+    With it, only tensor attributes get inner contexts (the outer is torch's).
+    Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
     from torch._dynamo.source import AttrSource
     from torch.fx.experimental.symbolic_shapes import SubclassSymbolicContext
@@ -58,12 +56,10 @@ def make_automatic_dynamic(original: Callable[..., Any]) -> Callable[..., Any]:
 def make_produce_guards_verbose(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``ShapeEnv.produce_guards_verbose`` (torch 2.11).
 
-    Without it, building shape guards for a subclass input listing an opaque
-    fails (``KeyError`` on the opaque's missing inner context). With it, the
-    walk over each subclass input sees only its tensor attributes: the inputs
-    here are the compilation's own fake tensors, never the user's (see
-    Note [No writes to user objects]). Unnecessary since torch 2.12
-    (pytorch/pytorch#176457).
+    Without it, shape guards for a subclass input listing an opaque fail
+    (``KeyError``: no inner context). With it, the walk sees only tensor
+    attributes of the compilation's own fake inputs (see Note [No writes to
+    user objects]). Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
     return hide_in_fake_args(original)
 
@@ -72,22 +68,19 @@ def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``VariableBuilder.wrap_tensor`` (torch 2.11), where Dynamo first
     meets a tensor input.
 
-    Without it, an object in a subclass's attribute list that is neither a
-    tensor nor a reference opaque surfaces as an internal error deep in fake
-    conversion (``'int' object has no attribute 'is_nested'``), naming neither
-    the argument nor the fix. With it, every level of the subclass is checked
-    first and the error names the subclass, the attribute path from the
-    compiled function's argument (``L['x']._mesh``), the type found and the
-    fix. torch 2.12 (pytorch/pytorch#176457) raises its own, shorter error here.
-    The replacement is the native releases' diagnostic fix (the same check,
-    once per level per graph); this docstring is the 2.11 patch's own.
+    Without it, a listed attribute that is neither tensor nor reference opaque
+    fails deep in fake conversion (``'int' object has no attribute
+    'is_nested'``). With it, each level is checked first and the error names
+    subclass, path (``L['x']._mesh``), type and fix. torch 2.12
+    (pytorch/pytorch#176457) raises its own, shorter error. Same replacement as
+    the native releases' fix; this docstring is the 2.11 patch's.
     """
     return entry_checks.make_wrap_tensor(original)
 
 
 def _resolve(source: Any, root_locals: dict[str, Any]) -> list[tuple[Any, Any]]:
-    """``[(source, value)]`` from the root frame's local to ``source``, read from
-    the real objects; raises ``LookupError`` for a source kind it does not know."""
+    """``[(source, value)]`` from the root frame's local to ``source`` (real
+    objects); ``LookupError`` for an unknown source kind."""
     from torch._dynamo.source import AttrSource, GetItemSource, LocalSource
 
     if isinstance(source, LocalSource):
@@ -104,12 +97,9 @@ def _resolve(source: Any, root_locals: dict[str, Any]) -> list[tuple[Any, Any]]:
 
 
 def _reached_through_tensor_context(source: Any, tx: Any) -> bool:
-    """Whether the object at ``source`` is reached from a tensor subclass through
-    an attribute its ``__tensor_flatten__`` does not list (DTensor's
-    ``x.device_mesh``, ``x._spec.mesh``): part of the subclass's flatten context,
-    which torch.compile specializes on, not an opaque attribute. Any attribute
-    of a DTensor counts: Dynamo 2.11's DTensor handlers need its mesh as a
-    constant also where ``dtensor.py`` lists it for AOTAutograd."""
+    """Whether ``source`` is reached from a subclass through an unlisted
+    attribute (flatten context, e.g. ``x._spec.mesh``), or any attribute of a
+    DTensor (Dynamo 2.11's DTensor handlers need its mesh as a constant)."""
     from torch._dynamo.source import AttrSource
     from torch.distributed.tensor import DTensor
 
@@ -127,25 +117,18 @@ def _reached_through_tensor_context(source: Any, tx: Any) -> bool:
 def make_is_device_mesh(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``DeviceMeshVariable.is_device_mesh`` (torch 2.11).
 
-    Dynamo 2.11 models a ``DeviceMesh`` as a ``DeviceMeshVariable``, a
-    compile-time constant guarded by equality that cannot become a graph
-    input. Without it, once ``DeviceMesh`` is registered as a
-    reference opaque (``opaque_subclass.register_opaque(DeviceMesh)``), a mesh
-    passed to a compiled function or re-created by compiled autograd fails
-    ("Failed to convert args/kwargs to proxy ... DeviceMeshVariable"). With it,
-    a registered ``DeviceMesh`` takes Dynamo's reference-opaque path (a graph
-    input guarded by identity), as in torch 2.12+, where ``DeviceMeshVariable``
-    no longer exists (pytorch/pytorch#176457 and its follow-ups), except a mesh
-    reached from a tensor subclass through an attribute its
-    ``__tensor_flatten__`` does not list (DTensor keeps its mesh in its flatten
-    context: ``x.device_mesh``, ``x._spec.mesh``). Such a mesh stays Dynamo's
-    compile-time ``DeviceMeshVariable``, as DTensor's own code needs: made an
-    opaque, ``x.redistribute(x.device_mesh, ...)`` fails with
-    "TorchScriptObjectVariable(FakeScriptObject) is self-referential". Which
-    mesh is which is read from the caller, ``VariableBuilder._wrap`` (its
-    ``source``), whose source the patch relies on (``depends_on``): nothing
-    is passed between patches or kept. Unregistered, torch's behaviour is
-    unchanged.
+    Dynamo 2.11 makes a ``DeviceMesh`` an equality-guarded constant
+    ``DeviceMeshVariable``. Without it, once ``DeviceMesh`` is registered
+    (``opaque_subclass.register_opaque(DeviceMesh)``), a mesh passed in or
+    re-created by compiled autograd fails ("Failed to convert args/kwargs to
+    proxy ... DeviceMeshVariable"). With it, a registered mesh is an
+    identity-guarded graph input, as in torch 2.12+ (no ``DeviceMeshVariable``;
+    pytorch/pytorch#176457 and follow-ups), except one reached through an
+    unlisted attribute (``x.device_mesh``): it stays a constant, else
+    ``x.redistribute(x.device_mesh, ...)`` fails with
+    "TorchScriptObjectVariable(FakeScriptObject) is self-referential". The
+    caller ``VariableBuilder._wrap`` (a ``depends_on``) gives the source;
+    nothing is kept. Unregistered, torch's behaviour is unchanged.
     """
 
     def is_device_mesh(value: object) -> bool:
@@ -169,16 +152,12 @@ def make_is_process_group(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._dynamo.variables.distributed.ProcessGroupVariable.is_process_group``
     (torch 2.11).
 
-    Dynamo 2.11 models a ``ProcessGroup`` as a ``ProcessGroupVariable``: a
-    compile-time constant guarded by identity. Without it, a registered
-    ``ProcessGroup`` listed as an opaque attribute recompiles the program for
-    every group (``___check_obj_id``) even when the program never reads it,
-    where torch 2.12 - 2.15 (which register ``ProcessGroup`` as a reference
-    opaque themselves, pytorch/pytorch#176457 and its follow-ups) compile once. With it, a registered ``ProcessGroup``
-    takes Dynamo's reference-opaque path as on those releases: a graph input,
-    its declared members (torch 2.13's: ``size``, ``rank``, ``group_name`` ...)
-    evaluated on the real group and guarded by the member fix. Unregistered,
-    torch's behaviour is unchanged.
+    Dynamo 2.11 makes a ``ProcessGroup`` an identity-guarded constant. Without
+    it, a registered group listed as an opaque recompiles for every group
+    (``___check_obj_id``), where torch 2.12 - 2.15 (registering it themselves,
+    pytorch/pytorch#176457 and follow-ups) compile once. With it, it is a graph
+    input as there, declared members (2.13's ``size``, ``rank``,
+    ``group_name``...) guarded by the member fix. Unregistered, unchanged.
     """
 
     def is_process_group(value: object) -> bool:

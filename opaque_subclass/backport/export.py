@@ -4,7 +4,7 @@
   for every attribute its ``__tensor_flatten__`` names; torch 2.11 treats an
   opaque attribute as a tensor there and fails (``'Mesh' object has no attribute
   'shape'``).
-* After :func:`opaque_subclass.unwrap_tensor_subclass_parameters`, an opaque is a
+* After :func:`opaque_subclass.unwrap_subclass_parameters`, an opaque is a
   plain module attribute the exported graph reads; export lifts it as a custom
   object input and the unlifted module puts it back. torch 2.11 lifts only
   tensors and script objects there.
@@ -65,7 +65,7 @@ def make_lift_constants_pass(original: Callable[..., Any]) -> Callable[..., Any]
     (torch 2.11).
 
     Without it, exporting a module whose graph reads a reference opaque from a
-    module attribute (as after ``unwrap_tensor_subclass_parameters``) fails with
+    module attribute (as after ``unwrap_subclass_parameters``) fails with
     ``AssertionError: expected int, Tensor, or FakeScriptObject key``. With it,
     each such opaque is lifted as a custom-object input like a script object
     (the pass sees a fake wrapper of the very object), and the program's
@@ -187,7 +187,7 @@ def make_fullgraph_capture(original: Callable[..., Any]) -> Callable[..., Any]:
     ``_is_export_deprecated_do_not_use=True``); every other call is passed through.
 
     Without it, strict export of a module whose forward reads a reference opaque
-    from a module attribute - after ``unwrap_tensor_subclass_parameters``, or an
+    from a module attribute - after ``unwrap_subclass_parameters``, or an
     opaque handed to a custom op - fails with ``AssertionError: AttrSource(...)``
     in ``_dynamo_graph_capture_for_export``, which accepts only graph inputs that
     are its arguments. With it, each such opaque is read from an attribute of the

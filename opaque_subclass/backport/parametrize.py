@@ -1,26 +1,20 @@
 """``nn.utils.parametrize`` with opaque objects in ``right_inverse`` (torch 2.11).
 
-A parametrization whose ``right_inverse`` returns a sequence may, since torch
-2.12 (pytorch/pytorch#176457), put reference opaques in it: they are stored on
-the ``ParametrizationList`` as plain attributes (``original1 = mesh``), not as
-parameters or buffers, and handed back to ``forward`` as the same objects.
-torch 2.11 rejects any non-tensor element. These patches give 2.11 the native
-behaviour and give a value-type opaque a clear error.
-
-torch's own subclass parametrization
+Since torch 2.12 (pytorch/pytorch#176457) a ``right_inverse`` sequence may hold
+reference opaques, stored on the ``ParametrizationList`` as plain attributes
+(``original1 = mesh``, not parameters or buffers) and handed back to
+``forward`` as the same objects; torch 2.11 rejects any non-tensor element.
+The same change taught torch's subclass parametrization
 (``torch._functorch._aot_autograd.subclass_parametrization``, whose
 ``unwrap_tensor_subclass_parameters`` registers an ``UnwrapTensorSubclass`` on
-every subclass parameter) learnt in the same change to put each reference
-opaque of ``__tensor_flatten__`` among its leaves, marked in its creation
-metadata, and to hand it back to ``__tensor_unflatten__``; torch 2.11 treats the
-opaque as a tensor and fails. Two more patches give 2.11 that too.
+each subclass parameter) to keep reference opaques of ``__tensor_flatten__``
+as marked leaves; 2.11 takes them for tensors and fails. These patches give
+2.11 both, and a value-type opaque a clear error.
 
-Technique: while torch's own ``ParametrizationList.__init__`` runs, the
-parametrization applied last has its ``right_inverse`` wrapped (on the
-instance, for the duration of the call) so that each opaque is replaced by an
-empty placeholder tensor and remembered; afterwards the placeholders are
-swapped for the opaques as plain attributes. Tensor-only parametrizations run
-torch's code unchanged.
+Technique: while torch's ``ParametrizationList.__init__`` runs, a stand-in
+replaces each opaque of the last ``right_inverse`` result by an empty
+placeholder tensor; afterwards the opaques replace the placeholders as plain
+attributes. Tensor-only parametrizations run torch's code unchanged.
 """
 
 from __future__ import annotations
@@ -33,7 +27,7 @@ import torch
 from opaque_subclass.core.errors import OpaqueValueError, describe_type, import_fix, subject
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of, stored_opaque_leaves
-from opaque_subclass.core.spec import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
+from opaque_subclass.core.spec import Layout, OpaqueSlot, SubclassLayout, TensorSlot
 from opaque_subclass.core.walk import ValueOpaqueListedError
 
 __all__ = ["make_init", "make_right_inverse", "make_unwrap_forward", "make_unwrap_right_inverse"]
@@ -76,8 +70,7 @@ def _split(result: Any, owner: str) -> tuple[Any, dict[int, Any]]:
 
 
 class _RightInverseStandIn(torch.nn.Module):
-    """Takes a parametrization module's place while ``ParametrizationList``
-    is built: ``forward`` is the module's, ``right_inverse`` the library's."""
+    """A parametrization's stand-in while ``ParametrizationList`` is built (its ``forward``, our ``right_inverse``)."""
 
     _module: torch.nn.Module
     _right_inverse: Callable[[Any], Any]
@@ -97,14 +90,11 @@ class _RightInverseStandIn(torch.nn.Module):
 def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``ParametrizationList.__init__`` (torch 2.11).
 
-    Without it, registering a parametrization whose ``right_inverse`` returns
-    a reference opaque fails ("must return a Tensor or a Sequence of
-    tensors"). With it (and without writing to the user's parametrization
-    module, which a stand-in replaces while torch's constructor runs), the
-    opaque is stored as a plain attribute
-    ``original{i}`` (not a parameter or buffer, so it stays out of the state
-    dict and the optimizer) and the registration-time consistency check runs
-    on the rebuilt value. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    Without it, a ``right_inverse`` returning a reference opaque fails ("must
+    return a Tensor or a Sequence of tensors"). With it, the opaque is stored
+    as plain attribute ``original{i}`` (out of the state dict and optimizer),
+    the user's module is never written to, and the consistency check runs on
+    the rebuilt value. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
 
     def __init__(
@@ -126,9 +116,7 @@ def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
             return result
 
         shape, dtype = original_value.shape, original_value.dtype
-        # torch's __init__ calls right_inverse on the modules it is given: give
-        # it a stand-in for the user's module (never written to), then put the
-        # user's module in the stand-in's place.
+        # torch's __init__ gets a stand-in for the user's module, then the module takes its place
         assert last is not None  # inverse was read from it
         stand_in = _RightInverseStandIn(last, right_inverse)
         try:
@@ -162,10 +150,9 @@ def make_right_inverse(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``ParametrizationList.right_inverse`` (torch 2.11), which runs on
     assignment (``module.weight = new_value``).
 
-    Without it, assigning to a parametrized tensor whose ``right_inverse``
-    returns a reference opaque fails. With it, opaque slots are replaced by the
-    new objects (plain attributes) and tensor slots are updated in place as
-    torch does. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    Without it, assigning when ``right_inverse`` returns a reference opaque
+    fails. With it, opaque slots take the new objects and tensor slots update
+    in place. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
     from torch.nn.utils.parametrize import _maybe_set
 
@@ -207,7 +194,7 @@ def make_right_inverse(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _has_opaque(meta: Any) -> bool:
     """Whether torch's subclass-parametrization meta ``meta`` holds an opaque slot."""
-    if isinstance(meta, OpaqueMeta):
+    if isinstance(meta, OpaqueSlot):
         return True
     return meta is not None and any(_has_opaque(sub) for sub in meta.attrs.values())
 
@@ -216,23 +203,21 @@ def make_unwrap_right_inverse(original: Callable[..., Any]) -> Callable[..., Any
     """Replaces ``UnwrapTensorSubclass.right_inverse`` of
     ``torch._functorch._aot_autograd.subclass_parametrization`` (torch 2.11).
 
-    Without it, ``unwrap_tensor_subclass_parameters`` on a module whose subclass
-    parameter lists an opaque attribute fails (``'Mesh' object has no attribute
-    '__tensor_flatten__'``). With it, each reference opaque becomes one leaf (the
-    very object) and its slot in ``subclass_meta.attrs`` an
-    :class:`opaque_subclass.OpaqueMeta`, where torch 2.12+
-    (pytorch/pytorch#176457) puts its own ``OpaqueMeta``; a value-type opaque
-    (``ValueError``, as torch 2.12+) or an unregistered object (``TypeError``)
-    gets the library's error naming the subclass, the attribute, the type and
-    the fix. A subclass without opaques gets torch's own metadata, unchanged.
+    Without it, ``unwrap_tensor_subclass_parameters`` on a subclass parameter
+    listing an opaque fails (``'Mesh' object has no attribute
+    '__tensor_flatten__'``). With it, each reference opaque is one leaf (the
+    very object) with an :class:`opaque_subclass.OpaqueSlot` in
+    ``subclass_meta.attrs`` (torch 2.12+, pytorch/pytorch#176457: ``OpaqueMeta``);
+    a value opaque (``ValueError``, as 2.12+) or unregistered object
+    (``TypeError``) gets the library's error. Without opaques: torch's metadata.
     """
     from torch._functorch._aot_autograd.subclass_parametrization import SubclassCreationMeta as TorchMeta
 
-    def torch_meta(meta: SlotMeta) -> Any:
+    def torch_meta(meta: Layout) -> Any:
         """torch's metadata for the library's ``meta`` (``None`` for a plain tensor)."""
-        if isinstance(meta, PlainTensorMeta):
+        if isinstance(meta, TensorSlot):
             return None
-        if isinstance(meta, OpaqueMeta):
+        if isinstance(meta, OpaqueSlot):
             return meta
         return TorchMeta(
             start_idx=meta.flat_tensor_start_idx,
@@ -251,7 +236,7 @@ def make_unwrap_right_inverse(original: Callable[..., Any]) -> Callable[..., Any
             leaves, spec = flatten_subclass(tensor)
         except ValueOpaqueListedError as error:
             raise OpaqueValueError(str(error)) from None  # torch 2.12+'s exception type here
-        assert isinstance(spec, SubclassCreationMeta)  # a wrapper subclass was flattened
+        assert isinstance(spec, SubclassLayout)  # a wrapper subclass was flattened
         if spec.num_opaques == 0:
             return original(self, tensor)  # type: ignore[no-any-return]  # tensors only: stock torch
         self.subclass_meta = torch_meta(spec)
@@ -264,21 +249,18 @@ def make_unwrap_forward(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``UnwrapTensorSubclass.forward`` of
     ``torch._functorch._aot_autograd.subclass_parametrization`` (torch 2.11).
 
-    Without it, the metadata made by the patched ``right_inverse`` cannot be
-    read back (torch 2.11 rebuilds every slot as a tensor or a subclass). With
-    it, the subclass is rebuilt from its leaves and each opaque slot's leaf (the
-    very object) goes to ``__tensor_unflatten__``, as torch 2.12+ does
-    (pytorch/pytorch#176457). Metadata without opaques runs torch's own code.
+    Without it, the patched ``right_inverse``'s metadata cannot be read back
+    (2.11 rebuilds every slot as a tensor or subclass). With it, each opaque
+    leaf goes to ``__tensor_unflatten__`` as is, as torch 2.12+ does
+    (pytorch/pytorch#176457); metadata without opaques runs torch's code.
 
-    ``build`` is the library's one recursion that does not go through
-    :mod:`opaque_subclass.core.walk`: it reads torch's parametrization metadata
-    (``self.subclass_meta``, in torch's format because torch's code and user
-    code read it back, and it is copied and pickled with the module), not a
-    subclass instance, and calls no ``__tensor_flatten__``.
+    ``build`` is the one recursion outside :mod:`opaque_subclass.core.walk`: it
+    reads torch-format ``self.subclass_meta`` (read by torch and user code,
+    pickled with the module), not a subclass instance.
     """
 
     def build(meta: Any, leaves: tuple[Any, ...], at: int) -> tuple[Any, int]:
-        if meta is None or isinstance(meta, OpaqueMeta):
+        if meta is None or isinstance(meta, OpaqueSlot):
             return leaves[at], at + 1
         inner: dict[str, Any] = {}
         for name, sub in meta.attrs.items():

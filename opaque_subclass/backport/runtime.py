@@ -7,7 +7,7 @@ dict per subclass on every call); torch 2.12+ generates straight-line code.
 With opaque attributes on 2.11 that loop is most of the per-call overhead. The
 patch here gives the per-call function of ``AOTDispatchSubclassWrapper`` two
 functions generated once per graph by :class:`opaque_subclass.core.codegen.ArgumentsPlan`,
-from torch's metas translated into :class:`opaque_subclass.SubclassCreationMeta`.
+from torch's metas translated into :class:`opaque_subclass.SubclassLayout`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any
 
 from opaque_subclass.core.codegen import ArgumentsPlan
 from opaque_subclass.core.errors import OpaqueSubclassError
-from opaque_subclass.core.spec import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta
+from opaque_subclass.core.spec import Layout, OpaqueSlot, SubclassLayout, TensorSlot
 
 __all__ = ["make_subclass_wrapper_post_compile", "plan_for", "translate"]
 
 
-def translate(torch_meta: Any, start: int | None = None, attr: str | None = None) -> SubclassCreationMeta:
+def translate(torch_meta: Any, start: int | None = None, attr: str | None = None) -> SubclassLayout:
     """Our meta for a torch 2.11 (runtime-safe) ``SubclassCreationMeta``: built
     once per compiled graph (by :func:`plan_for`), never stored on torch's meta."""
     from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
@@ -31,20 +31,20 @@ def translate(torch_meta: Any, start: int | None = None, attr: str | None = None
 
     first = torch_meta.flat_tensor_start_idx if start is None else start
     idx = first
-    attrs: dict[str, SlotMeta] = {}
+    attrs: dict[str, Layout] = {}
     for name, sub in torch_meta.attrs.items():
         if isinstance(sub, TorchSCM):
             ours = translate(sub, idx, name)
             idx += ours.arg_count
             attrs[name] = ours
         elif isinstance(sub, OpaqueSlotMeta):
-            attrs[name] = OpaqueMeta(idx, name, object)  # the type is not kept at run time
+            attrs[name] = OpaqueSlot(idx, name, object)  # the type is not kept at run time
             idx += 1
         else:
-            attrs[name] = PlainTensorMeta(idx, name)
+            attrs[name] = TensorSlot(idx, name)
             idx += 1
     cls = torch_meta.original_subclass_type or type(torch_meta.original_subclass)
-    result = SubclassCreationMeta(
+    result = SubclassLayout(
         flat_tensor_start_idx=first,
         attrs=attrs,
         meta=torch_meta.meta,
@@ -83,9 +83,7 @@ def plan_for(torch_metas: list[Any]) -> ArgumentsPlan:
     """The generated plan for a torch 2.11 list of runtime metas."""
     from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
 
-    ours: list[SlotMeta] = [
-        translate(m) if type(m) is TorchSCM else PlainTensorMeta(m.unwrapped_idx) for m in torch_metas
-    ]
+    ours: list[Layout] = [translate(m) if type(m) is TorchSCM else TensorSlot(m.unwrapped_idx) for m in torch_metas]
     return ArgumentsPlan(ours)
 
 
@@ -118,7 +116,7 @@ def make_subclass_wrapper_post_compile(original: Callable[..., Any]) -> Callable
             inputs = plan_for(runtime_metadata.subclass_inp_meta)
             outputs = plan_for(runtime_metadata.subclass_fw_graph_out_meta)
             for meta in outputs.metas:
-                if isinstance(meta, SubclassCreationMeta) and not meta.included_subclass_symints:
+                if isinstance(meta, SubclassLayout) and not meta.included_subclass_symints:
                     raise AssertionError("output subclass metadata without symbolic-size slots")
             built.append((inputs.unwrap_function(True), outputs.wrap_function(), outputs.width))
             return built[0]  # type: ignore[no-any-return]  # just appended

@@ -2,28 +2,25 @@
 :class:`~opaque_subclass.sharded.ShardedTensor` under torch.compile, in local
 processes joined by a gloo process group on 127.0.0.1.
 
-Each rank trains a small MLP (16 -> 32 -> 32 -> 8) whose weights are sharded
-tensors: the first layer column-parallel, the second row-parallel (a collective
-in forward and one in backward), the third column-parallel again, its output
-compared with a replicated target. Each step is forward, loss and backward
-through ``torch.compile``, then an eager SGD update. The losses are compared
-with an unsharded eager reference trained on the same data from the same
-weights. Then the trained weights move to a second mesh built on a *new* process
-group and training goes on with the same compiled function. It must not
-recompile, it must still match, and the collectives must run on the new group
-(recorded by :func:`~opaque_subclass.sharded.record_collectives` as they run).
+Each rank trains a small MLP (16 -> 32 -> 32 -> 8) with sharded weights:
+column-parallel, row-parallel (a collective in forward and one in backward),
+column-parallel, the output compared with a replicated target. Each step runs
+forward, loss and backward through ``torch.compile``, then an eager SGD update;
+losses are compared with an unsharded eager reference from the same weights and
+data. Then the weights move to a second mesh on a *new* process group and
+training goes on with the same compiled function: no recompile, still matching,
+and the collectives (recorded by :func:`~opaque_subclass.sharded.record_collectives`)
+on the new group.
 
-:func:`run_demo` starts the ranks with
-:func:`~opaque_subclass.testing.run_local_workers`. Run as a module, the demo
-also works under torchrun, one rank per process::
+:func:`run_demo` starts the ranks with :func:`~opaque_subclass.testing.run_local_workers`.
+Run as a module, the demo also works under torchrun, one rank per process::
 
     python -m opaque_subclass.cli.demo                          # its own 2 local workers
     torchrun --nproc-per-node 2 -m opaque_subclass.cli.demo     # torchrun's ranks
 
 With torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``) each rank joins a gloo group by env:// rendezvous and runs
-:func:`train_worker` (:func:`run_rank`); rank 0 gathers the results, checks them
-and prints the report.
+:func:`train_worker` (:func:`run_rank`); rank 0 gathers, checks and prints the report.
 """
 
 from __future__ import annotations
@@ -306,8 +303,7 @@ def run_demo(
     world_size
         Number of processes; 32 and 8 (the layer widths) must divide by it.
     backend
-        The torch.compile backend, ``"aot_eager"`` (fast to compile) or
-        ``"inductor"``.
+        The torch.compile backend, ``"aot_eager"`` (fast to compile) or ``"inductor"``.
     lr, seed
         SGD learning rate and the seed of the weights and data.
     tolerance
@@ -322,8 +318,7 @@ def run_demo(
     Raises
     ------
     DemoError
-        If a rank failed or timed out, or the report breaks a requirement (its
-        ``report`` attribute then holds the report).
+        If a rank failed or timed out, or the report breaks a requirement (then in its ``report``).
     """
     _check_arguments("run_demo", steps, world_size)
     t0 = time.perf_counter()
@@ -354,19 +349,16 @@ def run_rank(
     tolerance: float = 1e-5,
     timeout: float = 60.0,
 ) -> DemoReport | None:
-    """Run this process's rank of the demo under torchrun (or another launcher
-    that sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``).
+    """Run this process's rank of the demo under torchrun (or a launcher setting ``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``).
 
-    Joins a gloo process group by env:// rendezvous, runs :func:`train_worker`,
-    gathers every rank's result on rank 0 and destroys the process group (also
-    when the rank fails). The arguments are those of :func:`run_demo`, except
-    ``timeout``: the seconds the rendezvous and each collective may wait, so
-    that a rank whose peer died fails instead of hanging. An error of
-    :func:`train_worker` or of the gather is written to torchrun's error file
-    for this rank (``torch.distributed.elastic``'s ``record``) before the
-    process group is destroyed, so that torchrun's failure summary shows it
-    even when torchrun stops this rank after a peer failed on losing its
-    connection to it.
+    Joins a gloo group by env:// rendezvous, runs :func:`train_worker`, gathers the results on
+    rank 0 and destroys the group (also on failure). Arguments are :func:`run_demo`'s, except
+    ``timeout``: the seconds the rendezvous and each collective may wait, so a rank whose peer died
+    fails instead of hanging. An error of :func:`train_worker` or the gather is written to this
+    rank's torchrun error file (``torch.distributed.elastic``'s ``record``) before the group is
+    destroyed, so torchrun's failure summary shows it even if torchrun stops this rank after a
+    peer failed on losing its connection to it.
 
     Returns
     -------

@@ -17,14 +17,14 @@ from torch.utils._pytree import tree_map_only
 
 from opaque_subclass import (
     OpaqueBase,
-    SubclassCreationMeta,
-    create_subclass_meta,
+    SubclassLayout,
+    describe_args,
     flatten_subclass,
     opaque_alias_pattern,
     register_opaque,
     unflatten_subclass,
-    unwrap_tensor_subclasses,
-    wrap_tensor_subclasses,
+    unwrap_args,
+    wrap_args,
 )
 
 __all__ = ["CHECKS", "CheckResult", "run_checks"]
@@ -95,17 +95,17 @@ def check_round_trip() -> str:
 def check_runtime_wrap_unwrap() -> str:
     shared = _Group("shared")
     args = [torch.ones(2), _GroupTensor(torch.zeros(3), shared), _GroupTensor(torch.ones(3), shared), shared]
-    metas = create_subclass_meta(args)
-    flat = unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
-    runtime = [m.runtime_safe() if isinstance(m, SubclassCreationMeta) else m for m in metas]
-    out = wrap_tensor_subclasses(flat, subclass_metas=runtime, is_runtime=True)
+    metas = describe_args(args)
+    flat = unwrap_args(args, is_joint_structure=False, subclass_metas=metas)
+    runtime = [m.runtime_safe() if isinstance(m, SubclassLayout) else m for m in metas]
+    out = wrap_args(flat, subclass_metas=runtime, is_runtime=True)
     if len(flat) != 6 or out[1]._group is not shared or out[3] is not shared:
         raise AssertionError("wrap(unwrap(args)) did not rebuild the arguments")
     pattern = opaque_alias_pattern(flat)
     if pattern.shared != ((2, 4, 5),):
         raise AssertionError(f"alias pattern {pattern} does not show the shared group")
     other = opaque_alias_pattern(
-        unwrap_tensor_subclasses(
+        unwrap_args(
             [args[0], args[1], _GroupTensor(torch.ones(3), _Group("b")), shared],
             is_joint_structure=False,
         )

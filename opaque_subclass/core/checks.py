@@ -1,23 +1,20 @@
 """Every check of user input at torch's entry points: where torch.compile
 (Dynamo), ``torch.export`` and the library's own API first meet a subclass.
 
-The walk (:func:`~opaque_subclass.core.walk.read_level`) checks what one
-level's ``__tensor_flatten__`` returns, on every route. What is checked here
-needs the whole input, or the moment it is met:
+The walk (:func:`~opaque_subclass.core.walk.read_level`) checks one level's
+``__tensor_flatten__`` result on every route. Here are the checks that need the
+whole input, or the moment it is met:
 
 * :func:`validate_input`: every level of an input, walked once, and for a real
-  (not fake) input that ``__tensor_unflatten__`` rebuilds each level
-  (:func:`check_levels`);
+  input that ``__tensor_unflatten__`` rebuilds each level (:func:`check_levels`);
 * :func:`validate_graph_input`: the same for Dynamo, once per level per graph,
-  plus :func:`check_guardable_context` (a flatten context Dynamo's guard
-  could never pass: an object equal only to itself, a process group or mesh);
-* the run-time helpers check their arguments against the spec
-  (:mod:`opaque_subclass.core.spec`).
+  plus :func:`check_guardable_context` (a context Dynamo's guard could never
+  pass: an object equal only to itself, a process group or mesh);
+* the run-time helpers check arguments against the spec (:mod:`opaque_subclass.core.spec`).
 
-The torch functions that call these on each release are the rows of
+The torch functions calling these per release are the rows of
 ``opaque_subclass/releases/v2_NN.py`` whose replacement lives in
-:mod:`opaque_subclass.fixes.entry_checks` (and, on torch 2.11,
-:mod:`opaque_subclass.backport`).
+:mod:`opaque_subclass.fixes.entry_checks` (and :mod:`opaque_subclass.backport` on torch 2.11).
 """
 
 from __future__ import annotations
@@ -57,14 +54,13 @@ __all__ = [
 
 
 def check_rebuild(t: object, path: str = "x") -> None:
-    """Rebuild every level of the (nested) wrapper subclass ``t`` from its own
-    flatten result with its class's ``__tensor_unflatten__`` and check the
-    result: an instance of the class, with ``t``'s shape and dtype. Raises a
-    ``TypeError`` naming the subclass, ``path`` and the fix; ``t`` is not changed.
+    """Rebuild every level of the (nested) wrapper subclass ``t`` from its flatten result with its
+    class's ``__tensor_unflatten__`` and check the result is an instance of the class with ``t``'s
+    shape and dtype; else raise a ``TypeError`` naming the subclass, ``path`` and the fix. ``t`` is
+    not changed.
 
-    Run where torch first meets a subclass input while tracing: a wrong result
-    there otherwise surfaces as a misleading tangent error in backward, or as
-    a crash of the process under inductor.
+    Run where torch first meets a subclass input while tracing: a wrong result otherwise surfaces
+    as a misleading tangent error in backward, or a process crash under inductor.
     """
     check_levels([slot for _, slot in walk(t, path) if isinstance(slot, Level)])
 
@@ -85,8 +81,7 @@ def _check_level(level: Level) -> None:
 
 
 def _compare_rebuilt(level: Level, result: Any) -> None:
-    """``result``, a rebuild of ``level``'s instance, has its shape (unless
-    symbolic) and dtype."""
+    """``result``, a rebuild of ``level``'s instance, has its shape (unless symbolic) and dtype."""
     t, path, cls = level.owner, level.path, type(level.owner)
     for what in ("shape", "dtype"):
         if what == "shape" and any(isinstance(s, torch.SymInt) for s in (*result.shape, *t.shape)):
@@ -104,14 +99,12 @@ def _compare_rebuilt(level: Level, result: Any) -> None:
 def check_guardable_context(level: Level) -> None:
     """Check that the flatten context of ``level`` equals a deep copy of itself.
 
-    Dynamo guards a subclass input on its flatten context: it keeps a deep copy
-    and compares every later context with it by ``==`` (unless the class
-    defines ``__metadata_guard__``). An object in the context compared by
-    identity (its class defines no ``__eq__``, a mesh or a handle) is never
-    equal to its copy, and torch stops at once with "Guard failed on the same
-    frame it was created. This is a bug". Raises a ``TypeError`` naming the
-    subclass, the object's path in the context, its type and the fix. A context
-    that cannot be copied or compared is left to torch, which reports it.
+    Dynamo keeps a deep copy of a subclass input's flatten context and compares later contexts
+    with it by ``==`` (unless the class defines ``__metadata_guard__``). An object compared by
+    identity (no ``__eq__``: a mesh, a handle) never equals its copy, and torch stops with "Guard
+    failed on the same frame it was created. This is a bug". Raises a ``TypeError`` naming the
+    subclass, the object's context path, its type and the fix; a context that cannot be copied or
+    compared is left to torch.
     """
     owner, ctx = level.owner, level.ctx
     if ctx is None or hasattr(owner, "__metadata_guard__"):
@@ -153,8 +146,8 @@ def check_guardable_context(level: Level) -> None:
 
 
 def _as_input_fix(level: Level, culprit: object, path: str) -> str:
-    """The fix that moves ``culprit`` (at ``path`` of ``level``'s context) to its
-    attributes: by the class's owner, or by adopting the class."""
+    """The fix moving ``culprit`` (at ``path`` of ``level``'s context) to the attributes: by the
+    class's owner, or by adopting the class."""
     owner = level.owner
     attr = holding_attribute(owner, culprit)
     listed = f"`return {[*level.names, attr]!r}, <the context without it>`" if attr else "its attribute name"
@@ -169,8 +162,7 @@ def _as_input_fix(level: Level, culprit: object, path: str) -> str:
 
 
 def _refuse_distributed_context(level: Level, part: ContextPart) -> None:
-    """Raise the named error for a ``ProcessGroup`` or ``DeviceMesh`` found in a
-    flatten context (:func:`check_guardable_context`)."""
+    """Raise the named error for a ``ProcessGroup`` or ``DeviceMesh`` in a flatten context."""
     culprit = part.obj
     culprit_cls = type(culprit)
     if not any(klass.__name__ == "DeviceMesh" for klass in culprit_cls.__mro__):
@@ -203,17 +195,12 @@ def source_name(source: Any) -> str:
 
 
 def validate_input(t: object, path: str, *, guarded: bool = False, rebuild: bool = True) -> list[Level]:
-    """Everything checked where torch first meets a subclass input while
-    tracing: every level's attributes (the walk) and, with ``rebuild``, for a
-    real (not fake) input, that ``__tensor_unflatten__`` rebuilds it
-    (:func:`check_rebuild`), from one walk. ``guarded`` (Dynamo, which guards
-    on flatten contexts, keeping a deep copy): each level's context also
-    equals its deep copy (:func:`check_guardable_context`). Dynamo's entry
-    passes ``rebuild=False`` and checks the fake instance torch rebuilds
-    instead (:func:`check_fake_rebuild`), so no ``__tensor_unflatten__`` runs
-    on real tensors that torch would not run.
-    Returns the levels checked, outermost first (``[]`` for anything but a
-    wrapper subclass)."""
+    """Everything checked where torch first meets a subclass input while tracing, from one walk:
+    every level's attributes and, with ``rebuild`` and a real input, :func:`check_rebuild`. With
+    ``guarded`` (Dynamo, which keeps a deep copy of flatten contexts), also
+    :func:`check_guardable_context`. Dynamo's entry passes ``rebuild=False`` and checks torch's
+    fake rebuild instead (:func:`check_fake_rebuild`), running no ``__tensor_unflatten__`` torch
+    would not. Returns the levels checked, outermost first (``[]`` for a non-wrapper)."""
     levels: list[Level] = []
     first_leaf: Any = None
     for _, slot in walk(t, path):  # one read per level, validated
@@ -230,13 +217,10 @@ def validate_input(t: object, path: str, *, guarded: bool = False, rebuild: bool
 
 
 def check_fake_rebuild(levels: Sequence[Level], fake: object) -> None:
-    """:func:`check_rebuild` without calling ``__tensor_unflatten__``: compare
-    ``fake``, the fake instance torch built from a real input with the user's
-    ``__tensor_unflatten__`` (on fake inner tensors), with ``levels``, the real
-    input's levels from the walk (outermost first). Every level must be an
-    instance of its real class with the real level's shape (where neither is
-    symbolic) and dtype; innermost levels are checked first, and the errors
-    are :func:`check_rebuild`'s."""
+    """:func:`check_rebuild` without calling ``__tensor_unflatten__``: compare ``fake`` (torch's
+    rebuild of a real input with the user's unflatten, on fake inner tensors) with the real input's
+    walked ``levels`` (outermost first). Each level must be an instance of its real class with its
+    shape (where not symbolic) and dtype; innermost first, with :func:`check_rebuild`'s errors."""
     if not levels:
         return
     by_path = {level.path: level for level in levels}
@@ -257,26 +241,22 @@ def check_fake_rebuild(levels: Sequence[Level], fake: object) -> None:
 
 
 class CheckedLevels(threading.local):
-    """What :func:`validate_graph_input` remembers, owned by its caller (the
-    replacement of Dynamo's ``wrap_tensor`` makes one when it is built, so the
-    record goes away with the patch): per thread, the Dynamo output graph being
-    built (weakly) and the source names of the subclass levels checked for it."""
+    """What :func:`validate_graph_input` remembers, owned by the replacement of Dynamo's
+    ``wrap_tensor`` (so it goes with the patch): per thread, the output graph being built (weakly)
+    and the source names of the subclass levels checked for it."""
 
     graph: weakref.ref[object] | None = None
     paths: set[str]
 
 
 def validate_graph_input(builder: Any, value: object, checked: CheckedLevels) -> list[Level]:
-    """:func:`validate_input` (``guarded``) for Dynamo's
-    ``VariableBuilder.wrap_tensor``, once per subclass level per graph.
+    """:func:`validate_input` (``guarded``) for Dynamo's ``VariableBuilder.wrap_tensor``, once per
+    subclass level per graph.
 
-    Dynamo wraps each inner subclass of a subclass input again as an input of
-    its own (source ``L['x']._data``), after the outer input's walk checked that
-    level already: within one output graph a source names one object, so a
-    source recorded in ``checked`` is not walked again. The record is per
-    thread and per graph (a new graph, or another thread's, starts empty) and
-    holds source names only, never the objects. Returns the levels walked
-    (``[]`` for a level checked already), for :func:`check_fake_rebuild`."""
+    Dynamo wraps each inner subclass again as an input (source ``L['x']._data``) after the outer
+    walk checked it; a source names one object within an output graph, so one recorded in
+    ``checked`` is skipped. The record is per thread and graph and holds source names only, never
+    objects. Returns the levels walked (``[]`` if checked already), for :func:`check_fake_rebuild`."""
     path = source_name(builder.source)
     graph = builder.tx.output
     ref = checked.graph
@@ -291,11 +271,9 @@ def validate_graph_input(builder: Any, value: object, checked: CheckedLevels) ->
 
 
 def require_module(value: object, function: str, *, graph: bool = False) -> None:
-    """Raise the library's ``TypeError`` unless ``value`` is a ``torch.nn.Module``
-    (with ``graph``: a ``torch.fx.GraphModule``), naming ``function``, the type
-    found and a fix that runs. For every public function that takes a module:
-    without it, a wrong argument fails deep inside with an ``AttributeError``
-    such as ``'Tensor' object has no attribute 'named_modules'``."""
+    """Raise the library's ``TypeError`` unless ``value`` is a ``torch.nn.Module`` (with ``graph``: a
+    ``torch.fx.GraphModule``), naming ``function``, the type and a working fix; for every public
+    function taking a module, which would otherwise fail deep inside with an ``AttributeError``."""
     expected: type = torch.fx.GraphModule if graph else torch.nn.Module
     if isinstance(value, expected):
         return
@@ -330,17 +308,14 @@ _SLOT_KIND = {"tensor": "tensor", "subclass": "tensor", "opaque": "opaque", "oth
 
 
 def check_tangent_structure(level: Level, expected: Sequence[tuple[str, bool]]) -> None:
-    """Check that a tangent (the gradient given to backward for a subclass
-    output) lists the attributes the forward output listed, each of the same
-    kind: ``expected`` is ``[(name, is_opaque), ...]`` in the output's flatten
-    order, ``level`` the tangent's level read by the walk (``strict=False``).
+    """Check that a tangent lists the attributes the forward output listed, each of the same kind:
+    ``expected`` is ``[(name, is_opaque), ...]`` in flatten order, ``level`` the tangent's walked
+    level (``strict=False``).
 
-    The backward of a compiled function reads a tangent's leaves by the
-    attribute names its forward output had: a tangent whose
-    ``__tensor_flatten__`` lists other names (with an equal flatten context, so
-    no coercion applies) would give the graph a stale attribute, or fail inside
-    torch. Raises :class:`~opaque_subclass.core.errors.OpaqueTypeError` naming
-    the tangent's subclass, path, what it lists or holds, and the fix."""
+    A compiled backward reads a tangent's leaves by its forward output's attribute names; a tangent
+    listing other names (with an equal context, so no coercion) would give a stale attribute or fail
+    inside torch. Raises :class:`~opaque_subclass.core.errors.OpaqueTypeError` naming the tangent's
+    subclass, path, what it lists or holds, and the fix."""
     found = [(a.name, _SLOT_KIND[a.kind]) for a in level.attrs]
     want = [(name, "opaque" if is_opaque else "tensor") for name, is_opaque in expected]
     if found == want:

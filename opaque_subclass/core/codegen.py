@@ -1,9 +1,9 @@
 """Straight-line run-time wrap/unwrap functions generated from a subclass meta.
 
 The run-time helpers run on every call of a compiled function, so for each
-:class:`~opaque_subclass.core.spec.SubclassCreationMeta` we generate, once, a
-Python function with every index, attribute name and type baked in. For a
-subclass ``MeshTensor`` holding ``_data`` and ``_mesh`` the generated code is::
+:class:`~opaque_subclass.core.spec.SubclassLayout` a Python function with every
+index, attribute name and type baked in is generated once. For ``MeshTensor``
+holding ``_data`` and ``_mesh``::
 
     def unwrap(x):
         if x.__class__ is not T0 and not isinstance(x, T0):
@@ -16,9 +16,9 @@ subclass ``MeshTensor`` holding ``_data`` and ``_mesh`` the generated code is::
             bad_result(0, r0)
         return r0
 
-Both follow the slot order of :func:`~opaque_subclass.core.spec.iter_slots`. The
-generated source is logged at DEBUG level. Metas whose attribute names are
-not Python identifiers fall back to the generic, data-driven path.
+Both follow the slot order of :func:`~opaque_subclass.core.spec.iter_slots`; the
+source is logged at DEBUG level. Metas whose attribute names are not
+identifiers fall back to the generic, data-driven path.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from opaque_subclass.core.errors import (
 from opaque_subclass.core.flatten import append_leaves, flat_width
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.spec import (
-    OpaqueMeta,
-    PlainTensorMeta,
-    SubclassCreationMeta,
-    SymIntMeta,
+    OpaqueSlot,
+    SubclassLayout,
+    SymIntSlot,
+    TensorSlot,
     _check_leaf,
     bad_unflatten_type,
     iter_slots,
@@ -61,16 +61,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RuntimeChecks:
-    """The checks a generated function makes, a parameter of its generation and
-    part of the key it is cached under (per meta). Tensor slots are always
-    checked. See docs/core.md, "Run-time checks".
+    """The checks a generated function makes: a parameter of its generation and part of its
+    per-meta cache key. Tensor slots are always checked. See docs/core.md, "Run-time checks".
 
     Attributes
     ----------
     names
-        The API's unwrap calls each level's ``__tensor_flatten__`` and compares
-        the names it lists with the metadata's (a list that changed would
-        otherwise be read at the old names: a stale attribute).
+        The API's unwrap compares the names each level's ``__tensor_flatten__`` lists with the
+        metadata's (a changed list would otherwise be read at the old names: a stale attribute).
     opaque_slots
         What an opaque slot holds is a registered reference opaque (unwrap and wrap).
     """
@@ -84,8 +82,8 @@ DEFAULT_CHECKS = RuntimeChecks()
 
 
 def _cache_key(kind: str, checks: RuntimeChecks) -> str | tuple[str, RuntimeChecks]:
-    """The key of a generated function in its meta's cache: the bare kind for the
-    default checks (what the run-time helpers look up per call), else with them."""
+    """A generated function's key in its meta's cache: the bare kind for the default checks
+    (what the run-time helpers look up per call), else with them."""
     return kind if checks == DEFAULT_CHECKS else (kind, checks)
 
 
@@ -100,7 +98,7 @@ def _exec(source: str, namespace: dict[str, Any], fn_name: str) -> Callable[...,
     return namespace[fn_name]  # type: ignore[no-any-return]  # defined by the exec above
 
 
-def _bad_input(meta: SubclassCreationMeta) -> Callable[[object, str], None]:
+def _bad_input(meta: SubclassLayout) -> Callable[[object, str], None]:
     def bad_input(x: object, name: str) -> None:
         raise OpaqueTypeError(
             f"run-time unwrap expected a {qualified_name(meta.subclass_type)} at {name} (the type the "
@@ -111,12 +109,12 @@ def _bad_input(meta: SubclassCreationMeta) -> Callable[[object, str], None]:
     return bad_input
 
 
-def _bad_leaf(meta: SubclassCreationMeta) -> Callable[[str, object], None]:
+def _bad_leaf(meta: SubclassLayout) -> Callable[[str, object], None]:
     def bad_leaf(path: str, value: object) -> None:
         raise OpaqueTypeError(
             f"run-time unwrap of {qualified_name(meta.subclass_type)}: {path} is a tensor slot "
             f"(the metadata was made from a tensor there), got {describe_type(value)}. Fix: "
-            f"give {path} a tensor, or re-create the metadata (create_subclass_meta) from "
+            f"give {path} a tensor, or re-create the metadata (describe_args) from "
             "arguments of the new structure."
         )
 
@@ -143,7 +141,7 @@ def _opaque_slot_error(what: str, path: str, expected: type, value: object, fix:
     )
 
 
-def _bad_opaque(meta: SubclassCreationMeta) -> Callable[[str, object, type], None]:
+def _bad_opaque(meta: SubclassLayout) -> Callable[[str, object, type], None]:
     def bad_opaque(path: str, value: object, expected: type) -> None:
         raise _opaque_slot_error(
             f"run-time unwrap of {qualified_name(meta.subclass_type)}",
@@ -151,14 +149,14 @@ def _bad_opaque(meta: SubclassCreationMeta) -> Callable[[str, object, type], Non
             expected,
             value,
             f"give it back its opaque before the call, `{path} = obj` (obj: a {qualified_name(expected)}), "
-            "or re-create the metadata (create_subclass_meta) from arguments of the new structure.",
+            "or re-create the metadata (describe_args) from arguments of the new structure.",
         )
 
     return bad_opaque
 
 
 def _slot_reads(
-    meta: SubclassCreationMeta,
+    meta: SubclassLayout,
     root: str,
     append_symints: bool,
     tag: str,
@@ -169,34 +167,31 @@ def _slot_reads(
     bad_opaque: str = "bad_opaque",
     check_opaques: bool = True,
 ) -> list[str] | None:
-    """The expressions reading ``meta``'s flat slots from ``root``, after adding to
-    ``lines`` a type check of every tensor slot (one ``is`` test in the common
-    case, so that an int or None in a tensor attribute raises instead of
-    reaching the graph) that calls the generated code's ``bad_leaf`` function;
-    with a ``namespace`` and ``check_opaques``, also of every opaque
-    slot whose type the meta knows (one ``is`` test against that type, else
-    the registry), calling ``bad_opaque``. Error messages show ``root`` as
-    ``shown``, or as the generated function's ``name`` argument when ``shown``
-    is ``None``. ``None`` when an attribute name is not an identifier."""
+    """The expressions reading ``meta``'s flat slots from ``root``, or ``None`` when an attribute
+    name is not an identifier. First adds to ``lines`` a type check of every tensor slot (one ``is``
+    test, so an int or None raises instead of reaching the graph) calling ``bad_leaf``; with a
+    ``namespace`` and ``check_opaques``, also of every opaque slot (an ``is`` test against the
+    meta's type, else the registry) calling ``bad_opaque``. Errors show ``root`` as ``shown``, or
+    as the generated function's ``name`` argument when ``shown`` is ``None``."""
     exprs: list[str] = []
     check_opaques = namespace is not None and check_opaques
     for n, (path, slot) in enumerate(iter_slots(meta, root)):
         parts = path.split(".")
         if not all(_identifier(p) or p.endswith("]") for p in parts):
             return None
-        if isinstance(slot, SymIntMeta):
+        if isinstance(slot, SymIntSlot):
             if append_symints:
                 exprs.append(path)
             continue
         suffix = path[len(root) :]
         where = repr(shown + suffix) if shown is not None else f"name + {suffix!r}"
-        if isinstance(slot, PlainTensorMeta):
+        if isinstance(slot, TensorSlot):
             local = f"{tag}_{n}"
             lines.append(f"    {local} = {path}")
             lines.append(f"    if {local}.__class__ is not Tensor and not isinstance({local}, Tensor):")
             lines.append(f"        {bad_leaf}({where}, {local})")
             exprs.append(local)
-        elif check_opaques and isinstance(slot, OpaqueMeta) and slot.opaque_type is not object:
+        elif check_opaques and isinstance(slot, OpaqueSlot) and slot.opaque_type is not object:
             assert namespace is not None  # check_opaques says so
             local, kind = f"{tag}_{n}", f"{tag}_O{n}"
             namespace[kind] = slot.opaque_type
@@ -211,12 +206,10 @@ def _slot_reads(
 
 
 def _unwrap_source(
-    meta: SubclassCreationMeta, append_symints: bool, namespace: dict[str, Any], checks: RuntimeChecks
+    meta: SubclassLayout, append_symints: bool, namespace: dict[str, Any], checks: RuntimeChecks
 ) -> str | None:
-    """The API's unwrap: the argument's type, then (``checks.names``) each
-    level's type and the names its ``__tensor_flatten__`` lists, then the
-    slots; an ``AttributeError`` (a listed attribute deleted) is diagnosed by
-    :func:`check_structure`."""
+    """The API's unwrap: the argument's type, then (``checks.names``) each level's type and flatten
+    names, then the slots; an ``AttributeError`` (a deleted attribute) goes to :func:`check_structure`."""
     lines = ["    if x.__class__ is not T0 and not isinstance(x, T0):", "        bad_input(x, name)"]
     body: list[str] = []
     if checks.names:
@@ -252,17 +245,15 @@ def _unwrap_source(
 
 
 def compiled_unwrap(
-    meta: SubclassCreationMeta, append_symints: bool, checks: RuntimeChecks = DEFAULT_CHECKS
+    meta: SubclassLayout, append_symints: bool, checks: RuntimeChecks = DEFAULT_CHECKS
 ) -> Callable[..., tuple[Any, ...]]:
-    """``unwrap(x, name="x") -> leaves`` for a subclass instance described by
-    ``meta``; errors name the instance ``name`` (``args[1]``, ``args[1]._data``).
+    """``unwrap(x, name="x") -> leaves`` for a subclass instance described by ``meta``; errors name
+    the instance ``name`` (``args[1]``, ``args[1]._data``).
 
-    With ``append_symints`` (and a meta that includes symbolic sizes), the
-    symbolic size/stride entries are included after each subclass's leaves.
-    The attributes are read as the meta lists them, after checking (see
-    :class:`RuntimeChecks`) that each level's ``__tensor_flatten__`` still lists
-    them: an argument whose list changed is an error, never read at the old
-    names. Generated once per meta and ``checks``.
+    With ``append_symints`` (and a meta including symbolic sizes), each subclass's size/stride
+    entries follow its leaves. Attributes are read as the meta lists them, after checking (see
+    :class:`RuntimeChecks`) that each level's ``__tensor_flatten__`` still lists them: a changed
+    list is an error. Generated once per meta and ``checks``.
     """
     key = _cache_key("unwrap+symints" if append_symints else "unwrap", checks)
     fn = meta._compiled.get(key)
@@ -296,7 +287,7 @@ class _WrapEmitter:
         self.checked = checked
         self.lines: list[str] = []
         self.namespace: dict[str, Any] = {}
-        self.metas: list[tuple[SubclassCreationMeta, str]] = []
+        self.metas: list[tuple[SubclassLayout, str]] = []
 
     def const(self, prefix: str, value: object) -> str:
         name = f"{prefix}{len(self.namespace)}"
@@ -304,7 +295,7 @@ class _WrapEmitter:
         return name
 
     def outer(
-        self, meta: SubclassCreationMeta, values: tuple[Any, ...], placeholders: tuple[int, ...], first: int
+        self, meta: SubclassLayout, values: tuple[Any, ...], placeholders: tuple[int, ...], first: int
     ) -> tuple[str, int]:
         if not (meta.included_subclass_symints and placeholders):
             return self.const("S", values), first
@@ -318,14 +309,14 @@ class _WrapEmitter:
                 items.append(repr(int(v)))
         return "(" + ", ".join(items) + ",)", idx
 
-    def emit(self, meta: SubclassCreationMeta, path: str) -> str | None:
+    def emit(self, meta: SubclassLayout, path: str) -> str | None:
         inner: list[str] = []
         for name, sub in meta.attrs.items():
-            if isinstance(sub, SubclassCreationMeta):
+            if isinstance(sub, SubclassLayout):
                 expr = self.emit(sub, f"{path}.{name}")
                 if expr is None:
                     return None
-            elif isinstance(sub, PlainTensorMeta):
+            elif isinstance(sub, TensorSlot):
                 expr = f"t{sub.unwrapped_idx}"
                 self.namespace.setdefault("Tensor", Tensor)
                 self.namespace.setdefault("bad_slot", _bad_slot)
@@ -333,7 +324,7 @@ class _WrapEmitter:
                 self.lines.append(f"    if {expr}.__class__ is not Tensor and not isinstance({expr}, Tensor):")
                 owner = qualified_name(meta.subclass_type)
                 self.lines.append(f"        bad_slot({sub.unwrapped_idx}, {owner!r}, {path + '.' + name!r}, {expr})")
-            elif self.checked and isinstance(sub, OpaqueMeta) and sub.opaque_type is not object:
+            elif self.checked and isinstance(sub, OpaqueSlot) and sub.opaque_type is not object:
                 expr = f"o{sub.unwrapped_idx}"
                 kind = self.const("O", sub.opaque_type)
                 self.namespace.setdefault("is_reference", _is_reference)
@@ -365,17 +356,15 @@ class _WrapEmitter:
 
 
 def compiled_wrap(
-    meta: SubclassCreationMeta, *, checked: bool = True, checks: RuntimeChecks = DEFAULT_CHECKS
+    meta: SubclassLayout, *, checked: bool = True, checks: RuntimeChecks = DEFAULT_CHECKS
 ) -> Callable[[Sequence[Any]], Any]:
-    """``wrap(flat) -> subclass`` rebuilding ``meta``'s subclass at run time.
+    """``wrap(flat) -> subclass`` rebuilding ``meta``'s subclass at run time from its absolute slots
+    (symbolic sizes too, when the meta includes them).
 
-    Reads the absolute slots of ``meta`` from ``flat``; symbolic sizes are read
-    from their slots when the meta includes them. Every slot's value is
-    checked (a tensor, or a registered reference opaque; see :class:`RuntimeChecks`);
-    with ``checked=False`` the opaque slots are not: for a caller whose leaves
-    were checked when stored and that runs inside compiled code, where an
-    opaque's members (``__class__`` included) are off limits (the
-    parametrization's rebuild). Generated once per meta, ``checked`` and ``checks``.
+    Every slot's value is checked (see :class:`RuntimeChecks`); ``checked=False`` skips the opaque
+    slots, for a caller whose leaves were checked when stored and that runs inside compiled code,
+    where an opaque's members (``__class__`` included) are off limits (the parametrization's
+    rebuild). Generated once per meta, ``checked`` and ``checks``.
     """
     key = _cache_key("wrap" if checked else "wrap-unchecked", checks)
     fn = meta._compiled.get(key)
@@ -389,7 +378,7 @@ def compiled_wrap(
         def fn(flat: Sequence[Any]) -> Any:
             if checked:
                 for path, slot in iter_slots(meta, "x"):
-                    if not isinstance(slot, SymIntMeta):
+                    if not isinstance(slot, SymIntSlot):
                         _check_leaf(path, slot, flat[slot.unwrapped_idx], owner)
             return rebuild(meta, flat, is_runtime=True)
 
@@ -408,14 +397,11 @@ def compiled_wrap(
 
 
 class ArgumentsPlan:
-    """Generated unwrap and wrap for a whole list of metas: one function call per
-    list instead of one per argument.
+    """Generated unwrap and wrap for a list of metas: one function call per list, not per argument.
 
-    ``unwrap(args)`` returns the flat leaves of all arguments (symbolic sizes
-    included when built with ``append_symints``); ``wrap(flat)`` returns one value
-    per meta, reading exactly :attr:`width` leading slots of ``flat``. Metas
-    whose attribute names are not identifiers make the plan fall back to the
-    per-subclass functions.
+    ``unwrap(args)`` returns all arguments' flat leaves (symbolic sizes included with
+    ``append_symints``); ``wrap(flat)`` returns one value per meta from exactly :attr:`width`
+    leading slots. Metas with non-identifier attribute names fall back to per-subclass functions.
     """
 
     __slots__ = ("_unwrap", "_unwrap_symints", "_wrap", "checks", "metas", "width")
@@ -449,7 +435,7 @@ class ArgumentsPlan:
         exprs: list[str] = []
         for i, meta in enumerate(self.metas):
             lines.append(f"    a{i} = args[{i}]")
-            if not isinstance(meta, SubclassCreationMeta):
+            if not isinstance(meta, SubclassLayout):
                 exprs.append(f"a{i}")
                 continue
             if _unwrap_source(meta, append_symints, {}, self.checks) is None:
@@ -489,7 +475,7 @@ class ArgumentsPlan:
         emitter = _WrapEmitter(self.checks.opaque_slots)
         exprs: list[str] = []
         for i, meta in enumerate(self.metas):
-            if not isinstance(meta, SubclassCreationMeta):
+            if not isinstance(meta, SubclassLayout):
                 exprs.append(f"flat[{meta.unwrapped_idx}]")
                 continue
             root = emitter.emit(meta, f"args[{i}]")
@@ -514,8 +500,8 @@ def _bad_slot(idx: int, owner: str, path: str, value: object) -> None:
     raise OpaqueTypeError(
         f"run-time wrap of {owner}: flat slot {idx} rebuilds the tensor attribute {path}, got "
         f"{describe_type(value)}. Fix: pass the flat values in the order the metadata "
-        "describes (the order unwrap_tensor_subclasses returns), or re-create the metadata "
-        "(create_subclass_meta) for the new structure."
+        "describes (the order unwrap_args returns), or re-create the metadata "
+        "(describe_args) for the new structure."
     )
 
 
@@ -535,16 +521,14 @@ def _bad_opaque_slot(idx: int, owner: str, path: str, value: object, expected: t
         f"flat slot {idx} (rebuilding {path})",
         expected,
         value,
-        "pass the flat values in the order the metadata describes (the order unwrap_tensor_subclasses "
-        "returns), or re-create the metadata (create_subclass_meta) for the new structure.",
+        "pass the flat values in the order the metadata describes (the order unwrap_args "
+        "returns), or re-create the metadata (describe_args) for the new structure.",
     )
 
 
-def _structure_error(meta: SubclassCreationMeta) -> Callable[[object, str], None]:
-    """The generated unwrap's diagnosis of an argument that does not have the
-    structure of ``meta``: :func:`check_structure` raises the named error (a
-    return means the argument matches after all, for example a tuple of
-    names where the metadata holds a list)."""
+def _structure_error(meta: SubclassLayout) -> Callable[[object, str], None]:
+    """The generated unwrap's diagnosis of an argument not shaped like ``meta``: :func:`check_structure`
+    raises (a return means it matches after all, e.g. a tuple of names where the metadata has a list)."""
 
     def structure_error(x: object, name: str) -> None:
         check_structure(meta, x, name)
@@ -552,16 +536,14 @@ def _structure_error(meta: SubclassCreationMeta) -> Callable[[object, str], None
     return structure_error
 
 
-def check_structure(meta: SubclassCreationMeta, x: object, path: str = "x") -> None:
-    """Check that the live subclass ``x`` (at ``path``) has the structure
-    ``meta`` was made from, level by level: the type, the attribute names its
-    ``__tensor_flatten__`` lists now, and what each attribute holds (a tensor,
-    a nested subclass of the meta's type, or a registered reference opaque).
-    Raises the library's error naming the subclass, the path, what was found
-    and the fix: :class:`~opaque_subclass.core.errors.OpaqueAttributeError` for
-    a listed attribute the instance no longer has (``del x._mesh``),
-    :class:`~opaque_subclass.core.errors.OpaqueTypeError` otherwise. The slow
-    path behind the generated unwrap."""
+def check_structure(meta: SubclassLayout, x: object, path: str = "x") -> None:
+    """The slow path behind the generated unwrap: check that live ``x`` (at ``path``) has ``meta``'s
+    structure level by level (type, the names ``__tensor_flatten__`` lists now, and what each attribute
+    holds: a tensor, a nested subclass of the meta's type, or a registered reference opaque).
+
+    Raises :class:`~opaque_subclass.core.errors.OpaqueAttributeError` for a listed attribute the
+    instance lacks (``del x._mesh``), else :class:`~opaque_subclass.core.errors.OpaqueTypeError`,
+    naming the subclass, path, what was found and the fix."""
     cls = meta.subclass_type
     if x.__class__ is not cls and not isinstance(x, cls):
         _bad_input(meta)(x, path)
@@ -588,13 +570,13 @@ def check_structure(meta: SubclassCreationMeta, x: object, path: str = "x") -> N
             )
             + ("" if not new else ", and leave out " + ", ".join(f"{a.path!r} ({describe_type(a.value)})" for a in new))
             + ". Fix: re-create the metadata from the arguments as they are now, `import opaque_subclass; "
-            "metas = opaque_subclass.create_subclass_meta(args)` (args: the list passed), and pass "
+            "metas = opaque_subclass.describe_args(args)` (args: the list passed), and pass "
             "subclass_metas=metas."
         )
     for a, sub in zip(level.attrs, meta.attrs.values(), strict=True):
-        if isinstance(sub, SubclassCreationMeta):
+        if isinstance(sub, SubclassLayout):
             check_structure(sub, a.value, a.path)
-        elif isinstance(sub, OpaqueMeta):
+        elif isinstance(sub, OpaqueSlot):
             if a.kind != "opaque":
                 _bad_opaque(meta)(a.path, a.value, sub.opaque_type)
         elif a.kind not in ("tensor",):
@@ -603,18 +585,17 @@ def check_structure(meta: SubclassCreationMeta, x: object, path: str = "x") -> N
                     f"run-time unwrap of {subject(cls)}: {a.path} holds a {describe_type(a.value)}, a subclass "
                     "with leaves of its own, but the metadata was made from a plain tensor there. Fix: "
                     "re-create the metadata from the arguments as they are now, `import opaque_subclass; "
-                    "metas = opaque_subclass.create_subclass_meta(args)` (args: the list passed)."
+                    "metas = opaque_subclass.describe_args(args)` (args: the list passed)."
                 )
             _bad_leaf(meta)(a.path, a.value)
 
 
-def _missing_attribute(meta: SubclassCreationMeta, x: object, path: str, name: str) -> OpaqueAttributeError:
-    """The error for attribute ``name`` that ``x``'s ``__tensor_flatten__``
-    lists, as the metadata does, but that the instance does not have."""
+def _missing_attribute(meta: SubclassLayout, x: object, path: str, name: str) -> OpaqueAttributeError:
+    """The error for attribute ``name``, listed by ``x``'s ``__tensor_flatten__`` and the metadata, that ``x`` lacks."""
     sub = meta.attrs[name]
-    if isinstance(sub, OpaqueMeta):
+    if isinstance(sub, OpaqueSlot):
         held = f"a {qualified_name(sub.opaque_type)} (a reference opaque)"
-    elif isinstance(sub, SubclassCreationMeta):
+    elif isinstance(sub, SubclassLayout):
         held = f"a {qualified_name(sub.subclass_type)}"
     else:
         held = "a tensor"

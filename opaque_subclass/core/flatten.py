@@ -1,7 +1,7 @@
 """Flattening subclasses into leaves (tensors and opaques) and back.
 
 Built on the one walk (:mod:`opaque_subclass.core.walk`): :func:`describe`
-builds the :class:`~opaque_subclass.core.spec.SubclassCreationMeta` of a live
+builds the :class:`~opaque_subclass.core.spec.SubclassLayout` of a live
 value from its levels, :func:`append_leaves` lists its leaves, and
 :func:`check_rebuild` rebuilds every level with the class's own
 ``__tensor_unflatten__``. Each reads a level once, validated by the walk.
@@ -20,10 +20,10 @@ from opaque_subclass.core.checks import check_levels
 from opaque_subclass.core.errors import OpaqueTypeError, describe_type
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.spec import (
-    OpaqueMeta,
-    PlainTensorMeta,
-    SlotMeta,
-    SubclassCreationMeta,
+    Layout,
+    OpaqueSlot,
+    SubclassLayout,
+    TensorSlot,
     _is_symbolic,
     unflatten_checked,
 )
@@ -31,8 +31,8 @@ from opaque_subclass.core.walk import Attr, Level, is_wrapper_subclass, read_lev
 
 __all__ = [
     "append_leaves",
-    "create_subclass_meta",
     "describe",
+    "describe_args",
     "flatten_subclass",
     "is_wrapper_subclass",
     "unflatten_subclass",
@@ -49,20 +49,20 @@ def describe(
     path: str = "x",
     count_symints: bool = False,
     with_memory_format: bool = False,
-) -> SlotMeta:
+) -> Layout:
     """Build the meta of one value whose first slot is ``start_idx``.
 
-    A wrapper subclass gets a :class:`SubclassCreationMeta` (recursively), a
-    reference opaque an :class:`OpaqueMeta`, anything else a
-    :class:`PlainTensorMeta`. ``path`` names ``x`` in error messages.
+    A wrapper subclass gets a :class:`SubclassLayout` (recursively), a
+    reference opaque an :class:`OpaqueSlot`, anything else a
+    :class:`TensorSlot`. ``path`` names ``x`` in error messages.
     """
     if not is_wrapper_subclass(x):
         if not isinstance(x, _Tensor) and opaque_kind(x) == "reference":
-            return OpaqueMeta(start_idx, attr, opaque_type_of(x))
+            return OpaqueSlot(start_idx, attr, opaque_type_of(x))
         fmt = None
         if with_memory_format and isinstance(x, _Tensor):
             fmt = torch._prims_common.suggest_memory_format(x)
-        return PlainTensorMeta(start_idx, attr, fmt)
+        return TensorSlot(start_idx, attr, fmt)
     return _describe_level(
         read_level(x, path),  # type: ignore[arg-type]  # a wrapper subclass is a tensor
         start_idx,
@@ -81,15 +81,15 @@ def _describe_level(
     with_memory_format: bool,
     leaves: list[Any] | None = None,
     levels: list[Level] | None = None,
-) -> SubclassCreationMeta:
+) -> SubclassLayout:
     """The meta of one level (nested levels read once each); with ``leaves``,
     the level's leaves are appended to it in the same pass, and with
     ``levels``, every level read (innermost first)."""
-    attrs: dict[str, SlotMeta] = {}
+    attrs: dict[str, Layout] = {}
     idx = start_idx
     is_fake: bool | None = None  # decided by the first tensor leaf, as torch decides it
     for a in level.attrs:
-        sub: SlotMeta
+        sub: Layout
         if a.kind == "subclass":
             sub = _describe_level(
                 read_level(a.value, a.path),
@@ -104,13 +104,13 @@ def _describe_level(
             if is_fake is None:
                 is_fake = sub.original_subclass is not None
         elif a.kind == "opaque":
-            sub = OpaqueMeta(idx, a.name, opaque_type_of(a.value))
+            sub = OpaqueSlot(idx, a.name, opaque_type_of(a.value))
             idx += 1
             if leaves is not None:
                 leaves.append(a.value)
         else:
             fmt = torch._prims_common.suggest_memory_format(a.value) if with_memory_format else None
-            sub = PlainTensorMeta(idx, a.name, fmt)
+            sub = TensorSlot(idx, a.name, fmt)
             idx += 1
             if is_fake is None:
                 is_fake = bool(_is_fake_tensor(a.value))
@@ -120,7 +120,7 @@ def _describe_level(
     if levels is not None:
         levels.append(level)
     x = level.owner
-    return SubclassCreationMeta(
+    return SubclassLayout(
         flat_tensor_start_idx=start_idx,
         attrs=attrs,
         meta=level.ctx,
@@ -158,14 +158,14 @@ def _append_with_symints(level: Level, out: list[Any]) -> None:
     out.extend(s for s in level.owner.stride() if _is_symbolic(s))
 
 
-def flatten_subclass(t: torch.Tensor, *, name: str = "x") -> tuple[list[Any], SlotMeta]:
+def flatten_subclass(t: torch.Tensor, *, name: str = "x") -> tuple[list[Any], Layout]:
     """Flatten ``t`` into its leaves and the meta that rebuilds it.
 
     Parameters
     ----------
     t
         A tensor; a traceable wrapper subclass is flattened recursively, a plain
-        tensor gives ``[t]`` and a :class:`PlainTensorMeta`.
+        tensor gives ``[t]`` and a :class:`TensorSlot`.
     name
         What to call ``t`` in error messages (``x`` gives paths like ``x._mesh``).
 
@@ -185,7 +185,7 @@ def flatten_subclass(t: torch.Tensor, *, name: str = "x") -> tuple[list[Any], Sl
     if not isinstance(t, _Tensor):
         raise OpaqueTypeError(
             f"flatten_subclass expects a tensor, got {describe_type(t)}. Fix: pass the "
-            "subclass instance; for a list of arguments use create_subclass_meta."
+            "subclass instance; for a list of arguments use describe_args."
         )
     leaves: list[Any] = []
     if not is_wrapper_subclass(t):
@@ -199,7 +199,7 @@ def flatten_subclass(t: torch.Tensor, *, name: str = "x") -> tuple[list[Any], Sl
     return leaves, spec
 
 
-def unflatten_subclass(leaves: Sequence[Any], spec: SlotMeta, *, name: str = "x") -> Any:
+def unflatten_subclass(leaves: Sequence[Any], spec: Layout, *, name: str = "x") -> Any:
     """Rebuild a value from ``leaves`` and the ``spec`` from :func:`flatten_subclass`.
 
     Every leaf is checked against its slot (tensor or opaque) and the leaf count
@@ -209,25 +209,25 @@ def unflatten_subclass(leaves: Sequence[Any], spec: SlotMeta, *, name: str = "x"
     return unflatten_checked(leaves, spec, name=name)
 
 
-def create_subclass_meta(
+def describe_args(
     args: Sequence[Any],
     *,
     count_symints: bool = True,
     with_memory_format: bool = False,
-) -> list[SlotMeta]:
+) -> list[Layout]:
     """One meta per element of ``args``, with slots numbered across all of them.
 
-    Subclass arguments get a :class:`SubclassCreationMeta` taking ``arg_count``
-    slots; reference opaques passed directly get an :class:`OpaqueMeta`; all
-    other arguments a :class:`PlainTensorMeta`. With ``count_symints``, each
+    Subclass arguments get a :class:`SubclassLayout` taking ``arg_count``
+    slots; reference opaques passed directly get an :class:`OpaqueSlot`; all
+    other arguments a :class:`TensorSlot`. With ``count_symints``, each
     subclass's symbolic sizes/strides take slots after its attributes.
     """
     if isinstance(args, torch.Tensor) or not isinstance(args, Sequence):
         raise OpaqueTypeError(
-            f"create_subclass_meta expects a list or tuple of arguments, got {describe_type(args)}. "
-            "Fix: wrap a single argument in a list, create_subclass_meta([x])."
+            f"describe_args expects a list or tuple of arguments, got {describe_type(args)}. "
+            "Fix: wrap a single argument in a list, describe_args([x])."
         )
-    metas: list[SlotMeta] = []
+    metas: list[Layout] = []
     idx = 0
     for i, a in enumerate(args):
         m = describe(
@@ -238,10 +238,10 @@ def create_subclass_meta(
             with_memory_format=with_memory_format,
         )
         metas.append(m)
-        idx += m.arg_count if isinstance(m, SubclassCreationMeta) else 1
+        idx += m.arg_count if isinstance(m, SubclassLayout) else 1
     return metas
 
 
-def flat_width(metas: Sequence[SlotMeta]) -> int:
+def flat_width(metas: Sequence[Layout]) -> int:
     """Number of flat slots taken by ``metas``."""
-    return sum(m.arg_count if isinstance(m, SubclassCreationMeta) else 1 for m in metas)
+    return sum(m.arg_count if isinstance(m, SubclassLayout) else 1 for m in metas)

@@ -2,27 +2,26 @@
 
 Note [Reference and value opaques]
 ----------------------------------
-torch knows two kinds of opaque objects (``torch._library.opaque_object``;
-torch 2.14 renamed them "custom classes", reference to "symbolic" and value to
+torch knows two kinds of opaque objects (``torch._library.opaque_object``; torch
+2.14 renamed them "custom classes", reference to "symbolic" and value to
 "constant": the library keeps its names and accepts torch's as aliases):
 
 * a **reference** opaque is a stateful object whose *identity* matters (a
-  ``DeviceMesh``, a process group handle, an RNG state). torch.compile never
-  looks inside it: it becomes a graph input, and the compiled graph is reused
-  for any other object of the same type. Only reference opaques may be listed
-  among the attributes returned by ``__tensor_flatten__``: they take one slot of
-  the flat argument list, exactly like an inner tensor.
-* a **value** opaque is a constant (a quantization config, an enum). torch.compile
-  guards on its equality and bakes it into the graph, so it belongs in the
-  *context* (second return value) of ``__tensor_flatten__``.
+  ``DeviceMesh``, a process group, an RNG state). torch.compile never looks
+  inside it: it is a graph input, and the graph is reused for any object of the
+  same type. Only reference opaques may be among the attributes
+  ``__tensor_flatten__`` lists, each in one flat argument slot, like a tensor.
+* a **value** opaque is a constant (a quantization config, an enum) that
+  torch.compile guards on by equality and bakes in: it belongs in the *context*
+  (second return value) of ``__tensor_flatten__``.
 
-torch only accepts reference types whose metaclass is torch's (the metaclass of
-:data:`OpaqueBase`): during tracing an opaque is replaced by a
-``FakeScriptObject`` and that metaclass makes ``isinstance(fake, cls)`` true.
-Classes we do not own (``DeviceMesh`` on torch 2.11) cannot change their metaclass, so :func:`register_opaque` enters them in
-torch's registry directly. Everything works for them except ``isinstance(obj,
-TheClass)`` *inside* a compiled region, which sees the fake wrapper; use
-``type(...)`` or :func:`opaque_subclass.is_opaque` outside the region (see docs/backport.md).
+torch accepts only reference types with torch's metaclass (:data:`OpaqueBase`'s),
+which makes ``isinstance(fake, cls)`` true of the ``FakeScriptObject`` that
+replaces an opaque while tracing. Classes we do not own (``DeviceMesh`` on torch
+2.11) cannot change their metaclass, so :func:`register_opaque` enters them in
+torch's registry directly; only ``isinstance(obj, TheClass)`` *inside* a compiled
+region fails for them (it sees the fake wrapper): use ``type(...)`` or
+:func:`opaque_subclass.is_opaque` outside the region (docs/backport.md).
 """
 
 from __future__ import annotations
@@ -36,21 +35,21 @@ from typing import TYPE_CHECKING, Any, get_args
 import torch
 
 # How compiled code may use a member (attribute, property or method) of a
-# registered opaque: torch's ``MemberType`` of the running release (the
-# same enum on torch 2.11 - 2.15), under the library's name.
+# registered opaque: torch's ``MemberType`` (the same enum on torch 2.11 - 2.15)
+# under the library's name.
 #
-# * ``Member.USE_REAL``: read or called on the real object while tracing,
-#   and the result compiled in as a constant. The library guards every such
-#   value (the graph is reused only while the member gives the same value),
-#   on every release; torch itself guards none.
-# * ``Member.INLINED``: traced into the graph (a method call on the opaque
-#   graph input; an attribute read on it).
+# * ``Member.USE_REAL``: read or called on the real object while tracing and
+#   compiled in as a constant, which the library guards on every release
+#   (torch guards none): the graph is reused while the member gives that value.
+# * ``Member.INLINED``: traced into the graph (a method call on, or an attribute
+#   read of, the opaque graph input).
 #
-# A member not declared is an error in compiled code
-# (:class:`opaque_subclass.OpaqueMemberError`).
+# An undeclared member used in compiled code raises
+# :class:`opaque_subclass.OpaqueMemberError`.
 from torch._library.opaque_object import MemberType as Member
 
-from opaque_subclass.core.errors import OpaqueTypeError, OpaqueValueError, describe_type, import_fix, qualified_name
+from opaque_subclass.core import registry_messages as messages
+from opaque_subclass.core.errors import qualified_name
 from opaque_subclass.releases import OpaqueKind, RegistryAPI, current
 
 __all__ = [
@@ -81,7 +80,8 @@ KIND_ALIASES: dict[str, OpaqueKind] = {
 }
 
 # type -> kind, for classes registered (by us or by torch) and their subclasses.
-# Positive answers only: torch has no way to unregister, so they never go stale.
+# Positive answers only: torch cannot unregister, so they never go stale, and a
+# class registered later needs only its own entry.
 _KIND_BY_TYPE: dict[type, OpaqueKind] = {}
 _LOCK = threading.Lock()
 
@@ -89,11 +89,7 @@ _LOCK = threading.Lock()
 def _api() -> RegistryAPI:
     api = current().registry
     if api is None:
-        raise RuntimeError(
-            f"opaque types are not supported on torch {torch.__version__}: "
-            f"{'; '.join(map(str, current().differences)) or 'no opaque registry'}. "
-            "Fix: python -m pip install 'torch>=2.11'"
-        )
+        raise messages.no_opaque_registry(torch.__version__, current().differences)
     return api
 
 
@@ -136,9 +132,8 @@ _FAKE_SCRIPT_OBJECT = _fake_script_object_type()
 
 
 def real_object(obj: object) -> object:
-    """``obj``, or the real object behind torch's fake wrapper of it
-    (``FakeScriptObject``, what compiled code sees while tracing). The one
-    place the library looks through that wrapper."""
+    """``obj``, or the real object behind torch's ``FakeScriptObject`` wrapper (what compiled
+    code sees while tracing): the one place the library looks through that wrapper."""
     if type(obj) is _FAKE_SCRIPT_OBJECT:
         return object.__getattribute__(obj, "real_obj")
     return obj
@@ -206,30 +201,22 @@ _TORCH_HANDLED: tuple[type, ...] = tuple(
 
 
 def is_torch_handled_type(cls: type) -> bool:
-    """Whether ``cls`` is one of torch's own value types (``torch.dtype``,
-    ``torch.device``, ...) or a module: torch.compile handles those itself, so
-    they can be neither registered nor listed as opaque attributes."""
+    """Whether ``cls`` is a module or one of torch's value types (``torch.dtype``, ``torch.device``,
+    ...), which torch.compile handles itself: never registered nor listed as opaque attributes."""
     return issubclass(cls, _TORCH_HANDLED)
 
 
 def _check_value_type_protocol(cls: type) -> None:
+    """A value opaque is compared, hashed and rebuilt in generated code (an enum is all three)."""
     if issubclass(cls, enum.Enum):
         return
-    missing: list[str] = []
-    if cls.__eq__ is object.__eq__:
-        missing.append("__eq__ (compiled graphs are guarded on equality)")
-    if cls.__hash__ is None or cls.__hash__ is object.__hash__:
-        missing.append("__hash__ consistent with __eq__ (used for fake-tensor caching)")
-    if not hasattr(cls, "__fx_repr__"):
-        missing.append("__fx_repr__ returning (source, {name: type}) that rebuilds the value in generated code")
-    if missing:
-        raise OpaqueTypeError(
-            f"cannot register {qualified_name(cls)} as a value-type opaque: it lacks "
-            + "; ".join(missing)
-            + ". A value opaque is a constant that torch.compile compares and bakes in. "
-            "Fix: define the missing methods, or register it as a reference opaque if "
-            "its identity matters: " + import_fix(cls, 'opaque_subclass.register_opaque({cls}, kind="reference")')
-        )
+    lacks = {
+        "__eq__": cls.__eq__ is object.__eq__,
+        "__hash__": cls.__hash__ is None or cls.__hash__ is object.__hash__,
+        "__fx_repr__": not hasattr(cls, "__fx_repr__"),
+    }
+    if any(lacks.values()):
+        raise messages.value_type_lacks(cls, [method for method, lacking in lacks.items() if lacking])
 
 
 # torch registers some of its own classes lazily (DeviceMesh and ProcessGroup
@@ -242,8 +229,7 @@ _TORCH_REGISTRATION_HOOKS: tuple[tuple[str, str, str], ...] = (
 
 
 def _run_torch_registration_hooks(cls: type) -> bool:
-    """Run torch's own registration of its classes for ``cls``'s package;
-    whether the running torch has such a hook."""
+    """Run torch's own registration hook for ``cls``'s package; whether the running torch has one."""
     import importlib
 
     ran = False
@@ -283,9 +269,8 @@ _MESH_INLINED = (
 
 
 def _device_mesh_identity(mesh: Any) -> list[object]:
-    """What a compiled program may have read from a mesh (its ranks, their
-    layout, device type, dimension names and owning thread): the values torch
-    2.13's ``guard_fn`` for ``DeviceMesh`` compares on every call."""
+    """What a compiled program may have read from a mesh (ranks, their layout, device type,
+    dimension names, owning thread): what torch 2.13's ``DeviceMesh`` ``guard_fn`` compares."""
     return [mesh._flatten_rank_map, mesh._layout, mesh._device_type, mesh._mesh_dim_names, mesh._thread_id]
 
 
@@ -294,11 +279,9 @@ def _device_mesh_options() -> dict[str, Any]:
     return {"members": members, "guard_fn": _device_mesh_identity}
 
 
-#: torch's own registration of its classes, for a release that registers them
-#: not at all (torch 2.11): the members (and, for ``DeviceMesh``, the guard)
-#: of torch 2.13's entry, keyed by the class's qualified name, so that compiled
-#: code may use the same members on every release, with the same
-#: recompilations (and the library guards every value read from them).
+#: torch 2.13's entries for its own classes (members; ``DeviceMesh``'s guard), by
+#: qualified name, for a release that registers none (torch 2.11): compiled code
+#: uses the same members, with the same recompilations, on every release.
 _TORCH_OWN_OPTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "torch.distributed.distributed_c10d.ProcessGroup": _process_group_options,
     "torch.distributed.device_mesh.DeviceMesh": _device_mesh_options,
@@ -306,9 +289,8 @@ _TORCH_OWN_OPTIONS: dict[str, Callable[[], dict[str, Any]]] = {
 
 
 def is_torch_own_opaque_type(cls: type) -> bool:
-    """Whether ``cls`` is one of the classes torch registers as opaques itself
-    (``ProcessGroup``, ``DeviceMesh``; torch >= 2.12, when
-    ``torch.distributed.tensor`` is first imported): :func:`register_opaque`
+    """Whether torch registers ``cls`` as an opaque itself (``ProcessGroup``, ``DeviceMesh``:
+    torch >= 2.12, when ``torch.distributed.tensor`` is first imported); :func:`register_opaque`
     registers them alike on every release."""
     return qualified_name(cls) in _TORCH_OWN_OPTIONS
 
@@ -316,34 +298,16 @@ def is_torch_own_opaque_type(cls: type) -> bool:
 def _member_options(cls: type, members: object) -> dict[str, Member]:
     """``members`` checked and normalised to torch's enum (strings ``"use_real"``
     and ``"inlined"``, the enum's values, are accepted)."""
-    name = cls.__qualname__
     if not isinstance(members, Mapping):
-        raise OpaqueTypeError(
-            f"register_opaque({name}, members=...): members must map member names to "
-            f"opaque_subclass.Member values, got {describe_type(members)}. Fix: "
-            f'register_opaque({name}, members={{"size": opaque_subclass.Member.USE_REAL}}).'
-        )
+        raise messages.members_not_a_mapping(cls, members)
     checked: dict[str, Member] = {}
     for member, how in members.items():
         if not isinstance(member, str) or not member.isidentifier():
-            raise OpaqueTypeError(
-                f"register_opaque({name}, members=...): member names must be attribute names, got "
-                f"{member!r} ({describe_type(member)}). Fix: "
-                f'register_opaque({name}, members={{"size": opaque_subclass.Member.USE_REAL}}).'
-            )
-        if isinstance(how, Member):
-            checked[member] = how
-            continue
+            raise messages.member_name_not_an_attribute(cls, member)
         try:
-            checked[member] = Member(how)
+            checked[member] = Member(how)  # a Member is returned as it is
         except ValueError:
-            raise OpaqueTypeError(
-                f"register_opaque({name}, members=...): members[{member!r}] is {how!r} "
-                f"({describe_type(how)}); it must say how compiled code uses the member: "
-                "opaque_subclass.Member.USE_REAL (read on the real object while tracing, compiled "
-                "in as a constant and guarded) or opaque_subclass.Member.INLINED (traced). Fix: "
-                f"register_opaque({name}, members={{{member!r}: opaque_subclass.Member.USE_REAL}})."
-            ) from None
+            raise messages.member_use_unknown(cls, member, how) from None
     return checked
 
 
@@ -357,52 +321,26 @@ def _torch_options(
 ) -> dict[str, Any]:
     """The options of :func:`register_opaque`, checked, as torch's keyword
     arguments (only those given)."""
-    name = cls.__qualname__
     options: dict[str, Any] = {}
     if members is not None:
         options["members"] = _member_options(cls, members)
     if guard is not None:
         if not callable(guard):
-            raise OpaqueTypeError(
-                f"register_opaque({name}, guard=...): guard must be a function of the object that "
-                f"returns the values to compare on every call, got {describe_type(guard)}. Fix: "
-                f"register_opaque({name}, guard=lambda obj: [obj.size()])."
-            )
+            raise messages.guard_not_callable(cls, guard)
         if kind == "value":
-            raise OpaqueValueError(
-                f'register_opaque({name}, kind="value", guard=...): a value opaque is guarded by its '
-                f"__eq__ already; guard is for reference opaques. Fix: "
-                f'register_opaque({name}, kind="value") (drop guard=).'
-            )
+            raise messages.guard_on_value(cls)
         options["guard_fn"] = guard
     if hoist:
         if hoist is not True:
-            raise OpaqueTypeError(
-                f"register_opaque({name}, hoist=...): hoist is a bool, got {describe_type(hoist)}. "
-                f'Fix: register_opaque({name}, kind="value", hoist=True).'
-            )
+            raise messages.hoist_not_a_bool(cls, hoist)
         if kind == "reference":
-            raise OpaqueValueError(
-                f"register_opaque({name}, hoist=True): hoist lifts a *value* opaque to a graph input "
-                "instead of compiling it in; a reference opaque is always a graph input. Fix: "
-                f'register_opaque({name}, kind="reference") (drop hoist=).'
-            )
+            raise messages.hoist_on_reference(cls)
         options["hoist"] = True
     if reconstruct is not None:
         if not callable(reconstruct):
-            raise OpaqueTypeError(
-                f"register_opaque({name}, reconstruct=...): reconstruct must be a function "
-                f"(obj, get_proxy, tracer) -> proxy or None, got {describe_type(reconstruct)}. Fix: "
-                f"register_opaque({name}, reconstruct=lambda obj, get_proxy, tracer: None)."
-            )
+            raise messages.reconstruct_not_callable(cls, reconstruct)
         if "reconstruct_fn" not in _api().table_fields():
-            raise OpaqueValueError(
-                f"register_opaque({name}, reconstruct=...): torch {torch.__version__} has no "
-                "reconstruct hook for opaques (torch 2.12 added it to make_fx); the library does "
-                "not emulate it, so a backward closure holding such an object is kept as a "
-                f"constant. Fix: register_opaque({name}) without reconstruct=, or "
-                "python -m pip install 'torch>=2.12'."
-            )
+            raise messages.reconstruct_unsupported(cls, torch.__version__)
         options["reconstruct_fn"] = reconstruct
     return options
 
@@ -417,17 +355,56 @@ def _same_options(info: Any, options: Mapping[str, Any]) -> bool:
     )
 
 
-def _describe_entry(info: Any) -> str:
-    parts = [f"kind {KIND_ALIASES.get(info.opaque_typ, info.opaque_typ)}"]
-    if info.members:
-        parts.append(f"members {sorted(info.members)}")
-    if info.guard_fn is not None:
-        parts.append("a guard")
-    if getattr(info, "hoist", False):
-        parts.append("hoist")
-    if getattr(info, "reconstruct_fn", None) is not None:
-        parts.append("a reconstruct function")
-    return ", ".join(parts)
+def _checked_kind(cls: type, kind: str) -> OpaqueKind:
+    """``kind`` in the library's names, once ``cls`` is known to be a class."""
+    if not isinstance(cls, type):
+        raise messages.not_a_class(cls)
+    if kind not in KIND_ALIASES:
+        raise messages.unknown_kind(cls, kind)
+    return KIND_ALIASES[kind]
+
+
+def _refuse_what_torch_handles(cls: type) -> None:
+    """Builtins, tensors, torch's value types, pytree nodes: torch passes or flattens them itself."""
+    if cls.__module__ == "builtins" or issubclass(cls, torch.Tensor):
+        raise messages.builtin_or_tensor(cls)
+    if is_torch_handled_type(cls):
+        raise messages.handled_by_torch(cls)
+    from torch.utils import _pytree as pytree
+
+    if cls in pytree.SUPPORTED_NODES or (issubclass(cls, tuple) and hasattr(cls, "_fields")):
+        raise messages.pytree_node(cls)
+
+
+def _registered_already(api: RegistryAPI, cls: type, kind: OpaqueKind, options: Mapping[str, Any]) -> bool:
+    """Whether torch has an entry for ``cls`` itself, of ``kind``, that ``options``
+    (if any) agree with. A class's kind is fixed by its first registration, and
+    a subclass has its registered base's (torch looks up through the MRO)."""
+    table = api.torch_module()._OPAQUE_TYPES
+    existing = _torch_kind(cls) or _KIND_BY_TYPE.get(cls)
+    if existing is not None and existing != kind:
+        raise messages.registered_as_other_kind(cls, existing, kind, through_base=cls not in table)
+    info = table.get(cls)
+    if existing is None or info is None:
+        return False
+    if options and not _same_options(info, options):
+        raise messages.registered_with_other_options(cls, KIND_ALIASES.get(info.opaque_typ, info.opaque_typ), info)
+    return True
+
+
+def _enter_in_torch(api: RegistryAPI, cls: type, kind: OpaqueKind, options: Mapping[str, Any]) -> None:
+    """Register a class torch has no entry for: through torch's function where
+    its metaclass allows, else in torch's tables directly (see the Note)."""
+    if kind == "value":
+        _check_value_type_protocol(cls)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if name in api.torch_module()._OPAQUE_TYPES_BY_NAME:
+        raise messages.name_taken(cls, name)
+    if isinstance(cls, api.base_metaclass()):
+        api.register_in_torch(cls, kind, options)
+    else:
+        log.debug("entering %s in torch's opaque registry directly", qualified_name(cls))
+        api.enter_in_tables(cls, kind, options)
 
 
 def register_opaque(
@@ -444,125 +421,42 @@ def register_opaque(
     Parameters
     ----------
     cls
-        The class. It may, but need not, inherit :data:`OpaqueBase`;
-        third-party classes such as ``torch.distributed.DeviceMesh`` on torch 2.11
-        are accepted as they are.
+        The class, inheriting :data:`OpaqueBase` or not (``DeviceMesh`` on torch 2.11).
     kind
-        ``"reference"`` (the default) for objects whose identity matters and that
-        may be listed by ``__tensor_flatten__``; ``"value"`` for constants that
-        belong in the flatten context. See Note [Reference and value opaques].
-        torch 2.14's names for the two kinds, ``"symbolic"`` and ``"constant"``,
-        are accepted as aliases on every release.
+        ``"reference"`` (default): its identity matters, ``__tensor_flatten__`` may list it;
+        ``"value"``: a constant, for the flatten context (Note [Reference and value opaques]).
+        torch 2.14's names, ``"symbolic"`` and ``"constant"``, are aliases on every release.
     members
-        ``{name: Member}``: the attributes, properties and methods compiled code
-        may use (see :data:`Member`). Any other member used in compiled code is
-        an :class:`opaque_subclass.OpaqueMemberError`. Every ``Member.USE_REAL``
-        value read while tracing is guarded, on every release.
+        ``{name: Member}`` (:data:`Member`): what compiled code may use, any other raising
+        :class:`opaque_subclass.OpaqueMemberError`; ``USE_REAL`` values are guarded on every release.
     guard
-        Reference opaques: ``guard(obj) -> list`` of values compared on every
-        call of a compiled function (a change recompiles), as torch's
-        ``guard_fn``.
+        Reference opaques: torch's ``guard_fn``, ``guard(obj) -> list`` of values compared on
+        every call of a compiled function (a change recompiles).
     hoist
-        Value opaques: lift the value to a graph input instead of compiling it
-        in (torch's ``hoist``).
+        Value opaques: a graph input instead of compiled in (torch's ``hoist``).
     reconstruct
-        torch's ``reconstruct_fn`` (torch 2.12 and newer; refused on 2.11):
-        how ``make_fx`` derives an untracked object from the graph's inputs.
+        torch's ``reconstruct_fn`` (torch >= 2.12; refused on 2.11): how ``make_fx`` derives an
+        untracked object from the graph's inputs.
 
-    Registering a class again with the same kind does nothing, also when torch
-    registered it first; with other options it raises :class:`ValueError`
-    (torch cannot change a registration). Registering it again with the other
-    kind raises :class:`ValueError`.
+    Registering a class again with the same kind does nothing, also after torch registered it;
+    other options or the other kind raise :class:`ValueError` (torch cannot change a registration).
     """
-    if not isinstance(cls, type):
-        raise OpaqueTypeError(
-            f"register_opaque expects a class, got an instance of {describe_type(cls)}. "
-            f"Fix: pass the class itself, e.g. register_opaque(type(obj))."
-        )
-    if kind not in KIND_ALIASES:
-        raise OpaqueValueError(
-            f"register_opaque({cls.__qualname__}, kind={kind!r}): kind must be "
-            '"reference" or "value" (torch 2.14\'s names "symbolic" and "constant" are '
-            f'accepted too). Fix: register_opaque({cls.__qualname__}, kind="reference").'
-        )
-    kind = KIND_ALIASES[kind]
+    kind = _checked_kind(cls, kind)
     api = _api()
-    if cls.__module__ == "builtins" or issubclass(cls, torch.Tensor):
-        raise OpaqueTypeError(
-            f"cannot register {qualified_name(cls)} as an opaque type: builtins and tensors "
-            "are handled by torch directly. Fix: wrap the value in a class of your own "
-            "and register that class."
-        )
-    if is_torch_handled_type(cls):
-        raise OpaqueTypeError(
-            f"cannot register {qualified_name(cls)} as an opaque type: torch.compile handles "
-            f"{cls.__qualname__} values itself (as constants it specializes on), and an "
-            "opaque registration would change that for every compiled program in the process, "
-            "irreversibly. Fix: keep such a value in the flatten context (the second value "
-            "__tensor_flatten__ returns), or as a plain Python attribute read outside the "
-            "compiled region."
-        )
-    from torch.utils import _pytree as pytree
-
-    if cls in pytree.SUPPORTED_NODES or (issubclass(cls, tuple) and hasattr(cls, "_fields")):
-        raise OpaqueTypeError(
-            f"cannot register {qualified_name(cls)} as an opaque type: it is a pytree node, "
-            "so torch would flatten it instead of passing it as one object. Fix: "
-            "unregister it from pytree or wrap it in a class that is not a pytree node."
-        )
+    _refuse_what_torch_handles(cls)
     options = _torch_options(cls, kind, members, guard, hoist, reconstruct)
     if not _run_torch_registration_hooks(cls) and not options and kind == "reference":
-        own = _TORCH_OWN_OPTIONS.get(qualified_name(cls))
-        options = own() if own is not None else options
+        options = _TORCH_OWN_OPTIONS.get(qualified_name(cls), dict)()
     with _LOCK:
-        # The kind of a class is fixed by its first registration, and a subclass
-        # has the kind of its registered base: torch answers lookups through the MRO.
-        existing = _torch_kind(cls) or _KIND_BY_TYPE.get(cls)
-        if existing is not None and existing != kind:
-            raise OpaqueValueError(
-                f"{qualified_name(cls)} is already registered as a {existing} opaque"
-                + ("" if cls in api.torch_module()._OPAQUE_TYPES else " (through a base class)")
-                + f"; it cannot also be a {kind} opaque. Fix: keep one registration, "
-                f'register_opaque({cls.__qualname__}, kind="{existing}").'
-            )
-        info = api.torch_module()._OPAQUE_TYPES.get(cls)
-        if existing is not None and info is not None:
-            if options and not _same_options(info, options):
-                raise OpaqueValueError(
-                    f"{qualified_name(cls)} is registered already ({_describe_entry(info)}), and torch "
-                    "cannot change a registration. Fix: keep the registration it has, "
-                    + import_fix(cls, "opaque_subclass.register_opaque({cls})")
-                    + "; to change its options, pass them to the first registration (run before "
-                    "anything uses the class) in a fresh process."
-                )
-            _KIND_BY_TYPE[cls] = kind
-            return
-        if kind == "value":
-            _check_value_type_protocol(cls)
-        name = f"{cls.__module__}.{cls.__qualname__}"
-        if name in api.torch_module()._OPAQUE_TYPES_BY_NAME:
-            raise OpaqueValueError(
-                f"cannot register {name}: another class of that name is registered already (torch "
-                "keys opaque types by module and qualified name, for every process that loads a "
-                f"compiled program). Fix: give the class a name of its own, `class "
-                f"{cls.__name__}2({', '.join(b.__name__ for b in cls.__bases__)}): ...`, and register "
-                "that one."
-            )
-        if isinstance(cls, api.base_metaclass()):
-            api.register_in_torch(cls, kind, options)
-        else:
-            log.debug("entering %s in torch's opaque registry directly", qualified_name(cls))
-            api.enter_in_tables(cls, kind, options)
-        # A class registered now may have subclasses looked up before; they are
-        # never cached negatively, so only the class itself needs an entry.
+        if not _registered_already(api, cls, kind, options):
+            _enter_in_torch(api, cls, kind, options)
         _KIND_BY_TYPE[cls] = kind
 
 
 def stored_opaque_leaves(plist: Any) -> frozenset[int]:
-    """Which ``original{i}`` of a ``torch.nn.utils.parametrize.ParametrizationList``
-    hold reference opaques: those stored as plain attributes (neither parameter
-    nor buffer), as torch 2.12+ and the 2.11 backport store them, read from the
-    list itself so that nothing of the library's is kept on torch's object."""
+    """Which ``original{i}`` of a ``torch.nn.utils.parametrize.ParametrizationList`` hold
+    reference opaques: plain attributes (neither parameter nor buffer; torch 2.12+ and the 2.11
+    backport), read from the list itself so that nothing of the library's is kept on torch's object."""
     count = getattr(plist, "ntensors", None)
     if getattr(plist, "is_tensor", True) or not isinstance(count, int):
         return frozenset()

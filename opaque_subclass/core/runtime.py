@@ -1,15 +1,14 @@
 """The run-time helpers: unwrap subclass arguments into a flat list, wrap a flat
 list back into subclasses, and process tangents.
 
-These follow AOTAutograd's conventions. A graph sees only the flat list of
-leaves (plain tensors, reference opaques and, optionally, symbolic sizes); the
-user sees subclasses. Opaques keep their slot in every structure:
+They follow AOTAutograd's conventions: a graph sees only the flat list of leaves
+(plain tensors, reference opaques, optionally symbolic sizes), the user sees
+subclasses, and opaques keep their slot in every structure:
 
 * *inference* structures are a flat sequence of arguments;
-* *joint* structures are a pair ``(primals, tangents)``, each flattened
-  separately;
+* *joint* structures are a pair ``(primals, tangents)``, each flattened separately;
 * a compiled forward may return extra *saved activations* after the user
-  outputs; :func:`wrap_tensor_subclasses` passes them through unwrapped.
+  outputs; :func:`wrap_args` passes them through unwrapped.
 """
 
 from __future__ import annotations
@@ -31,20 +30,20 @@ from opaque_subclass.core.errors import (
 )
 from opaque_subclass.core.flatten import append_leaves, flat_width, is_wrapper_subclass
 from opaque_subclass.core.registry import opaque_kind
-from opaque_subclass.core.spec import OpaqueMeta, SlotMeta, SubclassCreationMeta, rebuild
+from opaque_subclass.core.spec import Layout, OpaqueSlot, SubclassLayout, rebuild
 from opaque_subclass.core.walk import read_level
 
 __all__ = [
-    "process_runtime_tangent",
-    "unwrap_tensor_subclasses",
-    "wrap_tensor_subclasses",
-    "wrap_tensor_subclasses_maybe_joint",
+    "unwrap_args",
+    "unwrap_tangent",
+    "wrap_args",
+    "wrap_args_maybe_joint",
 ]
 
-_SCM = SubclassCreationMeta
+_SCM = SubclassLayout
 
 
-def _unwrap_flat(args: Sequence[Any], metas: Sequence[SlotMeta] | None, append_symints: bool, what: str) -> list[Any]:
+def _unwrap_flat(args: Sequence[Any], metas: Sequence[Layout] | None, append_symints: bool, what: str) -> list[Any]:
     out: list[Any] = []
     if metas is None:
         for i, x in enumerate(args):
@@ -57,7 +56,7 @@ def _unwrap_flat(args: Sequence[Any], metas: Sequence[SlotMeta] | None, append_s
         raise OpaqueSubclassError(
             f"unwrap: {len(args)} {what} but {len(metas)} metas; the metas describe other arguments. "
             f"Fix: make the metas from exactly these arguments, `import opaque_subclass; "
-            f"metas = opaque_subclass.create_subclass_meta({what})` ({what}: the list passed), and pass "
+            f"metas = opaque_subclass.describe_args({what})` ({what}: the list passed), and pass "
             "subclass_metas=metas."
         )
     key = "unwrap+symints" if append_symints else "unwrap"
@@ -81,13 +80,13 @@ def _unwrap_flat(args: Sequence[Any], metas: Sequence[SlotMeta] | None, append_s
     return out
 
 
-def _unwrap_named(args: Sequence[Any], metas: Sequence[SlotMeta], append_symints: bool, what: str) -> None:
+def _unwrap_named(args: Sequence[Any], metas: Sequence[Layout], append_symints: bool, what: str) -> None:
     for i, (x, m) in enumerate(zip(args, metas, strict=True)):
         if m.__class__ is _SCM:
             compiled_unwrap(m, append_symints)(x, f"{what}[{i}]")
 
 
-def unwrap_tensor_subclasses(
+def unwrap_args(
     wrapped_args: Any,
     *,
     is_joint_structure: bool,
@@ -99,23 +98,19 @@ def unwrap_tensor_subclasses(
     Parameters
     ----------
     wrapped_args
-        A sequence of arguments, or with ``is_joint_structure`` a pair
-        ``(primals, tangents)`` of sequences.
+        A sequence of arguments, or with ``is_joint_structure`` a pair ``(primals, tangents)`` of sequences.
     is_joint_structure
         Whether ``wrapped_args`` is a joint ``(primals, tangents)`` pair.
     subclass_metas
-        Optional metas from :func:`create_subclass_meta` (a pair of lists for a
-        joint structure). With metas, a generated straight-line unwrap per
-        subclass is used: the fast path for code that runs on every call. It
-        calls each level's ``__tensor_flatten__`` only to check that the
-        names it lists are still the metadata's, reads the attributes by the
-        metadata, and checks what each slot holds (a tensor, a registered
-        reference opaque); an argument of another structure is an error
-        naming the path, never read at the old names. Without, each subclass
-        is inspected and validated.
+        Optional metas from :func:`describe_args` (a pair of lists for a joint structure). With
+        metas, a generated straight-line unwrap per subclass is used, the fast path for code run
+        on every call: it calls each level's ``__tensor_flatten__`` only to check its names are
+        still the metadata's, reads the attributes by the metadata, and checks each slot (a
+        tensor, a registered reference opaque); another structure is an error naming the path,
+        never read at the old names. Without, each subclass is inspected and validated.
     append_symints
-        Append each subclass's symbolic sizes/strides after its leaves (primals
-        only; tangents share the primals' symbols).
+        Append each subclass's symbolic sizes/strides after its leaves (primals only; tangents
+        share the primals' symbols).
 
     Returns
     -------
@@ -124,12 +119,12 @@ def unwrap_tensor_subclasses(
     if not is_joint_structure:
         if not isinstance(wrapped_args, (list, tuple)):
             raise OpaqueTypeError(
-                f"unwrap_tensor_subclasses expects a list or tuple of arguments, got "
+                f"unwrap_args expects a list or tuple of arguments, got "
                 f"{describe_type(wrapped_args)}. Fix: pass [x] for a single argument, or "
                 "is_joint_structure=True with a (primals, tangents) pair."
             )
         return _unwrap_flat(wrapped_args, subclass_metas, append_symints, "args")
-    primals, tangents = _split_joint(wrapped_args, "unwrap_tensor_subclasses")
+    primals, tangents = _split_joint(wrapped_args, "unwrap_args")
     p_metas, t_metas = (None, None) if subclass_metas is None else _split_joint(subclass_metas, "subclass_metas")
     return (
         _unwrap_flat(primals, p_metas, append_symints, "primals"),
@@ -154,10 +149,10 @@ def _split_joint(pair: Any, what: str) -> tuple[Sequence[Any], Sequence[Any]]:
     return pair[0], pair[1]
 
 
-def wrap_tensor_subclasses(
+def wrap_args(
     unwrapped_args: Sequence[Any],
     *,
-    subclass_metas: Sequence[SlotMeta],
+    subclass_metas: Sequence[Layout],
     num_fw_outs_saved_for_bw: int | None = None,
     is_runtime: bool = False,
 ) -> tuple[Any, ...]:
@@ -168,16 +163,14 @@ def wrap_tensor_subclasses(
     unwrapped_args
         The flat list (leaves in the slots the metas name).
     subclass_metas
-        One meta per value to produce, from :func:`create_subclass_meta`.
+        One meta per value to produce, from :func:`describe_args`.
     num_fw_outs_saved_for_bw
-        When given, that many extra values (activations saved for backward)
-        follow the slots the metas describe; they are returned unchanged after
-        the wrapped values.
+        That many extra values (activations saved for backward) following the metas' slots,
+        returned unchanged after the wrapped values.
     is_runtime
-        ``True`` at run time: a generated straight-line function per subclass
-        rebuilds it, reading symbolic sizes from their slots. ``False`` while
-        tracing: outer sizes come from the metas and autograd metadata is
-        mirrored from the original (fake) subclass.
+        ``True`` at run time: a generated function per subclass rebuilds it, reading symbolic sizes
+        from their slots. ``False`` while tracing: outer sizes come from the metas and autograd
+        metadata is mirrored from the original (fake) subclass.
     """
     wrapped: list[Any] = []
     append = wrapped.append
@@ -194,7 +187,7 @@ def wrap_tensor_subclasses(
                     append(rebuild(m, unwrapped_args, is_runtime=False))
                 tallied += m.arg_count
             else:
-                append(unwrapped_args[m.unwrapped_idx])  # type: ignore[union-attr]  # Plain/OpaqueMeta
+                append(unwrapped_args[m.unwrapped_idx])  # type: ignore[union-attr]  # Plain/OpaqueSlot
                 tallied += 1
     except IndexError:
         _raise_width(subclass_metas, unwrapped_args, num_fw_outs_saved_for_bw)
@@ -208,44 +201,41 @@ def wrap_tensor_subclasses(
     return (*wrapped, *unwrapped_args[tallied:])
 
 
-def _raise_width(metas: Sequence[SlotMeta], flat: Sequence[Any], saved: int | None) -> None:
+def _raise_width(metas: Sequence[Layout], flat: Sequence[Any], saved: int | None) -> None:
     width = flat_width(metas)
     extra = f" plus {saved} saved activations" if saved is not None else ""
     raise OpaqueSubclassError(
-        f"wrap_tensor_subclasses: the metas describe {width} flat slots{extra} "
+        f"wrap_args: the metas describe {width} flat slots{extra} "
         f"({width + (saved or 0)} values) but {len(flat)} values were given. The flat list "
         "must come from the same subclass structure the metas were made from. Fix: wrap the list "
         "that unwrapping the values gives, `import opaque_subclass; flat = "
-        "opaque_subclass.unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)` "
+        "opaque_subclass.unwrap_args(args, is_joint_structure=False, subclass_metas=metas)` "
         "(args: the values the metas were made from), or, if __tensor_flatten__ changed, re-create "
-        "the metas with opaque_subclass.create_subclass_meta(args)."
+        "the metas with opaque_subclass.describe_args(args)."
     )
 
 
-def wrap_tensor_subclasses_maybe_joint(
+def wrap_args_maybe_joint(
     unwrapped_args: Any,
     *,
     is_joint_structure: bool,
-    inp_metas: Sequence[SlotMeta],
-    tangent_metas: Sequence[SlotMeta] | None = None,
+    inp_metas: Sequence[Layout],
+    tangent_metas: Sequence[Layout] | None = None,
     is_runtime: bool = False,
 ) -> Any:
-    """:func:`wrap_tensor_subclasses` for an inference list or a joint pair.
-
-    For a joint structure ``(primals, tangents)``, primals are wrapped with
-    ``inp_metas`` and tangents with ``tangent_metas``.
-    """
+    """:func:`wrap_args` for an inference list, or a joint ``(primals, tangents)`` pair wrapped with
+    ``inp_metas`` and ``tangent_metas``."""
     if not is_joint_structure:
-        return wrap_tensor_subclasses(unwrapped_args, subclass_metas=inp_metas, is_runtime=is_runtime)
+        return wrap_args(unwrapped_args, subclass_metas=inp_metas, is_runtime=is_runtime)
     if tangent_metas is None:
         raise OpaqueValueError(
-            "wrap_tensor_subclasses_maybe_joint: a joint structure needs tangent_metas. Fix: "
-            "pass tangent_metas=create_subclass_meta(tangents)."
+            "wrap_args_maybe_joint: a joint structure needs tangent_metas. Fix: "
+            "pass tangent_metas=describe_args(tangents)."
         )
-    primals, tangents = _split_joint(unwrapped_args, "wrap_tensor_subclasses_maybe_joint")
+    primals, tangents = _split_joint(unwrapped_args, "wrap_args_maybe_joint")
     return (
-        wrap_tensor_subclasses(primals, subclass_metas=inp_metas, is_runtime=is_runtime),
-        wrap_tensor_subclasses(tangents, subclass_metas=tangent_metas, is_runtime=is_runtime),
+        wrap_args(primals, subclass_metas=inp_metas, is_runtime=is_runtime),
+        wrap_args(tangents, subclass_metas=tangent_metas, is_runtime=is_runtime),
     )
 
 
@@ -255,7 +245,7 @@ def _coerce_layout(x: torch.Tensor, fmt: torch.memory_format | None) -> torch.Te
     return x
 
 
-def process_runtime_tangent(x: Any, meta: SlotMeta, *, name: str = "tangent") -> tuple[Any, list[Any]]:
+def unwrap_tangent(x: Any, meta: Layout, *, name: str = "tangent") -> tuple[Any, list[Any]]:
     """Bring a run-time tangent to the layout of its forward output; return its leaves.
 
     Parameters
@@ -263,26 +253,23 @@ def process_runtime_tangent(x: Any, meta: SlotMeta, *, name: str = "tangent") ->
     x
         The tangent (gradient of one forward output) given at run time.
     meta
-        The meta of that forward output (made with ``with_memory_format=True``
-        for layout coercion).
+        The meta of that forward output (made with ``with_memory_format=True`` for layout coercion).
     name
         What to call ``x`` in error messages.
 
     Returns
     -------
     (tangent, leaves)
-        The possibly coerced tangent and its flat leaves. Tensor slots are made
-        contiguous in the forward output's memory format. Opaque slots are never
-        differentiable: they are passed through untouched, keeping their slot so
-        that the flat tangent list lines up with the tangent metas.
+        The possibly coerced tangent and its flat leaves. Tensor slots are made contiguous in the
+        forward output's memory format; opaque slots (never differentiable) pass through, keeping
+        their slot so the flat tangent list lines up with the tangent metas.
 
-    A tangent whose subclass type or flatten context differs from the forward
-    output's is converted with ``__coerce_same_metadata_as_tangent__`` when the
-    subclass defines it, and otherwise rejected with a :class:`TypeError`.
+    A tangent whose subclass type or flatten context differs from the forward output's is converted
+    with ``__coerce_same_metadata_as_tangent__`` when defined, else rejected with a :class:`TypeError`.
     """
     if not isinstance(x, torch.Tensor):
         return x, [x]
-    if isinstance(meta, OpaqueMeta):
+    if isinstance(meta, OpaqueSlot):
         raise OpaqueTypeError(
             f"tangent {name!r}: the forward output in this slot was a "
             f"{qualified_name(meta.opaque_type)} opaque, which has no tangent, but a tensor "
@@ -325,17 +312,17 @@ def process_runtime_tangent(x: Any, meta: SlotMeta, *, name: str = "tangent") ->
     level = read_level(x, name, strict=False)
     if level.names != tuple(meta.attrs):
         # read at the output's names, a tangent listing others would give stale leaves
-        check_tangent_structure(level, [(n, isinstance(s, OpaqueMeta)) for n, s in meta.attrs.items()])
+        check_tangent_structure(level, [(n, isinstance(s, OpaqueSlot)) for n, s in meta.attrs.items()])
     leaves: list[Any] = []
     for attr, sub in meta.attrs.items():
         value = getattr(x, attr)
-        if not isinstance(sub, OpaqueMeta) and not isinstance(value, torch.Tensor):
+        if not isinstance(sub, OpaqueSlot) and not isinstance(value, torch.Tensor):
             raise OpaqueTypeError(
                 f"tangent '{name}.{attr}': expected a tensor in this slot (the forward output held one), got "
                 f"{describe_type(value)}. Fix: the tangent subclass must hold the same attributes as the "
                 "forward output, `out.backward(torch.ones_like(out))` (out: the output) makes one."
             )
-        if isinstance(sub, OpaqueMeta):
+        if isinstance(sub, OpaqueSlot):
             if isinstance(value, torch.Tensor) or opaque_kind(value) != "reference":
                 raise OpaqueTypeError(
                     f"tangent '{name}.{attr}': expected a reference opaque in this slot, got "
@@ -344,7 +331,7 @@ def process_runtime_tangent(x: Any, meta: SlotMeta, *, name: str = "tangent") ->
                 )
             leaves.append(value)
             continue
-        new_value, sub_leaves = process_runtime_tangent(value, sub, name=f"{name}.{attr}")
+        new_value, sub_leaves = unwrap_tangent(value, sub, name=f"{name}.{attr}")
         if new_value is not value:
             setattr(x, attr, new_value)
         leaves.extend(sub_leaves)

@@ -1,25 +1,27 @@
 """The schema: one frozen description of a flattened, possibly nested subclass.
 
-A traceable wrapper subclass is flattened into a flat list of *leaves*: plain
-tensors and reference opaques, in a deterministic depth-first order (the order
-of the names returned by ``__tensor_flatten__``), optionally followed, per
-subclass, by the symbolic entries of its outer size and stride. Every leaf has a
-*slot*: its index in the flat list, described by one of
+A traceable wrapper subclass flattens into a list of *leaves*, plain tensors and
+reference opaques, depth-first in the order of ``__tensor_flatten__``'s names,
+optionally followed per subclass by the symbolic entries of its outer size and
+stride. Each leaf's *slot* (its index in the list) is described by one of
 
-* :class:`PlainTensorMeta` - a plain tensor (or, at the top level, any other
-  value that passes through unchanged, such as an ``int``);
-* :class:`OpaqueMeta` - a reference opaque; it takes exactly one slot;
-* :class:`SymIntMeta` - a symbolic size or stride entry of a subclass;
+* :class:`TensorSlot` - a plain tensor (or, at the top level, any value passed
+  through unchanged, such as an ``int``);
+* :class:`OpaqueSlot` - a reference opaque, taking exactly one slot;
+* :class:`SymIntSlot` - a symbolic size or stride entry of a subclass;
 
-and a subclass is described by :class:`SubclassCreationMeta`, whose ``attrs``
-map each flattened attribute name to the meta of that attribute. All metas are
-frozen: a form that is safe to keep at run time is a new object
-(:meth:`SubclassCreationMeta.runtime_safe`), never a mutation.
+and a subclass by :class:`SubclassLayout`, whose ``attrs`` map each flattened
+attribute name to its meta. Metas are frozen: the form safe to keep at run time
+is a new object (:meth:`SubclassLayout.runtime_safe`), never a mutation.
 
-:func:`iter_slots` is the one walk over a meta's slots, shared by flattening,
-unflattening, wrapping, unwrapping and diagnostics; :func:`rebuild` builds the
-value a meta describes from a flat list (the walk over a live instance is
-:mod:`opaque_subclass.core.walk`).
+:func:`iter_slots` is the one walk over a meta's slots (flatten, unflatten,
+wrap, unwrap, diagnostics); :func:`rebuild` builds a meta's value from a flat
+list (the walk over a live instance is :mod:`opaque_subclass.core.walk`).
+
+The classes mirror torch 2.12's AOTAutograd metadata (``schemas.PlainTensorMeta``,
+``schemas.OpaqueMeta``, ``schemas.SubclassCreationMeta``; torch 2.11 has the
+first and the last) with torch's field names, but are the library's own
+classes: torch's and ours are never interchangeable.
 """
 
 from __future__ import annotations
@@ -42,12 +44,12 @@ from opaque_subclass.core.errors import (
 from opaque_subclass.core.registry import opaque_kind
 
 __all__ = [
-    "FlatMeta",
-    "OpaqueMeta",
-    "PlainTensorMeta",
-    "SlotMeta",
-    "SubclassCreationMeta",
-    "SymIntMeta",
+    "Layout",
+    "LeafSlot",
+    "OpaqueSlot",
+    "SubclassLayout",
+    "SymIntSlot",
+    "TensorSlot",
     "bad_unflatten_type",
     "iter_slots",
     "iter_subclasses",
@@ -60,8 +62,8 @@ IntLike = int | torch.SymInt
 
 
 @dataclass(frozen=True, slots=True)
-class PlainTensorMeta:
-    """A slot holding a plain tensor (or a top-level value passed through as is).
+class TensorSlot:
+    """A slot holding a plain tensor (or a passed-through top-level value); mirrors ``schemas.PlainTensorMeta``.
 
     Attributes
     ----------
@@ -70,8 +72,7 @@ class PlainTensorMeta:
     attr
         Name of the attribute of the enclosing subclass, ``None`` at the top level.
     memory_format
-        Memory format expected of a tangent for this slot (set when the meta was
-        created with ``with_memory_format=True``), else ``None``.
+        Memory format expected of a tangent for this slot (when made ``with_memory_format=True``), else ``None``.
     """
 
     unwrapped_idx: int
@@ -80,19 +81,17 @@ class PlainTensorMeta:
 
 
 @dataclass(frozen=True, slots=True)
-class OpaqueMeta:
-    """A slot holding a reference opaque object.
+class OpaqueSlot:
+    """A slot holding a reference opaque object; mirrors torch 2.12's ``schemas.OpaqueMeta``.
 
-    Opaques are never differentiable: tangent processing passes them through
-    untouched. They are compared by identity, never by value.
+    Opaques are never differentiable (tangent processing passes them through) and compare by identity.
 
     Attributes
     ----------
     unwrapped_idx
         Index of the slot in the flat list.
     attr
-        Name of the attribute of the enclosing subclass, ``None`` for an opaque
-        passed directly as a top-level argument.
+        Name of the attribute of the enclosing subclass, ``None`` for a top-level argument.
     opaque_type
         The class of the opaque object seen when the meta was made.
     """
@@ -103,7 +102,7 @@ class OpaqueMeta:
 
 
 @dataclass(frozen=True, slots=True)
-class SymIntMeta:
+class SymIntSlot:
     """A slot holding a symbolic entry of a subclass's outer size or stride."""
 
     unwrapped_idx: int
@@ -111,24 +110,22 @@ class SymIntMeta:
     dim: int
 
 
-SlotMeta = Union[
-    PlainTensorMeta, OpaqueMeta, "SubclassCreationMeta"
-]  # a forward reference, which `|` cannot take at run time
-FlatMeta = PlainTensorMeta | OpaqueMeta | SymIntMeta
+Layout = Union[TensorSlot, OpaqueSlot, "SubclassLayout"]  # a forward reference, which `|` cannot take at run time
+LeafSlot = TensorSlot | OpaqueSlot | SymIntSlot
 
 
-class _FrozenAttrs(dict):  # type: ignore[type-arg]  # str -> SlotMeta, checked on build
+class _FrozenAttrs(dict):  # type: ignore[type-arg]  # str -> Layout, checked on build
     """A read-only ``dict``: iteration and lookup at ``dict`` speed, no mutation."""
 
     __slots__ = ()
 
     def _readonly(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise OpaqueTypeError(
-            "SubclassCreationMeta.attrs is read-only (metas are shared by compiled code). Fix: build a "
+            "SubclassLayout.attrs is read-only (metas are shared by compiled code). Fix: build a "
             "new meta with the attributes you want, `import dataclasses; "
             "meta = dataclasses.replace(meta, attrs={**meta.attrs, name: slot_meta})` (name, slot_meta: "
             "the entry to add, numbered after the others), or make one from an instance with "
-            "opaque_subclass.create_subclass_meta([x])[0]"
+            "opaque_subclass.describe_args([x])[0]"
         )
 
     # deliberately disabled
@@ -147,17 +144,15 @@ def _is_symbolic(x: object) -> bool:
 
 
 def symint_placeholders(outer: tuple[IntLike | None, ...]) -> tuple[int, ...]:
-    """Dimensions of an outer size/stride whose value is read from the flat list.
-
-    Before :meth:`SubclassCreationMeta.runtime_safe` those are the non-nested
-    ``SymInt`` entries; after it, the entries replaced by ``None``.
-    """
+    """Dimensions of an outer size/stride read from the flat list: the non-nested ``SymInt``
+    entries, or after :meth:`SubclassLayout.runtime_safe` the entries replaced by ``None``."""
     return tuple(i for i, s in enumerate(outer) if s is None or _is_symbolic(s))
 
 
 @dataclass(frozen=True, slots=True)
-class SubclassCreationMeta:
-    """How to rebuild one (possibly nested) subclass from a flat list of leaves.
+class SubclassLayout:
+    """How to rebuild one (possibly nested) subclass from a flat list of leaves;
+    mirrors torch's ``schemas.SubclassCreationMeta``.
 
     Attributes
     ----------
@@ -168,28 +163,25 @@ class SubclassCreationMeta:
     meta
         The flatten context (second return value of ``__tensor_flatten__``).
     outer_size, outer_stride
-        The subclass's size and stride; ``SymInt`` entries while tracing, ``None``
-        placeholders in the runtime-safe form.
+        ``SymInt`` entries while tracing, ``None`` placeholders in the runtime-safe form.
     subclass_type
-        The subclass; ``__tensor_unflatten__`` of this class rebuilds it.
+        The subclass, whose ``__tensor_unflatten__`` rebuilds it.
     attr
         Name of the attribute of the enclosing subclass, ``None`` at the top level.
     included_subclass_symints
-        Whether the symbolic entries of ``outer_size``/``outer_stride`` occupy
-        slots after this subclass's attributes.
+        Whether the symbolic entries of ``outer_size``/``outer_stride`` take slots after the attributes.
     memory_format
         Memory format expected of a tangent for this subclass, or ``None``.
     original_subclass
-        The (fake) tensor the meta was made from, used while tracing to mirror
-        autograd metadata; ``None`` in the runtime-safe form.
+        The (fake) tensor the meta was made from, to mirror autograd metadata while tracing;
+        ``None`` in the runtime-safe form.
 
-    Derived (not constructor arguments): ``arg_count`` (slots taken, nested
-    subclasses and symbolic sizes included), ``num_tensors``, ``num_opaques``,
-    ``size_placeholders`` and ``stride_placeholders``.
+    Derived: ``arg_count`` (slots taken, nested subclasses and symbolic sizes included),
+    ``num_tensors``, ``num_opaques``, ``size_placeholders`` and ``stride_placeholders``.
     """
 
     flat_tensor_start_idx: int
-    attrs: Mapping[str, SlotMeta]
+    attrs: Mapping[str, Layout]
     meta: Any
     outer_size: tuple[IntLike | None, ...]
     outer_stride: tuple[IntLike | None, ...]
@@ -217,32 +209,32 @@ class SubclassCreationMeta:
             given = self.subclass_type
             shown = qualified_name(given) if isinstance(given, type) else describe_type(given)
             raise OpaqueTypeError(
-                f"SubclassCreationMeta.subclass_type must be a torch.Tensor subclass, got {shown}"
+                f"SubclassLayout.subclass_type must be a torch.Tensor subclass, got {shown}"
                 f"{' (a class that is not a tensor)' if isinstance(given, type) else ''}. Fix: pass the "
                 "wrapper subclass the meta describes (subclass_type=MeshTensor for a MeshTensor), not the class "
                 "of one of its attributes, or make the meta from an instance: `import opaque_subclass; "
-                "meta = opaque_subclass.create_subclass_meta([x])[0]` (x: an instance)"
+                "meta = opaque_subclass.describe_args([x])[0]` (x: an instance)"
             )
         count = tensors = opaques = 0
         expected = self.flat_tensor_start_idx
         for name, sub in attrs.items():
-            if isinstance(sub, SubclassCreationMeta):
+            if isinstance(sub, SubclassLayout):
                 start, width = sub.flat_tensor_start_idx, sub.arg_count
                 tensors += sub.num_tensors
                 opaques += sub.num_opaques
-            elif isinstance(sub, (PlainTensorMeta, OpaqueMeta)):
+            elif isinstance(sub, (TensorSlot, OpaqueSlot)):
                 start, width = sub.unwrapped_idx, 1
-                if isinstance(sub, OpaqueMeta):
+                if isinstance(sub, OpaqueSlot):
                     opaques += 1
                 else:
                     tensors += 1
             else:
                 raise OpaqueTypeError(
                     f"{subject(self.subclass_type)} meta: attrs[{name!r}] must be a "
-                    f"PlainTensorMeta, OpaqueMeta or SubclassCreationMeta, got {describe_type(sub)}. Fix: "
-                    f"describe a tensor attribute with `PlainTensorMeta({expected}, {name!r})`, an opaque with "
-                    f"OpaqueMeta({expected}, {name!r}, <its class>), a nested subclass with its own "
-                    "SubclassCreationMeta"
+                    f"TensorSlot, OpaqueSlot or SubclassLayout, got {describe_type(sub)}. Fix: "
+                    f"describe a tensor attribute with `TensorSlot({expected}, {name!r})`, an opaque with "
+                    f"OpaqueSlot({expected}, {name!r}, <its class>), a nested subclass with its own "
+                    "SubclassLayout"
                 )
             if sub.attr != name:
                 raise OpaqueValueError(
@@ -252,7 +244,7 @@ class SubclassCreationMeta:
                     f"slot = dataclasses.replace(slot, attr={name!r})` (slot: that meta)"
                 )
             if start != expected:
-                field_name = "flat_tensor_start_idx" if isinstance(sub, SubclassCreationMeta) else "unwrapped_idx"
+                field_name = "flat_tensor_start_idx" if isinstance(sub, SubclassLayout) else "unwrapped_idx"
                 raise OpaqueValueError(
                     f"{subject(self.subclass_type)} meta: attribute {name!r} starts at flat "
                     f"slot {start}, expected {expected} (slots must be contiguous, in order). Fix: give "
@@ -274,7 +266,7 @@ class SubclassCreationMeta:
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuild through __init__ so derived fields and caches are recomputed.
         return (
-            _rebuild_subclass_meta,
+            _rebuild_layout,
             (
                 {
                     f.name: getattr(self, f.name)
@@ -293,12 +285,11 @@ class SubclassCreationMeta:
             - (len(self.size_placeholders) + len(self.stride_placeholders) if self.included_subclass_symints else 0)
         )
 
-    def runtime_safe(self) -> SubclassCreationMeta:
-        """A copy that holds no tracing objects: no original subclass, no ``SymInt``.
+    def runtime_safe(self) -> SubclassLayout:
+        """A copy holding no tracing objects (no original subclass, no ``SymInt``), or ``self`` if it holds none.
 
-        Symbolic sizes/strides become ``None`` (read from the flat list at run
-        time); nested ints become ``-1`` (nested-tensor subclasses ignore them).
-        Returns ``self`` when it is already runtime safe.
+        Symbolic sizes/strides become ``None`` (read from the flat list at run time); nested ints
+        become ``-1`` (nested-tensor subclasses ignore them).
         """
 
         def safe(x: IntLike | None) -> int | None:
@@ -306,7 +297,7 @@ class SubclassCreationMeta:
                 return -1 if x.node.is_nested_int() else None
             return x
 
-        attrs = {k: v.runtime_safe() if isinstance(v, SubclassCreationMeta) else v for k, v in self.attrs.items()}
+        attrs = {k: v.runtime_safe() if isinstance(v, SubclassLayout) else v for k, v in self.attrs.items()}
         size = tuple(map(safe, self.outer_size))
         stride = tuple(map(safe, self.outer_stride))
         if (
@@ -319,47 +310,43 @@ class SubclassCreationMeta:
         return dataclasses.replace(self, attrs=attrs, outer_size=size, outer_stride=stride, original_subclass=None)
 
     def unflatten(self, leaves: list[Any] | tuple[Any, ...]) -> torch.Tensor:
-        """Rebuild the subclass from the flat list ``leaves``.
+        """Rebuild the subclass from ``leaves``, indexed by this meta's absolute slots.
 
-        ``leaves`` is indexed by this meta's absolute slot indices. Opaque
-        slots receive the very objects given; no copies are made. Every leaf
-        is checked against its slot, as by :func:`unflatten_checked`.
+        Opaque slots receive the very objects given. Every leaf is checked as by :func:`unflatten_checked`.
         """
         result: torch.Tensor = unflatten_checked(leaves, self)
         return result
 
 
-def _rebuild_subclass_meta(kwargs: dict[str, Any]) -> SubclassCreationMeta:
-    return SubclassCreationMeta(**kwargs)
+def _rebuild_layout(kwargs: dict[str, Any]) -> SubclassLayout:
+    return SubclassLayout(**kwargs)
 
 
-def iter_slots(meta: SlotMeta, prefix: str = "") -> Iterator[tuple[str, FlatMeta]]:
+def iter_slots(meta: Layout, prefix: str = "") -> Iterator[tuple[str, LeafSlot]]:
     """Yield ``(path, slot_meta)`` for every flat slot of ``meta``, in flat order.
 
-    Paths are attribute paths relative to the object ``meta`` describes, joined
-    to ``prefix``: with ``prefix="w"`` a nested opaque yields ``"w._inner._mesh"``.
-    Symbolic size and stride slots yield paths such as ``"w.size()[0]"``.
+    Paths are relative to the object ``meta`` describes, joined to ``prefix``: with ``prefix="w"``,
+    ``"w._inner._mesh"`` for a nested opaque, ``"w.size()[0]"`` for a symbolic size slot.
     """
-    if isinstance(meta, SubclassCreationMeta):
+    if isinstance(meta, SubclassLayout):
         for name, sub in meta.attrs.items():
             yield from iter_slots(sub, f"{prefix}.{name}" if prefix else name)
         if meta.included_subclass_symints:
             idx = meta.symint_start_idx
             for kind, dims in (("size", meta.size_placeholders), ("stride", meta.stride_placeholders)):
                 for d in dims:
-                    yield f"{prefix}.{kind}()[{d}]" if prefix else f"{kind}()[{d}]", SymIntMeta(idx, kind, d)  # type: ignore[arg-type]  # kind is one of the two literals
+                    yield f"{prefix}.{kind}()[{d}]" if prefix else f"{kind}()[{d}]", SymIntSlot(idx, kind, d)  # type: ignore[arg-type]  # kind is one of the two literals
                     idx += 1
-    elif isinstance(meta, (PlainTensorMeta, OpaqueMeta)):
+    elif isinstance(meta, (TensorSlot, OpaqueSlot)):
         yield prefix, meta
     else:
         raise AssertionError(f"iter_slots: unexpected meta {meta!r}")
 
 
-def iter_subclasses(meta: SlotMeta, prefix: str = "") -> Iterator[tuple[str, SubclassCreationMeta]]:
-    """Yield ``(path, subclass_meta)`` for ``meta`` and every subclass nested in
-    it, outermost first; paths as in :func:`iter_slots` (``""`` for the top level
-    when ``prefix`` is empty). Plain tensors and opaques yield nothing."""
-    if isinstance(meta, SubclassCreationMeta):
+def iter_subclasses(meta: Layout, prefix: str = "") -> Iterator[tuple[str, SubclassLayout]]:
+    """Yield ``(path, subclass_meta)`` for ``meta`` and every nested subclass, outermost first;
+    paths as in :func:`iter_slots` (``""`` for the top level with no ``prefix``)."""
+    if isinstance(meta, SubclassLayout):
         yield prefix, meta
         for name, sub in meta.attrs.items():
             yield from iter_subclasses(sub, f"{prefix}.{name}" if prefix else name)
@@ -369,9 +356,8 @@ def iter_subclasses(meta: SlotMeta, prefix: str = "") -> Iterator[tuple[str, Sub
 
 
 def bad_unflatten_type(cls: type, result: object, path: str, *, found: str | None = None) -> TypeError:
-    """The error for a ``__tensor_unflatten__`` of ``cls`` that returned ``result``,
-    which is not an instance of ``cls`` (``found``: how to name what it returned,
-    when not by ``result``'s type)."""
+    """The error for ``cls.__tensor_unflatten__`` returning ``result``, not a ``cls``
+    (``found``: how to name it, when not by ``result``'s type)."""
     return OpaqueTypeError(
         f"{subject(cls)}.__tensor_unflatten__ (rebuilding {path!r}) returned "
         f"{found or describe_type(result)}, expected an instance of {cls.__qualname__}. Fix: "
@@ -381,7 +367,7 @@ def bad_unflatten_type(cls: type, result: object, path: str, *, found: str | Non
     )
 
 
-def _fill_placeholders(meta: SubclassCreationMeta, leaves: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _fill_placeholders(meta: SubclassLayout, leaves: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     it = iter(leaves[meta.symint_start_idx : meta.flat_tensor_start_idx + meta.arg_count])
     size = list(meta.outer_size)
     for d in meta.size_placeholders:
@@ -392,15 +378,14 @@ def _fill_placeholders(meta: SubclassCreationMeta, leaves: Sequence[Any]) -> tup
     return tuple(size), tuple(stride)
 
 
-def rebuild(meta: SlotMeta, leaves: Sequence[Any], *, is_runtime: bool, path: str = "x") -> Any:
+def rebuild(meta: Layout, leaves: Sequence[Any], *, is_runtime: bool, path: str = "x") -> Any:
     """Rebuild the value described by ``meta`` from the absolute slots of ``leaves``.
 
-    The generic (not code-generated) path; used while tracing and for checked
-    unflattening. Outer sizes come from the meta, or from ``leaves`` for
-    symbolic placeholders when ``is_runtime``. A ``__tensor_unflatten__`` that
-    returns anything but an instance of its class is refused.
+    The generic path, used while tracing and for checked unflattening. Outer sizes come from the
+    meta, or from ``leaves`` for symbolic placeholders when ``is_runtime``. A ``__tensor_unflatten__``
+    returning anything but an instance of its class is refused.
     """
-    if not isinstance(meta, SubclassCreationMeta):
+    if not isinstance(meta, SubclassLayout):
         return leaves[meta.unwrapped_idx]
     inner = {
         name: rebuild(sub, leaves, is_runtime=is_runtime, path=f"{path}.{name}") for name, sub in meta.attrs.items()
@@ -417,8 +402,8 @@ def rebuild(meta: SlotMeta, leaves: Sequence[Any], *, is_runtime: bool, path: st
     return result
 
 
-def _check_leaf(path: str, slot: FlatMeta, leaf: object, owner: str) -> None:
-    if isinstance(slot, OpaqueMeta):
+def _check_leaf(path: str, slot: LeafSlot, leaf: object, owner: str) -> None:
+    if isinstance(slot, OpaqueSlot):
         if isinstance(leaf, torch.Tensor) or opaque_kind(leaf) != "reference":
             if not isinstance(leaf, torch.Tensor) and opaque_kind(leaf) is None and isinstance(leaf, slot.opaque_type):
                 raise OpaqueTypeError(
@@ -434,7 +419,7 @@ def _check_leaf(path: str, slot: FlatMeta, leaf: object, owner: str) -> None:
                 f"{describe_type(leaf)}. Fix: pass leaves in the order flatten_subclass "
                 "returned them."
             )
-    elif isinstance(slot, PlainTensorMeta) and slot.attr is not None:
+    elif isinstance(slot, TensorSlot) and slot.attr is not None:
         if not isinstance(leaf, torch.Tensor):
             raise OpaqueTypeError(
                 f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) expects a "
@@ -443,24 +428,22 @@ def _check_leaf(path: str, slot: FlatMeta, leaf: object, owner: str) -> None:
             )
 
 
-def unflatten_checked(leaves: Sequence[Any], spec: SlotMeta, *, name: str = "x") -> Any:
-    """Rebuild a value from ``leaves`` and ``spec``, checking the leaf count and
-    every leaf against its slot (tensor or opaque) first; errors name the
-    subclass and the attribute path. Opaque leaves are placed as the very
-    same objects."""
-    if isinstance(spec, SubclassCreationMeta):
+def unflatten_checked(leaves: Sequence[Any], spec: Layout, *, name: str = "x") -> Any:
+    """Rebuild a value from ``leaves`` and ``spec`` after checking the leaf count and each leaf against
+    its slot (errors name the subclass and attribute path). Opaque leaves are placed as the same objects."""
+    if isinstance(spec, SubclassLayout):
         start, width, owner = spec.flat_tensor_start_idx, spec.arg_count, subject(spec.subclass_type)
-    elif isinstance(spec, (PlainTensorMeta, OpaqueMeta)):
+    elif isinstance(spec, (TensorSlot, OpaqueSlot)):
         start, width, owner = spec.unwrapped_idx, 1, "a plain value"
     else:
         raise OpaqueTypeError(
             f"unflatten_subclass expects a spec from flatten_subclass, got {describe_type(spec)}. "
             "Fix: pass the second value returned by flatten_subclass (or a meta from "
-            "create_subclass_meta)."
+            "describe_args)."
         )
     if len(leaves) != start + width:
         detail = ""
-        if isinstance(spec, SubclassCreationMeta):
+        if isinstance(spec, SubclassLayout):
             detail = f" ({spec.num_tensors} tensors, {spec.num_opaques} opaques)"
         raise OpaqueValueError(
             f"unflatten of {owner}: the spec describes {width} leaves{detail} starting at "

@@ -1,8 +1,8 @@
-"""Subclass constructions inside a saved graph (programs after ``unwrap_tensor_subclass_parameters``).
+"""Subclass constructions inside a saved graph (programs after ``unwrap_subclass_parameters``).
 
 Note [Constructions are stored as a library op]
 -----------------------------------------------
-A program exported after :func:`opaque_subclass.unwrap_tensor_subclass_parameters`
+A program exported after :func:`opaque_subclass.unwrap_subclass_parameters`
 rebuilds each subclass parameter inside its graph::
 
     flat_apply(func_spec, in_spec, 3, 1, True, p_w_original0, obj_w_lifted_custom_0)

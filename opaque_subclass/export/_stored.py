@@ -31,7 +31,7 @@ import torch
 
 from opaque_subclass.core.errors import OpaqueSubclassError, qualified_name
 from opaque_subclass.core.flatten import unflatten_subclass
-from opaque_subclass.core.spec import OpaqueMeta, PlainTensorMeta, SlotMeta, SubclassCreationMeta, iter_slots
+from opaque_subclass.core.spec import Layout, OpaqueSlot, SubclassLayout, TensorSlot, iter_slots
 
 __all__ = ["FORMAT_VERSION", "StoredSubclass", "restore_stored", "spec_from_tree", "spec_tree"]
 
@@ -41,28 +41,28 @@ FORMAT_VERSION = 1
 Tree = tuple[Any, ...]
 
 
-def spec_tree(meta: SlotMeta) -> Tree:
+def spec_tree(meta: Layout) -> Tree:
     """The library-independent tuple form of a flatten spec (no slot indices)."""
-    if isinstance(meta, SubclassCreationMeta):
+    if isinstance(meta, SubclassLayout):
         attrs = tuple((name, spec_tree(sub)) for name, sub in meta.attrs.items())
         return ("subclass", meta.subclass_type, meta.meta, tuple(meta.outer_size), tuple(meta.outer_stride), attrs)
-    if isinstance(meta, OpaqueMeta):
+    if isinstance(meta, OpaqueSlot):
         return ("opaque", meta.opaque_type)
     return ("tensor",)
 
 
-def spec_from_tree(tree: Tree, start: int = 0, attr: str | None = None) -> SlotMeta:
+def spec_from_tree(tree: Tree, start: int = 0, attr: str | None = None) -> Layout:
     """Rebuild the spec that :func:`spec_tree` describes, slots numbered from ``start``."""
     match tree[0]:
         case "subclass":
             _, cls, context, size, stride, attrs = tree
-            metas: dict[str, SlotMeta] = {}
+            metas: dict[str, Layout] = {}
             idx = start
             for name, sub in attrs:
                 meta = spec_from_tree(sub, idx, name)
                 metas[name] = meta
-                idx += meta.arg_count if isinstance(meta, SubclassCreationMeta) else 1
-            return SubclassCreationMeta(
+                idx += meta.arg_count if isinstance(meta, SubclassLayout) else 1
+            return SubclassLayout(
                 flat_tensor_start_idx=start,
                 attrs=metas,
                 meta=context,
@@ -72,9 +72,9 @@ def spec_from_tree(tree: Tree, start: int = 0, attr: str | None = None) -> SlotM
                 attr=attr,
             )
         case "opaque":
-            return OpaqueMeta(start, attr, tree[1])
+            return OpaqueSlot(start, attr, tree[1])
         case "tensor":
-            return PlainTensorMeta(start, attr)
+            return TensorSlot(start, attr)
         case _:
             raise OpaqueSubclassError(
                 f"a saved subclass structure has an unknown node {tree[0]!r}: the archive was written by a "
@@ -232,6 +232,6 @@ def _binding(stored: StoredSubclass) -> str:
 
 def _variables(stored: StoredSubclass) -> str:
     """What each variable of :func:`_binding` must hold."""
-    types = [slot.opaque_type for _, slot in iter_slots(spec_from_tree(stored._tree)) if isinstance(slot, OpaqueMeta)]
+    types = [slot.opaque_type for _, slot in iter_slots(spec_from_tree(stored._tree)) if isinstance(slot, OpaqueSlot)]
     parts = [f"{_variable(n)} is your {qualified_name(t)} for {n!r}" for n, t in zip(stored._names, types, strict=True)]
     return ", ".join(parts) if parts else "opaques maps each saved name to your object"

@@ -3,29 +3,27 @@
 Note [Reference opaques are rebound, never pickled]
 ---------------------------------------------------
 A reference opaque (a ``DeviceMesh``, a process-group handle) means *this
-process's* object: pickled into an archive and unpickled in another job, it
-would name a process group that job never created. ``torch.export.save``
-pickles such objects by value wherever it meets them (inside subclass
-parameters and buffers, as lifted custom-object constants). :func:`save`
-instead hands torch a copy of the program in which
+process's* object: unpickled in another job, it would name a process group that
+job never created. ``torch.export.save`` pickles such objects by value wherever
+it meets them (in subclass parameters and buffers, as lifted custom-object
+constants). :func:`save` instead hands torch a copy of the program in which
 
-* every subclass tensor holding reference opaques (parameters, buffers and
+* every subclass tensor holding reference opaques (parameters, buffers,
   constants; nested at any depth) is a
-  :class:`~opaque_subclass.export._stored.StoredSubclass` placeholder that keeps
-  the tensors and contexts and replaces each opaque with a name;
+  :class:`~opaque_subclass.export._stored.StoredSubclass` placeholder keeping
+  the tensors and contexts, each opaque replaced with a name;
 * every reference opaque held directly as a constant is an :class:`OpaqueName`;
-* every subclass the graph rebuilds (after ``unwrap_tensor_subclass_parameters``)
-  is a library op whose arguments the manifest records
+* every subclass the graph rebuilds (after ``unwrap_subclass_parameters``) is a
+  library op whose arguments the manifest records
   (:mod:`opaque_subclass.export._constructions`);
-* example inputs that hold reference opaques are left out (torch reloads
-  example inputs with ``weights_only=True``, which rebuilds no subclass);
+* example inputs holding reference opaques are left out (torch reloads them
+  with ``weights_only=True``, which rebuilds no subclass);
 
-and records each name with the object's type in a manifest, an extra file of
-the archive (:mod:`opaque_subclass.export.manifest`). :func:`load` lets torch
-load the archive, then binds every name to an object the caller supplies and
-rebuilds the subclasses with them (through each class's own
-``__tensor_unflatten__``). One object found at several places gets one name,
-so sharing survives the round trip. The caller's program is never changed.
+and records each name and type in a manifest, an extra file of the archive
+(:mod:`opaque_subclass.export.manifest`). :func:`load` lets torch load the
+archive, binds every name to a caller-supplied object and rebuilds the
+subclasses through their own ``__tensor_unflatten__``. One object at several
+places gets one name, so sharing survives. The caller's program is never changed.
 """
 
 from __future__ import annotations
@@ -49,7 +47,7 @@ from opaque_subclass.core.errors import (
 )
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
 from opaque_subclass.core.registry import OpaqueBase, opaque_kind, register_opaque
-from opaque_subclass.core.spec import OpaqueMeta, iter_slots
+from opaque_subclass.core.spec import OpaqueSlot, iter_slots
 from opaque_subclass.export._constructions import decode, default_names, encode
 from opaque_subclass.export._stored import FORMAT_VERSION, StoredSubclass, restore_stored, spec_tree
 from opaque_subclass.export.manifest import MANIFEST_NAME, ConstructionRecord, ExportManifest, OpaqueRecord
@@ -128,14 +126,14 @@ class _Plan:
         if not is_wrapper_subclass(t):
             return False
         _, spec = flatten_subclass(t)
-        return any(isinstance(slot, OpaqueMeta) for _, slot in iter_slots(spec))
+        return any(isinstance(slot, OpaqueSlot) for _, slot in iter_slots(spec))
 
     def stand_in(self, t: torch.Tensor, path: str, site: str) -> torch.Tensor:
         """``t``, or its placeholder when it holds reference opaques."""
         if not is_wrapper_subclass(t):
             return t
         leaves, spec = flatten_subclass(t, name=path)
-        opaque_paths = {slot.unwrapped_idx: p for p, slot in iter_slots(spec, path) if isinstance(slot, OpaqueMeta)}
+        opaque_paths = {slot.unwrapped_idx: p for p, slot in iter_slots(spec, path) if isinstance(slot, OpaqueSlot)}
         if not opaque_paths:
             return t
         names = [self.name_of(leaves[i], site + p[len(path) :], p) for i, p in sorted(opaque_paths.items())]
@@ -225,20 +223,19 @@ def save(
     Parameters
     ----------
     ep
-        The exported program. It is not changed.
+        The exported program (not changed).
     f
         A file name or a writable binary file object.
     opaques
-        Optional names for the program's reference opaques, ``{"mesh": mesh}``.
-        An object not named here is named after the first place that holds it:
-        ``"w._mesh"`` for the ``_mesh`` of the subclass parameter ``w``.
+        Optional names for the reference opaques, ``{"mesh": mesh}``; others are named after
+        the first place holding them (``"w._mesh"`` for the ``_mesh`` of subclass parameter ``w``).
     extra_files
         More extra files for the archive, as for ``torch.export.save``.
 
     Returns
     -------
     ExportManifest
-        What was recorded: each name, its type and where the program holds it.
+        Each name, its type and where the program holds it.
     """
     if not isinstance(ep, torch.export.ExportedProgram):
         raise OpaqueTypeError(
@@ -354,17 +351,15 @@ def load(
     f
         A file name or a readable binary file object.
     opaques
-        This process's objects: a mapping ``name -> object`` with the names of
-        the manifest (:func:`read_manifest` lists them), or a resolver
-        ``(name, cls) -> object`` called once per name (``None`` for none).
+        This process's objects: ``{name: object}`` with the manifest's names (see :func:`read_manifest`),
+        or a resolver ``(name, cls) -> object`` called once per name (``None`` for none).
     extra_files
         As for ``torch.export.load``: the names to read, filled in place.
 
     Returns
     -------
     torch.export.ExportedProgram
-        The program; its subclass parameters, buffers and constants hold the
-        given objects, so its outputs carry them.
+        The program; its subclass parameters, buffers, constants and so outputs hold the given objects.
 
     Raises
     ------

@@ -19,7 +19,7 @@ reads it too). Example::
 shared by several sites has one name, so sharing survives the round trip);
 ``example_inputs_dropped`` says the program's example inputs held reference
 opaques and were therefore not saved; ``constructions`` describes the subclass
-constructions of a graph exported after ``unwrap_tensor_subclass_parameters``
+constructions of a graph exported after ``unwrap_subclass_parameters``
 (:mod:`opaque_subclass.export._constructions`).
 """
 
@@ -38,7 +38,7 @@ __all__ = ["MANIFEST_NAME", "ConstructionRecord", "ExportManifest", "OpaqueRecor
 MANIFEST_NAME = "opaque_subclass.json"
 
 _FORMAT = "opaque-subclass/export"
-_VERSION = 2  # 2: "constructions" (programs after unwrap_tensor_subclass_parameters)
+_VERSION = 2  # 2: "constructions" (programs after unwrap_subclass_parameters)
 
 
 def import_qualified(name: str) -> Any:

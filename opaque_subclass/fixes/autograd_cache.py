@@ -1,11 +1,10 @@
 """AOTAutograd's cache key and the sharing of opaques (torch 2.12 - 2.15).
 
-Dynamo guards on which inputs share one reference opaque, and recompiles when
-the sharing changes: a graph compiled while ``x._mesh is y._mesh`` may read the
-shared object from one slot for both outputs. AOTAutograd's cache key, though,
-hashes an opaque by its type only, so the recompilation for distinct meshes is
-served the graph compiled for shared ones - in the same process, and across
-processes sharing a cache directory - and an output carries the wrong opaque.
+Dynamo recompiles when which inputs share a reference opaque changes (a graph
+for ``x._mesh is y._mesh`` may read one slot for both), but AOTAutograd's key
+hashes an opaque by type, so the recompilation is served the shared-case graph
+(in-process and across a shared cache directory): an output carries the wrong
+opaque.
 """
 
 from __future__ import annotations
@@ -36,9 +35,8 @@ _TARGET = "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key"
 
 
 def sharing_key(example_inputs: Sequence[Any]) -> str | None:
-    """A short, process-independent text for which flat slots of
-    ``example_inputs`` (subclass inputs flattened to their leaves) hold opaques
-    and which of them share one object; ``None`` when there is no opaque."""
+    """A short, process-independent digest of which flat slots of
+    ``example_inputs`` hold opaques and which share one; ``None`` if none."""
     leaves: list[Any] = []
     for i, value in enumerate(example_inputs):
         append_leaves(value, leaves, f"example_inputs[{i}]")
@@ -51,28 +49,23 @@ def sharing_key(example_inputs: Sequence[Any]) -> str | None:
 
 @dataclass(frozen=True)
 class StableSubclassKey:
-    """What the key of AOTAutograd's cache holds in place of a subclass input
-    that carries opaques, under :func:`make_autograd_cache_key` with
-    ``key_subclasses_by_hash`` (torch 2.11): the hash
-    :func:`stable_subclass_inputs` computes for it."""
+    """AOTAutograd's cache-key stand-in for a subclass input with opaques
+    (``key_subclasses_by_hash``, torch 2.11): :func:`stable_subclass_inputs`'s hash."""
 
     digest: str
 
 
 def stable_subclass_inputs(example_inputs: Sequence[Any]) -> Sequence[Any]:
-    """``example_inputs`` with each wrapper-subclass input that holds an opaque
-    replaced by its :class:`StableSubclassKey`; the same sequence when none does.
-    The key is the subclass's own ``_stable_hash_for_caching()`` where it has
-    one (an :class:`~opaque_subclass.OpaqueSubclass` has), as torch 2.12 - 2.15
-    ask for it, else :func:`~opaque_subclass.core.stable_hash.stable_subclass_hash`;
-    an exception of the method (a context that cannot be pickled) makes torch
-    bypass its cache for the program, as on those releases.
+    """``example_inputs`` with each wrapper-subclass input holding an opaque
+    replaced by its :class:`StableSubclassKey` (the same sequence if none): the
+    subclass's ``_stable_hash_for_caching()`` as torch 2.12 - 2.15 ask (an
+    :class:`~opaque_subclass.OpaqueSubclass` has one; if it raises, torch
+    bypasses its cache, as there), else
+    :func:`~opaque_subclass.core.stable_hash.stable_subclass_hash`.
 
-    torch 2.11's key pickles such an input whole: its inner tensors' data and
-    each opaque by value (a ``DeviceMesh`` with this rank's coordinate and
-    process-group names), so every rank of a job computes another key for the
-    same program. torch 2.12 - 2.15 ask the subclass for a stable hash instead
-    (``_stable_hash_for_caching``), which hashes an opaque by its class.
+    torch 2.11 pickles such an input whole (tensor data, a ``DeviceMesh`` with
+    this rank's coordinate and group names), so every rank keys the same
+    program differently.
     """
 
     def key_of(i: int, value: Any) -> StableSubclassKey | None:
@@ -89,8 +82,7 @@ def stable_subclass_inputs(example_inputs: Sequence[Any]) -> Sequence[Any]:
 
 
 def _keyed(example_inputs: Sequence[Any], key_of: Callable[[int, Any], object | None]) -> Sequence[Any]:
-    """``example_inputs`` with each input for which ``key_of(index, value)``
-    gives a key replaced by it; the same sequence when it gives none."""
+    """``example_inputs`` with inputs replaced by ``key_of(index, value)`` where not ``None``."""
     replaced: list[Any] | None = None
     for i, value in enumerate(example_inputs):
         key = key_of(i, value)
@@ -104,10 +96,8 @@ def _keyed(example_inputs: Sequence[Any], key_of: Callable[[int, Any], object | 
 
 @dataclass(frozen=True)
 class MeshShapeKey:
-    """What the key of AOTAutograd's cache holds in place of a ``DeviceMesh``
-    input while compilations share across ranks (:func:`shared_mesh_inputs`):
-    the mesh's shape, dimension names and device type, the same on every rank
-    of a job."""
+    """AOTAutograd's cache-key stand-in for a ``DeviceMesh`` input while sharing
+    across ranks (:func:`shared_mesh_inputs`): the same on every rank."""
 
     shape: tuple[int, ...]
     dim_names: tuple[str, ...] | None
@@ -115,9 +105,8 @@ class MeshShapeKey:
 
 
 def sharing_across_ranks() -> bool:
-    """Whether inductor's joint-graph pass in effect makes every collective take
-    its group from a mesh input (``opaque_subclass.dtensor.MeshGroupPass``, found
-    by its marker: this layer does not import the DTensor module)."""
+    """Whether the joint-graph pass in effect is ``opaque_subclass.dtensor.MeshGroupPass``
+    (collectives take their group from a mesh input), found by its marker."""
     from torch._inductor import config
 
     configured = config.joint_custom_pre_pass
@@ -126,17 +115,11 @@ def sharing_across_ranks() -> bool:
 
 
 def shared_mesh_inputs(example_inputs: Sequence[Any]) -> Sequence[Any]:
-    """``example_inputs`` with each ``DeviceMesh`` input (torch's fake wrapper of
-    one, as AOTAutograd receives it) replaced by its :class:`MeshShapeKey`
-    while :func:`opaque_subclass.dtensor.share_compiles` is in effect; the same
-    sequence otherwise.
-
-    torch pickles a ``DeviceMesh`` graph input into the key by value, with this
-    rank's coordinate and process-group names, so each rank of a job keys a
-    DTensor program (whose tensor-parallel hooks pass the mesh to ``from_local``)
-    differently. Under ``share_compiles`` no group name is compiled into the
-    graph (the collectives take the mesh input), so the mesh's shape is all the
-    graph depends on.
+    """Under :func:`opaque_subclass.dtensor.share_compiles`, ``example_inputs``
+    with each ``DeviceMesh`` input (or its fake wrapper) replaced by its
+    :class:`MeshShapeKey`; else unchanged. torch pickles the mesh by value
+    (this rank's coordinate, group names), so ranks key a DTensor program
+    differently; under ``share_compiles`` the graph depends only on its shape.
     """
     if not sharing_across_ranks():
         return example_inputs
@@ -159,24 +142,18 @@ def make_autograd_cache_key(
     """Replaces ``torch._functorch._aot_autograd.autograd_cache.autograd_cache_key``
     (torch 2.12, 2.13, 2.14 and 2.15: each release's own fingerprint).
 
-    Without it, with ``backend="inductor"`` and torch's default caches, after
-    ``f(x, y)`` compiled with ``x._mesh is y._mesh``, a call with two distinct
-    meshes recompiles in Dynamo but AOTAutograd's cache serves the graph made
-    for the shared case: both outputs (and gradients) carry the first mesh. A
-    fresh process sharing the cache directory gets the wrong mesh on its first
-    call. With it, the key of a graph whose inputs hold reference opaques ends
-    in the opaques' sharing pattern (which flat slots hold the same object),
-    so graphs compiled for different sharing never share an entry; graphs
-    without opaques keep torch's key unchanged. No torch release has fixed it
-    yet (upstream ``_stable_hash_for_cache_value`` hashes an opaque by type).
+    Without it (inductor, default caches), after ``f(x, y)`` compiled with
+    ``x._mesh is y._mesh``, a call with distinct meshes recompiles but gets the
+    shared-case graph from AOTAutograd's cache: outputs and gradients carry the
+    first mesh, also in a fresh process sharing the cache directory. With it,
+    a key with reference opaques ends in their sharing pattern; others keep
+    torch's key. Unfixed upstream (``_stable_hash_for_cache_value`` hashes an
+    opaque by type).
 
-    With ``key_subclasses_by_hash`` (the 2.11 backport's replacement), each
-    subclass input holding opaques is keyed by its stable hash
-    (:func:`stable_subclass_inputs`), as torch 2.12 - 2.15 key it, so that every
-    rank of a job computes one key for one program.
-
-    Under :func:`opaque_subclass.dtensor.share_compiles`, a ``DeviceMesh``
-    input is keyed by its shape (:func:`shared_mesh_inputs`) on every release.
+    ``key_subclasses_by_hash`` (the 2.11 backport) keys subclass inputs by
+    :func:`stable_subclass_inputs`, as torch 2.12 - 2.15 do. Under
+    :func:`opaque_subclass.dtensor.share_compiles`, a ``DeviceMesh`` input is
+    keyed by its shape (:func:`shared_mesh_inputs`) on every release.
     """
 
     def autograd_cache_key(mod: Any, example_inputs: Sequence[Any], *args: Any, **kwargs: Any) -> Any:

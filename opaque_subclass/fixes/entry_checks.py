@@ -1,19 +1,16 @@
 """Named errors where torch first walks a subclass input (torch 2.12 - 2.15; the
 plain-tensor walk also on 2.11).
 
-torch 2.12+ handles opaque attributes itself, but an attribute that is neither
-a tensor nor a registered reference opaque (an ``int``, ``None``, an
-unregistered class, a value opaque) fails with torch's own short message, for
-example ``RuntimeError: 'int' found in tensor attrs of MeshTensor.__tensor_flatten__()``
-under ``torch.compile`` or ``AssertionError: expected Tensor or OpaqueBase``
-under non-strict ``torch.export``: neither names the argument's path nor says
-what to do. These fixes check every level of the subclass first, at the point
-where torch meets the input, and raise the library's error (subclass, path as
-Dynamo prints the source, type found, a fix that runs as written), with the
-checks of :mod:`opaque_subclass.core.checks`. A valid subclass reaches torch's
-function unchanged, and they run while tracing, never on a compiled call.
-Under Dynamo they call no user code that torch does not call: the
-``__tensor_unflatten__`` check reads the fake instance torch rebuilt.
+On torch 2.12+ a listed attribute that is neither tensor nor registered
+reference opaque (``int``, ``None``, unregistered class, value opaque) fails
+with a short message naming no path or fix (``RuntimeError: 'int' found in
+tensor attrs of MeshTensor.__tensor_flatten__()`` under ``torch.compile``,
+``AssertionError: expected Tensor or OpaqueBase`` under non-strict
+``torch.export``). These fixes check every level where torch meets the input
+(:mod:`opaque_subclass.core.checks`) and raise the library's error (subclass,
+Dynamo-style path, type, a working fix). Valid input reaches torch unchanged;
+checks run only while tracing and, under Dynamo, call no user code torch does
+not (the ``__tensor_unflatten__`` check reads torch's fake rebuild).
 """
 
 from __future__ import annotations
@@ -37,10 +34,8 @@ __all__ = ["make_fakify", "make_get_plain_tensors", "make_wrap_tensor"]
 
 
 def _name_the_cause(error: Exception, check: Callable[[], object]) -> None:
-    """For an input torch's function failed on with ``error``: run ``check``
-    (the library's checks of that input, which call the user's
-    ``__tensor_unflatten__`` only now that torch has failed) and raise the
-    library's error it finds *from* torch's; return when it finds none."""
+    """After torch failed with ``error``, run ``check`` (only now calling the
+    user's ``__tensor_unflatten__``) and raise its error *from* torch's, if any."""
     try:
         check()
     except OpaqueSubclassError as named:
@@ -53,18 +48,14 @@ def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     (torch 2.12, 2.13, 2.14 and 2.15: each release's own fingerprint), where
     Dynamo first meets a tensor input of a compiled function.
 
-    Without it, ``torch.compile`` of a function whose subclass argument lists an
-    ``int`` (or an unregistered class) fails with torch's ``'int' found in
-    tensor attrs of MeshTensor.__tensor_flatten__()``, which names neither the
-    argument nor a fix. With it, the library's ``TypeError`` names the
-    subclass, the path (``L['x']._mesh``), the type found and the fix. After
-    torch's function has built the fake instance (with the user's
-    ``__tensor_unflatten__`` on fake inner tensors), every level of that
-    instance is compared with the real input's (type, shape, dtype): a
-    ``__tensor_unflatten__`` that returns something else is named here, not
-    in the backward's tangent check or an inductor crash. Each level is checked
-    once per graph (Dynamo wraps inner subclasses again as inputs of their own);
-    the record of what was checked belongs to this replacement.
+    Without it, a subclass argument listing an ``int`` (or unregistered class)
+    fails with torch's ``'int' found in tensor attrs of
+    MeshTensor.__tensor_flatten__()``, naming no argument or fix. With it, a
+    ``TypeError`` names subclass, path (``L['x']._mesh``), type and fix, and
+    each level of torch's fake rebuild is compared with the real input (type,
+    shape, dtype), so a wrong ``__tensor_unflatten__`` is named here, not in the
+    tangent check or an inductor crash. Each level is checked once per graph
+    (this replacement's own record).
     """
 
     checked = CheckedLevels()
@@ -92,20 +83,16 @@ def make_wrap_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
 @composes
 def make_fakify(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._export.non_strict_utils.fakify`` (torch 2.11, 2.12,
-    2.13, 2.14 and 2.15: each release's own fingerprint), which makes the fake of each input of
-    non-strict ``torch.export``: for a subclass, with the user's
-    ``__tensor_unflatten__`` on fake inner tensors.
+    2.13, 2.14 and 2.15: each release's own fingerprint), which fakes each input
+    of non-strict ``torch.export`` (a subclass via the user's ``__tensor_unflatten__``).
 
-    Without it, a ``__tensor_unflatten__`` that returns another type, shape or
-    dtype than the instance it rebuilds is exported silently (the plain tensor
-    it returns is traced in the input's place), and a subclass input that lists
-    an ``int`` fails with torch's bare ``AssertionError: expected Tensor or
-    OpaqueBase`` (native opaque attributes, pytorch/pytorch#176457, do not name
-    the input). With it, the fake torch built is compared level by level with
-    the real input (type, shape, dtype), and when torch's own function fails
-    on a subclass input the input is walked (and, only then, each level
-    rebuilt once from the real input) to raise the library's error, naming the
-    subclass, the input's path, what was found and the fix, from torch's.
+    Without it, a ``__tensor_unflatten__`` returning another type, shape or
+    dtype is exported silently, and a subclass listing an ``int`` fails with a
+    bare ``AssertionError: expected Tensor or OpaqueBase`` (native opaque
+    attributes, pytorch/pytorch#176457, name no input). With it, the fake is
+    compared level by level with the real input, and when torch fails the
+    input is walked (only then rebuilt) to raise the library's named error
+    from torch's.
     """
 
     def fakify(mode: Any, kp: Any, t: Any, *args: Any, **kwargs: Any) -> Any:
@@ -139,22 +126,17 @@ def _export_path(kp: Any, sourced_prefixes: Any) -> str:
 @composes
 def make_get_plain_tensors(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._subclasses.fake_tensor.get_plain_tensors`` (torch 2.11,
-    2.12, 2.13, 2.14 and 2.15: each release's own fingerprint), torch's walk of a subclass's inner
-    values, which ``torch._guards.detect_fake_mode`` runs on every input of
-    non-strict ``torch.export`` before anything else looks at them.
+    2.12, 2.13, 2.14 and 2.15: each release's own fingerprint), the walk
+    ``torch._guards.detect_fake_mode`` runs first on every non-strict
+    ``torch.export`` input.
 
-    Without it, a subclass input whose ``__tensor_flatten__`` returns its names
-    as a set, a generator or ``None``, a name that is not a string, or a name
-    of a missing attribute fails inside torch (``TypeError: 'set' object is not
-    reversible``, ``AttributeError: 'MeshTensor' object has no attribute
-    '_nope'``), naming neither the method at fault nor a fix; torch 2.12+'s
-    native opaque attributes (pytorch/pytorch#176457) do not check these
-    either. With it, when
-    torch's walk raises, the library walks the same input and raises its
-    named error (the subclass, the path from ``input``, what was found, the
-    fix) *from* torch's. Diagnostic only: torch's function runs first and
-    unchanged, so a valid input costs one ``try`` block; nothing changes on a
-    compiled call.
+    Without it, ``__tensor_flatten__`` names as a set, generator or ``None``, a
+    non-string name, or a missing attribute fail inside torch (``TypeError:
+    'set' object is not reversible``, ``AttributeError: 'MeshTensor' object has
+    no attribute '_nope'``), naming no method or fix; torch 2.12+
+    (pytorch/pytorch#176457) does not check these either. With it, when
+    torch's walk raises, the library walks the input and raises its named error
+    *from* torch's. Diagnostic only: a valid input costs one ``try``.
     """
 
     def get_plain_tensors(subclass: Any, *, out: list[Any]) -> list[Any]:

@@ -1,45 +1,35 @@
 """Members of opaques in compiled code: every baked value guarded, every
 undeclared member a named error (torch 2.11 - 2.15).
 
-torch lets a registered opaque declare ``members`` (``MemberType.USE_REAL``:
-read or called on the real object while tracing and compiled in as a
-constant; ``MemberType.INLINED``: traced). Two things go wrong in torch itself,
-on every release that has members:
+A registered opaque declares ``members`` (``USE_REAL``: evaluated on the real
+object while tracing, compiled in as a constant; ``INLINED``: traced). On every
+release with members, torch:
 
-* a ``USE_REAL`` **method** result is baked with no guard. torch registers
-  ``ProcessGroup`` (2.12 and newer) with ``size``, ``rank``,
-  ``_get_backend_name`` ... as ``USE_REAL`` and no ``guard_fn``, so a compiled
-  ``t._g.size()`` called with a group of 2 after a group of 4 returns 4. A
-  ``USE_REAL`` *attribute* or property (``group_name``) is built from its
-  source and guarded by Dynamo already; a method call has no source.
-* an **undeclared** member fails as ``Unsupported: Attempted to access
-  unregistered member on an OpaqueObject`` (2.11: wrapped as an internal
-  Dynamo error), naming neither the user's line nor a fix that works with this
-  library's API.
+* bakes a ``USE_REAL`` **method** result with no guard: ``ProcessGroup``
+  (2.12+) declares ``size``, ``rank``... so, and ``t._g.size()`` compiled for a
+  group of 4 returns 4 for a group of 2 (attributes and properties have a
+  source and Dynamo guards them);
+* fails on an **undeclared** member with ``Unsupported: Attempted to access
+  unregistered member on an OpaqueObject`` (2.11: an internal Dynamo error),
+  naming neither the user's line nor a working fix.
 
-The replacements below run torch's own method unchanged and add, around it,
-the guard (a lambda guard on the opaque's source that calls the member again
-and compares it with the baked value: ``L['t']._g.size() == 4``, which is also
-the recompile reason Dynamo prints) and the check (before torch's method).
-Nothing is written onto torch's objects or the user's: each guard closes over
-its own member name, arguments and value.
+The replacements run torch's method unchanged, check before it and guard after
+it (a lambda guard calling the member again: ``L['t']._g.size() == 4``, also
+the recompile reason); each guard closes over its own name, arguments and
+value, writing nothing onto torch's or the user's objects.
 
-Not guarded, by design: a call whose arguments include an opaque (``pg ==
-other``: which inputs share one opaque is guarded by Dynamo's identity guards,
-and a type's own ``guard`` covers its value equality), ``__setattr__`` (a
-mutation, not a value), and a member of an opaque that has no source (one
-produced inside the graph by an ``INLINED`` member: torch cannot guard it
-either, and its result derives from the guarded object it came from).
-On torch 2.11 an opaque read from a subclass computed inside the compiled
-function (``y = x * 2; y._mesh``, the backport's ``dynamic_getattr``) has no
-source either, and nothing ties it to a guarded input: using any declared
-member of it is the library's error (:func:`check_subclass_made_opaque`).
+Not guarded, by design: calls with an opaque argument (``pg == other``: identity
+guards and the type's ``guard`` cover it), ``__setattr__``, and members of a
+sourceless opaque made in the graph by an ``INLINED`` member (derived from a
+guarded object). On torch 2.11 an opaque read from a subclass computed in the
+compiled function (``y = x * 2; y._mesh``) has no source and no guarded
+origin: using any declared member of it is an error
+(:func:`check_subclass_made_opaque`).
 
-Recorded: each value a ``USE_REAL`` member gives while Dynamo traces (a method's
-result or an attribute's value, guarded or not) is a :class:`MemberRead` kept
-for the compilation in progress (keyed by its ``TracingContext``, under a lock,
-never on torch's or the user's objects); :func:`take_member_reads` hands them to
-a backend (``compile_passes`` reports them as lint OSC004). Recording changes
+Each ``USE_REAL`` value read while tracing, guarded or not, is recorded as a
+:class:`MemberRead` of the compilation in
+:data:`~opaque_subclass.core.recorder.RECORDER`; :func:`take_member_reads`
+hands them to a backend (``compile_passes``: lint OSC004). Recording changes
 nothing in what Dynamo traces or guards.
 """
 
@@ -47,14 +37,13 @@ from __future__ import annotations
 
 import functools
 import linecache
-import threading
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from opaque_subclass.core.checks import source_name
 from opaque_subclass.core.errors import OpaqueMemberError, import_fix, qualified_name
+from opaque_subclass.core.recorder import RECORDER
 from opaque_subclass.core.registry import Member, is_opaque, opaque_kind, real_object
 from opaque_subclass.patching import composes
 
@@ -71,8 +60,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class MemberRead:
-    """A ``USE_REAL`` member evaluated on the real object while Dynamo traced,
-    its value compiled into the graph.
+    """A ``USE_REAL`` member evaluated while Dynamo traced, its value compiled in.
 
     Attributes
     ----------
@@ -85,18 +73,15 @@ class MemberRead:
     args, kwargs
         The call's arguments (constants); keyword arguments as ``(name, value)`` pairs.
     value
-        The value compiled in; ``None`` with ``known=False`` when it is not a
-        constant Dynamo can show.
+        The value compiled in (``None`` with ``known=False`` if not a constant).
     known
         Whether ``value`` is the value compiled in.
     path
-        Dynamo's name of the opaque (``L['t']._group``), ``None`` for an opaque
-        without a source (made inside the graph).
+        Dynamo's name of the opaque (``L['t']._group``); ``None`` if sourceless.
     guarded
-        Whether a guard compares the value on every call (the opaque has a source).
+        Whether a guard compares the value on every call.
     frames
-        ``(file, line, function)`` of the traced frames, innermost (where the
-        member is used) first.
+        ``(file, line, function)`` of the traced frames, innermost first.
     """
 
     owner: type
@@ -111,18 +96,6 @@ class MemberRead:
     frames: tuple[tuple[str, int, str], ...]
 
 
-# The reads of each compilation in progress, keyed by its TracingContext (a
-# weak key: a context that is gone takes its reads with it).
-_READS: weakref.WeakKeyDictionary[object, list[MemberRead]] = weakref.WeakKeyDictionary()
-_READS_LOCK = threading.Lock()
-
-
-def _tracing_context() -> object | None:
-    from torch._guards import TracingContext
-
-    return TracingContext.try_get()
-
-
 def _traced_frames(tx: Any) -> tuple[tuple[str, int, str], ...]:
     """``(file, line, function)`` of ``tx`` and the frames that inlined it."""
     frames = []
@@ -135,23 +108,16 @@ def _traced_frames(tx: Any) -> tuple[tuple[str, int, str], ...]:
 
 
 def _record(read: MemberRead) -> None:
-    context = _tracing_context()
-    if context is None:  # traced outside a compilation (torch's own tests of Dynamo pieces)
-        return
-    with _READS_LOCK:
-        _READS.setdefault(context, []).append(read)
+    context = RECORDER.compilation()
+    if context is not None:  # else traced outside a compilation (torch's own tests of Dynamo pieces)
+        RECORDER.add("member_reads", context, read)
 
 
 def take_member_reads(context: object | None = None) -> list[MemberRead]:
-    """The member values recorded while the compilation of ``context`` traced
-    (by default the compilation in progress on this thread, whose backend is
-    running), in tracing order; taken out of the record, so the next graph of
-    the same compilation gets only its own."""
-    context = _tracing_context() if context is None else context
-    if context is None:
-        return []
-    with _READS_LOCK:
-        return _READS.pop(context, [])
+    """Take the member values recorded for ``context`` (default: this thread's
+    compilation), in tracing order; the next graph gets only its own."""
+    context = RECORDER.compilation() if context is None else context
+    return [] if context is None else list(RECORDER.take("member_reads", context))
 
 
 def _member_type(cls: type, name: str) -> Member | None:
@@ -172,30 +138,24 @@ def user_line(tx: Any) -> str:
 
 
 def _real(variable: Any) -> object | None:
-    """The real object a Dynamo variable of an opaque stands for (its value is
-    torch's fake wrapper of it, or the object itself)."""
+    """The real object behind a Dynamo variable of an opaque (fake wrapper or not)."""
     value = getattr(variable, "value", None)
     return None if value is None else real_object(value)
 
 
-#: The sentence torch's own error starts with for this case (torch 2.12 - 2.15, raised as Dynamo's
-#: ``UnsafeScriptObjectError``): the library's message keeps it first, so that code matching torch's
-#: text still matches.
+#: How torch's ``UnsafeScriptObjectError`` starts here (2.12 - 2.15); ours starts so too.
 TORCH_SENTENCE = "Attempted to access unregistered member on an OpaqueObject"
 
 
 @functools.cache
 def undeclared_member_error() -> type[OpaqueMemberError]:
-    """The class of the error for an undeclared member in compiled code: the
-    library's ``OpaqueMemberError`` and torch's ``UnsafeScriptObjectError``
-    (what torch raises at the same place), made on first use (Dynamo's
-    module is not imported before a compilation needs it)."""
+    """The error class for an undeclared member in compiled code, both
+    ``OpaqueMemberError`` and torch's ``UnsafeScriptObjectError``; made on
+    first use (Dynamo is imported late)."""
     from torch._dynamo.exc import UnsafeScriptObjectError
 
     class UndeclaredMemberError(OpaqueMemberError, UnsafeScriptObjectError):
-        """An undeclared member of an opaque used in compiled code: the
-        library's ``OpaqueMemberError`` (and printed as one), and torch's
-        ``UnsafeScriptObjectError``."""
+        """An undeclared opaque member used in compiled code (printed as ``OpaqueMemberError``)."""
 
     UndeclaredMemberError.__module__ = OpaqueMemberError.__module__
     UndeclaredMemberError.__name__ = UndeclaredMemberError.__qualname__ = OpaqueMemberError.__name__
@@ -203,9 +163,7 @@ def undeclared_member_error() -> type[OpaqueMemberError]:
 
 
 def check_declared(variable: Any, tx: Any, name: str) -> None:
-    """Raise the library's error when compiled code uses a member of a
-    reference opaque that its registration does not declare (and that the
-    object has: a missing attribute stays torch's business)."""
+    """Raise when compiled code uses an existing but undeclared member of a reference opaque."""
     if name.startswith("__"):
         return  # protocols (__bool__, __eq__, ...) are torch's own handling
     obj = _real(variable)
@@ -243,26 +201,18 @@ def check_declared(variable: Any, tx: Any, name: str) -> None:
     )
 
 
-# torch 2.11 (the backport): the graph nodes that read a reference opaque listed by a tensor
-# subclass computed inside the compiled function (``y = x * 2; y._mesh``), made by the backport's
-# ``TensorVariable.dynamic_getattr``; each with the attribute's name. Weak keys: torch's nodes are
-# only looked up, never written to. Empty on torch 2.12+ (nothing adds to it there).
-_SUBCLASS_MADE_OPAQUES: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
-
-
 def note_subclass_made_opaque(node: object, attr: str) -> None:
     """Remember that graph node ``node`` reads opaque attribute ``attr`` of a
-    subclass computed inside the compiled function (torch 2.11)."""
-    _SUBCLASS_MADE_OPAQUES[node] = attr
+    subclass computed inside the compiled function (torch 2.11, the backport's
+    ``TensorVariable.dynamic_getattr``; nothing records it on 2.12+)."""
+    RECORDER.put("subclass_made_opaques", node, "attr", attr)
 
 
 def check_subclass_made_opaque(variable: Any, tx: Any, name: str) -> None:
-    """Raise the library's error when compiled code uses a declared member of
-    an opaque read from a subclass computed inside the compiled function
-    (torch 2.11): such an opaque has no source, so a ``USE_REAL`` value would be
-    compiled in unguarded (every later call gets the first call's value: what
-    torch 2.12 - 2.15 do) and an ``INLINED`` member is put in the graph as a
-    call on torch's fake wrapper, which fails while AOTAutograd traces."""
+    """Raise when compiled code uses a declared member of an opaque read from a
+    subclass computed in the compiled function (torch 2.11): it has no source,
+    so ``USE_REAL`` would be unguarded (as on 2.12 - 2.15) and ``INLINED`` fails
+    in AOTAutograd on torch's fake wrapper."""
     if name.startswith("__") and name != "__getitem__":
         return
     proxy = getattr(variable, "proxy", None)
@@ -270,7 +220,7 @@ def check_subclass_made_opaque(variable: Any, tx: Any, name: str) -> None:
     if node is None or variable.source is not None:
         return
     try:
-        attr = _SUBCLASS_MADE_OPAQUES.get(node)
+        attr = RECORDER.lookup("subclass_made_opaques", node, "attr")
     except TypeError:  # not weak-referenceable: not ours
         return
     obj = _real(variable)
@@ -325,18 +275,12 @@ def make_call_method(original: Callable[..., Any]) -> Callable[..., Any]:
     2.12 made opaque attributes graph inputs (pytorch/pytorch#176457); no
     release up to 2.15 guards what is read from them.
 
-    Without it, a ``USE_REAL`` method of an opaque graph input is called once
-    while tracing and its result compiled in with no guard: torch 2.12 - 2.15
-    register ``ProcessGroup`` so, and ``t._g.size()`` compiled for a group of 4
-    returns 4 when called with a group of 2; an undeclared method fails inside
-    Dynamo. With it, the baked result is guarded (``L['t']._g.size() == 4``,
-    a recompilation when it changes) and an undeclared method is the library's
-    ``OpaqueMemberError`` naming the class, the member, the user's line and the
-    fix. Each baked result, guarded or not (an opaque without a source), is
-    recorded as a :class:`MemberRead` of the compilation in progress. On torch
-    2.11, a declared member of an opaque read from a subclass computed in the
-    compiled function is the library's error too
-    (:func:`check_subclass_made_opaque`; nothing reaches it on 2.12+).
+    Without it, a ``USE_REAL`` method result is compiled in unguarded
+    (``t._g.size()`` compiled for a group of 4 returns 4 for a group of 2) and
+    an undeclared method fails inside Dynamo. With it, the result is guarded
+    (``L['t']._g.size() == 4``) and recorded as a :class:`MemberRead`, and an
+    undeclared method is ``OpaqueMemberError`` naming class, member, line and
+    fix (on 2.11 also :func:`check_subclass_made_opaque`).
     """
 
     def call_method(self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
@@ -392,11 +336,8 @@ def _is_plain(value: object) -> bool:
 
 
 def _peeked(variable: Any) -> tuple[object, bool]:
-    """As :func:`_constant`, without realizing a variable Dynamo builds lazily:
-    realizing it now would make it a graph input at the read instead of at its
-    first use (another placeholder order than torch's), so an unrealized one
-    is peeked at, and recorded only when it holds a plain value (a number, a
-    string; Dynamo guards it when the code uses it)."""
+    """As :func:`_constant`, but an unrealized lazy variable is peeked at (realizing
+    it would change torch's placeholder order) and kept only if plain."""
     from torch._dynamo.variables.lazy import LazyVariableTracker
 
     if isinstance(variable, LazyVariableTracker) and not variable.is_realized():
@@ -406,8 +347,7 @@ def _peeked(variable: Any) -> tuple[object, bool]:
 
 
 def _record_sourceless_call(obj: object, name: str, args: Any, kwargs: Any, result: Any, tx: Any) -> None:
-    """Record a ``USE_REAL`` method called on an opaque without a source (no
-    guard possible): only what Dynamo already holds as constants is read."""
+    """Record a ``USE_REAL`` call on a sourceless opaque, from Dynamo's constants only."""
     if name.startswith("__"):
         return
     consts = [_constant(a) for a in args]
@@ -433,8 +373,7 @@ def _record_sourceless_call(obj: object, name: str, args: Any, kwargs: Any, resu
 
 
 def _record_attribute(variable: Any, tx: Any, name: str, result: Any) -> None:
-    """Record a ``USE_REAL`` attribute or property read on an opaque (Dynamo
-    builds it from its source, and guards it, when the opaque has one)."""
+    """Record a ``USE_REAL`` attribute or property read (Dynamo guards it if sourced)."""
     obj = _real(variable)
     if obj is None or name.startswith("__") or _member_type(type(obj), name) != Member.USE_REAL:
         return
@@ -466,16 +405,13 @@ def make_getattr(original: Callable[..., Any]) -> Callable[..., Any]:
     same on every release since torch 2.12 made opaque attributes graph
     inputs (pytorch/pytorch#176457).
 
-    Without it, compiled code reading a member of an opaque that its
-    registration does not declare (``t._h.scale`` for a class registered
-    without ``members``, ``t.mesh.get_coordinate`` on torch 2.11) fails with
-    torch's ``Attempted to access unregistered member on an OpaqueObject``
-    (2.11: an ``InternalTorchDynamoError``), with a hint naming torch's private
-    registration function. With it, the library's ``OpaqueMemberError`` names
-    the class, the member, the path (``L['t']._h.scale``), the user's line and
-    a fix that runs. Declared members reach torch's method unchanged; the
-    value of a ``USE_REAL`` attribute is recorded as a :class:`MemberRead` of
-    the compilation in progress.
+    Without it, reading an undeclared member (``t._h.scale``,
+    ``t.mesh.get_coordinate`` on 2.11) fails with torch's ``Attempted to access
+    unregistered member on an OpaqueObject`` (2.11: ``InternalTorchDynamoError``)
+    and a hint at torch's private registration. With it, ``OpaqueMemberError``
+    names class, member, path (``L['t']._h.scale``), line and a working fix;
+    declared members reach torch unchanged, ``USE_REAL`` values recorded as
+    :class:`MemberRead`.
     """
 
     def getattr_(self: Any, tx: Any, name: str) -> Any:

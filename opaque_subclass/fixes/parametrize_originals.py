@@ -1,6 +1,6 @@
 """A stored opaque deleted from a parametrization (torch 2.11 - 2.15).
 
-After ``unwrap_tensor_subclass_parameters`` (the library's or torch's), a
+After ``unwrap_subclass_parameters`` (or torch's ``unwrap_tensor_subclass_parameters``), a
 subclass parameter ``w`` is stored as its leaves on
 ``module.parametrizations.w``: tensors as ``original0``, ... and each reference
 opaque as a plain attribute ``original{i}``. A leaf deleted from there
@@ -23,7 +23,7 @@ import torch
 
 from opaque_subclass.core.errors import OpaqueSubclassError, qualified_name, subject, submodule_expression
 from opaque_subclass.core.registry import stored_opaque_leaves
-from opaque_subclass.core.spec import OpaqueMeta, SubclassCreationMeta, iter_slots
+from opaque_subclass.core.spec import OpaqueSlot, SubclassLayout, iter_slots
 from opaque_subclass.fixes.tangent_attributes import opaque_slot_types
 from opaque_subclass.patching import composes
 
@@ -42,7 +42,7 @@ def _torch_meta_opaques(meta: Any, path: str, at: int) -> tuple[list[tuple[int, 
     found: list[tuple[int, str, type | None]] = []
     if meta is None:
         return found, at + 1
-    if isinstance(meta, (OpaqueMeta, *opaque_slot_types())):
+    if isinstance(meta, (OpaqueSlot, *opaque_slot_types())):
         return [(at, path, getattr(meta, "opaque_type", None))], at + 1
     attrs = getattr(meta, "attrs", None)
     if not isinstance(attrs, dict):
@@ -76,9 +76,9 @@ def _opaque_leaves(plist: Any, name: str | None) -> Iterator[tuple[int, str, typ
     has ``subclass_meta``)."""
     first = plist[0] if len(plist) else None
     spec = getattr(first, "spec", None)
-    if isinstance(spec, SubclassCreationMeta):
+    if isinstance(spec, SubclassLayout):
         for path, slot in iter_slots(spec, name or ""):
-            if isinstance(slot, OpaqueMeta):
+            if isinstance(slot, OpaqueSlot):
                 yield slot.unwrapped_idx, path, slot.opaque_type, spec.subclass_type
         return
     meta = getattr(first, "subclass_meta", None)
@@ -103,7 +103,7 @@ def _deleted_leaf_error(plist: Any, missing: list[int]) -> OpaqueSubclassError |
     if isinstance(full, str) and full:
         holder, _, attr = full.rpartition(".")
         where = f"{submodule_expression(holder)}.parametrizations.{attr}"
-        module = "the module unwrap_tensor_subclass_parameters was called on"
+        module = "the module unwrap_subclass_parameters was called on"
     else:
         where = f"module.parametrizations.{name}" if name else "module.parametrizations[name]"
         module = "the module holding the parametrized tensor" + ("" if name else ", name: its name")

@@ -1,55 +1,40 @@
 """Reference opaques made while torch traces (pytorch/pytorch#176044; torch 2.11 - 2.15).
 
-A tensor subclass's ``__torch_dispatch__`` (or a fake kernel, or a module's
-``forward`` under non-strict ``torch.export``) that makes a *reference* opaque
-and passes it to a custom op runs while AOTAutograd or ``torch.export`` traces
-the program with ``make_fx``. No graph input tracks
-that object, so torch's FX tracer stores it on the graph module and reads it
-with ``get_attr``: every call of the compiled program then uses the one object
-made while tracing, where eager makes a new one per call. Measured with an op
-counting its calls on the object: eager 2, 2, 2; compiled 2, 4, 6 on every
-release, ``aot_eager`` and inductor alike, with no error and no warning.
-Non-strict ``torch.export`` of a forward that makes one is the same: the
-exported module's calls return 1, 2, 3 where eager returns 1, 1, 1 (strict
-export and Dynamo refuse an opaque made in the traced region themselves:
-"An opaque object was created in the middle of the program"). Compiling it
-right would need the constructor to be an operation of the graph, so the
-library refuses it by name instead (no release refuses or fixes it; the
-upstream attempts were not merged).
+A reference opaque made during a ``make_fx`` trace (in ``__torch_dispatch__``,
+a fake kernel, or a forward under non-strict ``torch.export``) and passed to a
+custom op is tracked by no graph input, so the FX tracer stores it on the
+graph module (``get_attr``) and every call shares that one object. Measured
+with an op counting its calls on it: eager 2, 2, 2; compiled 2, 4, 6 on every
+release, ``aot_eager`` and inductor alike, silently; non-strict export 1, 2, 3
+against eager 1, 1, 1 (strict export and Dynamo refuse it themselves: "An
+opaque object was created in the middle of the program"). Doing it right needs
+the constructor as a graph op, so the library refuses it by name (no release
+fixes it; upstream attempts were not merged).
 
-Two replacements share this module's record of what was made while tracing:
-torch's opaque metaclass's ``__call__`` notes each reference opaque built
-while a ``make_fx`` tracer is active (with that tracer), and the tracer's
-``create_arg`` (where an object becomes a graph constant) refuses one made
-under that very tracer. Objects that existed before the trace (graph inputs,
-module attributes, globals read below Dynamo) are never in the record and keep
-torch's behaviour; so do torch's own opaque types (``DeviceMesh``,
-``ProcessGroup``), value opaques (constants by design) and classes that do not
-use torch's opaque metaclass (registered without inheriting
-``opaque_subclass.OpaqueBase``, like ``DeviceMesh`` on torch 2.11).
+The metaclass ``__call__`` replacement records each reference opaque built
+under an active tracer; the tracer's ``create_arg`` refuses one made under
+itself. Unaffected: objects made before the trace, torch's own opaque types
+(``DeviceMesh``, ``ProcessGroup``), value opaques, and classes not using
+torch's opaque metaclass (not inheriting ``opaque_subclass.OpaqueBase``, like
+``DeviceMesh`` on torch 2.11).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from opaque_subclass.core.errors import OpaqueValueError, import_fix, subject
+from opaque_subclass.core.recorder import RECORDER
 from opaque_subclass.core.registry import is_torch_own_opaque_type, opaque_kind, real_object
 from opaque_subclass.patching import composes
 
 __all__ = ["OpaqueCreatedWhileTracingError", "make_create_arg", "make_metaclass_call"]
 
 _PROXY_TENSOR = "torch.fx.experimental.proxy_tensor"
-
-_LOCK = threading.Lock()
-#: tracer -> {id(object): a weak reference to it (the object itself when it takes none)} of the
-#: reference opaques made while that tracer traced.
-_MADE: weakref.WeakKeyDictionary[Any, dict[int, Callable[[], object]]] = weakref.WeakKeyDictionary()
 
 
 def _held(obj: object) -> Callable[[], object]:
@@ -60,10 +45,8 @@ def _held(obj: object) -> Callable[[], object]:
 
 
 class OpaqueCreatedWhileTracingError(OpaqueValueError):
-    """A reference opaque made while torch traced the program (in a subclass's
-    ``__torch_dispatch__`` or a fake kernel) reached the graph:
-    torch would compile that one object in as a constant that every call
-    shares (pytorch/pytorch#176044), where eager makes a new one per call.
+    """A reference opaque made while torch traced reached the graph, where it
+    would be one constant shared by every call (pytorch/pytorch#176044).
     A :class:`ValueError`."""
 
 
@@ -84,36 +67,29 @@ def _records(cls: type) -> bool:
 def make_metaclass_call(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._opaque_base.OpaqueBaseMeta.__call__`` (torch 2.11,
     2.12 and 2.13; ``torch._custom_class_base.CustomClassBaseMeta.__call__`` on
-    torch 2.14 and 2.15), which the metaclass inherits from ``type``: building
-    an instance of a class derived from torch's opaque base. On torch 2.11 it
-    is one of the backport's patches (the feature of pytorch/pytorch#176457,
-    native from torch 2.12), on 2.12 and newer a fix.
+    torch 2.14 and 2.15), inherited from ``type``: instance creation for torch's
+    opaque base. A backport patch on torch 2.11 (pytorch/pytorch#176457, native
+    from torch 2.12), a fix on 2.12 and newer.
 
-    Without it, nothing tells an object made while torch traces from one that
-    existed before, and torch compiles a reference opaque made in a subclass's
-    ``__torch_dispatch__`` into the graph as a constant (pytorch/pytorch#176044).
-
-    With it, the instance is built by ``type.__call__`` as before; when a
-    ``make_fx`` tracer is active in this thread and the class is a reference
-    opaque of the user's (not ``DeviceMesh`` or ``ProcessGroup``), the object
-    is recorded with that tracer, for ``PythonKeyTracer.create_arg`` (this
-    module) to refuse. Nothing is written on the object or its class.
+    Without it, nothing tells an object made while tracing from an older one,
+    and one made in ``__torch_dispatch__`` is compiled in as a constant
+    (pytorch/pytorch#176044). With it, after ``type.__call__``, a user
+    reference opaque made under this thread's ``make_fx`` tracer is recorded
+    for ``PythonKeyTracer.create_arg`` to refuse; nothing is written on it.
     """
 
     def __call__(cls: type, *args: Any, **kwargs: Any) -> Any:
         obj = original(cls, *args, **kwargs)
         tracer = _active_tracer()
-        if tracer is not None and _records(cls):
-            with _LOCK:
-                _MADE.setdefault(tracer, {})[id(obj)] = _held(obj)
+        if tracer is not None and _records(cls):  # per tracer: id(object) -> a (weak) reference to it
+            RECORDER.put("traced_objects", tracer, id(obj), _held(obj))
         return obj
 
     return __call__
 
 
 def _reconstructible(cls: type) -> bool:
-    """Whether torch can rebuild such an object from the graph's inputs (a
-    ``reconstruct`` registered with the class, torch 2.12+)."""
+    """Whether the class has a registered ``reconstruct`` (torch 2.12+)."""
     get = getattr(importlib.import_module("torch._library.opaque_object"), "get_reconstruct_fn", None)
     try:
         return get is not None and get(cls) is not None
@@ -138,30 +114,22 @@ def _message(obj: object) -> str:
 @composes
 def make_create_arg(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch.fx.experimental.proxy_tensor.PythonKeyTracer.create_arg``
-    (torch 2.11, 2.12, 2.13, 2.14 and 2.15): how ``make_fx`` (AOTAutograd,
-    ``torch.export``) turns an argument of a traced operation into a node of
-    the graph. On torch 2.11 it is one of the backport's patches (the feature
-    of pytorch/pytorch#176457, native from torch 2.12), on 2.12 and newer a fix.
+    (torch 2.11, 2.12, 2.13, 2.14 and 2.15): how ``make_fx`` turns a traced
+    op's argument into a graph node. A backport patch on torch 2.11
+    (pytorch/pytorch#176457, native from torch 2.12), a fix on 2.12 and newer.
 
-    Without it, a reference opaque made while tracing (a subclass's
-    ``__torch_dispatch__`` creating a handle and passing it to a custom op)
-    is stored on the graph module as a constant, and every call of the
-    compiled program shares that one object: an op counting its calls on it
-    returns 2, 4, 6 where eager returns 2, 2, 2 (pytorch/pytorch#176044),
-    silently.
-
-    With it, such an object (recorded by the metaclass's ``__call__`` of this
-    module, made under this very tracer, that torch cannot rebuild from the
-    graph's inputs) raises :class:`OpaqueCreatedWhileTracingError`, naming its
-    class and the fix. Every other argument, graph inputs and objects made
-    before the trace included, goes to torch's ``create_arg`` unchanged.
+    Without it, a reference opaque made while tracing is a graph constant
+    shared by every call: a counting op returns 2, 4, 6 where eager returns 2,
+    2, 2 (pytorch/pytorch#176044), silently. With it, one recorded under this
+    tracer that torch cannot rebuild raises
+    :class:`OpaqueCreatedWhileTracingError` naming the class and fix; every
+    other argument goes to torch's ``create_arg`` unchanged.
     """
 
     def create_arg(self: Any, a: object) -> Any:
-        made = _MADE.get(self) if _MADE else None
-        if made:
+        if RECORDER.has_any("traced_objects"):
             real = real_object(a)
-            held = made.get(id(real))
+            held = RECORDER.lookup("traced_objects", self, id(real))
             if held is not None and held() is real and not _reconstructible(type(real)):
                 raise OpaqueCreatedWhileTracingError(_message(real))
         return original(self, a)

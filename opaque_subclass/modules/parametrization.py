@@ -1,6 +1,6 @@
 """Subclass parameters as parametrizations over plain tensor leaves.
 
-:func:`unwrap_tensor_subclass_parameters` turns every parameter and buffer of
+:func:`unwrap_subclass_parameters` turns every parameter and buffer of
 a module that is a wrapper subclass (opaque attributes and nesting included)
 into a parametrization: the module stores the subclass's *leaves* - its plain
 tensors as parameters/buffers, its opaques as plain attributes - and
@@ -32,9 +32,9 @@ from opaque_subclass.core.errors import (
     submodule_expression,
 )
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
-from opaque_subclass.core.spec import SubclassCreationMeta, iter_subclasses
+from opaque_subclass.core.spec import SubclassLayout, iter_subclasses
 
-__all__ = ["UnwrapSubclass", "is_exportable_constructor", "unwrap_tensor_subclass_parameters"]
+__all__ = ["UnwrapSubclass", "is_exportable_constructor", "unwrap_subclass_parameters"]
 
 
 class UnwrapSubclass(torch.nn.Module):
@@ -45,10 +45,10 @@ class UnwrapSubclass(torch.nn.Module):
     rebuilds the subclass with a generated straight-line function.
 
     ``path`` names the parametrized tensor in error messages (``"layer.w"``;
-    :func:`unwrap_tensor_subclass_parameters` sets it).
+    :func:`unwrap_subclass_parameters` sets it).
     """
 
-    spec: SubclassCreationMeta | None
+    spec: SubclassLayout | None
 
     def __init__(self, path: str | None = None) -> None:
         super().__init__()
@@ -63,7 +63,7 @@ class UnwrapSubclass(torch.nn.Module):
             raise OpaqueSubclassError(
                 "UnwrapSubclass.forward called before right_inverse: it was called directly, or registered "
                 "without unsafe=True. Fix: let the library parametrize every subclass parameter, "
-                "`import opaque_subclass; opaque_subclass.unwrap_tensor_subclass_parameters(module)` "
+                "`import opaque_subclass; opaque_subclass.unwrap_subclass_parameters(module)` "
                 "(module: the module holding the parameter), or register it with "
                 "torch.nn.utils.parametrize.register_parametrization(module, name, UnwrapSubclass(), unsafe=True)."
             )
@@ -73,10 +73,10 @@ class UnwrapSubclass(torch.nn.Module):
 
     def right_inverse(self, value: torch.Tensor) -> list[Any]:
         leaves, spec = flatten_subclass(value)
-        if not isinstance(spec, SubclassCreationMeta):
+        if not isinstance(spec, SubclassLayout):
             raise OpaqueTypeError(
                 f"UnwrapSubclass expects a wrapper subclass, got {describe_type(value)}. Fix: "
-                "parametrize only subclass parameters (unwrap_tensor_subclass_parameters does)."
+                "parametrize only subclass parameters (unwrap_subclass_parameters does)."
             )
         safe = spec.runtime_safe()
         self.spec = safe
@@ -121,7 +121,7 @@ def is_exportable_constructor(cls: type) -> bool:
     return False
 
 
-def _export_error(spec: SubclassCreationMeta, path: str | None) -> str | None:
+def _export_error(spec: SubclassLayout, path: str | None) -> str | None:
     """The message for exporting a rebuild of ``spec`` that torch cannot record,
     or ``None`` when every subclass level has an exportable constructor."""
     name = path or "x"
@@ -134,7 +134,7 @@ def _export_error(spec: SubclassCreationMeta, path: str | None) -> str | None:
     owner, _, attr = name.rpartition(".")
     first = unmarked[0][1].__name__
     return (
-        f"torch.export cannot rebuild the parametrized tensor '{name}' made by unwrap_tensor_subclass_parameters: "
+        f"torch.export cannot rebuild the parametrized tensor '{name}' made by unwrap_subclass_parameters: "
         f"it constructs {where} while tracing, and torch.export records a subclass construction only when "
         "the class's __init__ is marked with torch._export.wrappers.mark_subclass_constructor_exportable_experimental "
         "(without it, torch fails later with 'RuntimeError: Unable to cast NotImplemented to Tensor'). "
@@ -147,7 +147,7 @@ def _export_error(spec: SubclassCreationMeta, path: str | None) -> str | None:
     )
 
 
-def unwrap_tensor_subclass_parameters(module: torch.nn.Module) -> torch.nn.Module:
+def unwrap_subclass_parameters(module: torch.nn.Module) -> torch.nn.Module:
     """Parametrize every wrapper-subclass parameter and buffer of ``module`` and
     its submodules over its plain leaves. Returns ``module`` (changed in place).
 
@@ -161,7 +161,7 @@ def unwrap_tensor_subclass_parameters(module: torch.nn.Module) -> torch.nn.Modul
 
     Works on torch 2.11 (with the backport) and on torch >= 2.12.
     """
-    require_module(module, "opaque_subclass.unwrap_tensor_subclass_parameters")
+    require_module(module, "opaque_subclass.unwrap_subclass_parameters")
     for prefix, sub in module.named_modules():
         names = [n for n, p in sub.named_parameters(recurse=False) if is_wrapper_subclass(p)]
         names += [n for n, b in sub.named_buffers(recurse=False) if is_wrapper_subclass(b)]

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from opaque_subclass.core.errors import OpaqueSubclassError, OpaqueValueError
+from opaque_subclass.core.recorder import RECORDER
 from opaque_subclass.core.registry import register_opaque
 
 __all__ = ["CollectiveRecord", "all_gather", "all_reduce_sum", "define_ops", "local_chunk", "record_collectives"]  # noqa: F822 - the ops come from __getattr__
@@ -45,7 +46,8 @@ class CollectiveRecord:
     mesh_id: int  # id() of the DeviceMesh passed to the op
 
 
-_RECORDERS: list[list[CollectiveRecord]] = []
+class _Block:
+    """The key of one :func:`record_collectives` block in the recorder."""
 
 
 @contextlib.contextmanager
@@ -56,22 +58,19 @@ def record_collectives() -> Iterator[list[CollectiveRecord]]:
     so they show which process group a compiled graph really used.
     """
     records: list[CollectiveRecord] = []
-    _RECORDERS.append(records)
+    block = _Block()
+    RECORDER.collecting("collectives", block, records)
     try:
         yield records
     finally:
-        for i, r in enumerate(_RECORDERS):
-            if r is records:
-                del _RECORDERS[i]
-                break
+        RECORDER.stop_collecting("collectives", block)
 
 
 def note_collective(op: str, group: dist.ProcessGroup, mesh: DeviceMesh) -> None:
     """Record one collective that runs now on ``group`` (of ``mesh``) in every
     :func:`record_collectives` block open; also used by :mod:`opaque_subclass.dtensor`'s ops."""
     log.debug("%s on process group %s", op, group.group_name)
-    for records in _RECORDERS:
-        records.append(CollectiveRecord(op, str(group.group_name), id(group), id(mesh)))
+    RECORDER.broadcast("collectives", CollectiveRecord(op, str(group.group_name), id(group), id(mesh)))
 
 
 def _group_of(op: str, mesh: DeviceMesh, num_chunks: int | None) -> dist.ProcessGroup:

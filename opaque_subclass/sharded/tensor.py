@@ -4,67 +4,58 @@ with the ``DeviceMesh`` as an opaque attribute.
 Note [Sharding semantics]
 -------------------------
 A ``ShardedTensor`` holds this rank's shard ``_local`` of one *global* tensor,
-the ``DeviceMesh`` ``_mesh`` (1-D, ``n`` ranks) it is spread over, and
-``_shard_dim``:
+the 1-D ``DeviceMesh`` ``_mesh`` (``n`` ranks) and ``_shard_dim``:
 
-* ``_shard_dim = d`` (an int): the global tensor is the concatenation of the
-  ranks' shards along ``d``, all of equal size (global size = ``n`` * local size
-  along ``d``; no uneven shards).
-* ``_shard_dim = None``: *replicated*. Every rank holds the whole global tensor.
-  Results that are the same on every rank (a full reduction, a matmul that
-  contracts over the shard dim) are replicated ``ShardedTensor`` objects rather
-  than plain tensors, so that the mesh keeps flowing through the program and
-  the gradients of sharded parameters stay ``ShardedTensor`` objects.
+* ``_shard_dim = d``: the global tensor is the concatenation of the ranks'
+  equal-size shards along ``d`` (no uneven shards).
+* ``_shard_dim = None``: *replicated*, every rank holds the whole tensor.
+  Results equal on every rank (a full reduction, a matmul contracting over the
+  shard dim) are replicated ``ShardedTensor`` objects, not plain tensors, so the
+  mesh keeps flowing and gradients of sharded parameters stay ``ShardedTensor``.
 
-A plain tensor that meets a ``ShardedTensor`` counts as replicated: it must
-hold the same value on every rank (the caller's responsibility, as in
-Megatron-style tensor parallelism). Gradients follow one global loss computed
-identically on every rank. A gradient has the placement the ops give it: in a
-linear layer it matches the parameter's; where it comes back replicated (for
-example ``(w * 2).sum()``), a pointwise update ``w -= lr * w.grad`` still takes
-the right slice. Random ops on replicated tensors run on each rank separately
-and break replication unless every rank seeds its generator alike.
+A plain tensor meeting a ``ShardedTensor`` counts as replicated: the caller
+keeps it equal on every rank (as in Megatron-style tensor parallelism).
+Gradients follow one global loss computed identically on every rank and take
+the placement the ops give them; a replicated gradient (``(w * 2).sum()``)
+still updates the right slice in ``w -= lr * w.grad``. Random ops on
+replicated tensors break replication unless every rank seeds alike.
 
 Note [Process groups resolved at run time]
 ------------------------------------------
-The mesh is a reference opaque (torch 2.12+ registers ``DeviceMesh`` itself;
-on torch 2.11 the first ``ShardedTensor`` or collective registers it, importing
-this module does not): torch.compile makes it a graph input
-instead of baking in the mesh seen while tracing. The collectives are custom ops
-(:func:`all_reduce_sum`, :func:`all_gather`, :func:`local_chunk`) that take the
-mesh as an argument and call ``mesh.get_group()`` / ``mesh.get_local_rank()``
-when they *run*. A graph compiled with tensors on mesh A and called with tensors
-on mesh B therefore talks to B's process group, without recompiling. Nothing
-reads the mesh while tracing (there it is torch's fake wrapper): the number of
-shards comes from the shapes, ``global size // local size`` along the shard dim.
+The mesh is a reference opaque (torch 2.12+ registers ``DeviceMesh`` itself; on
+torch 2.11 the first ``ShardedTensor`` or collective does, not the import), so
+torch.compile makes it a graph input instead of baking in the traced mesh. The
+collectives (:func:`all_reduce_sum`, :func:`all_gather`, :func:`local_chunk`)
+are custom ops taking the mesh and calling ``mesh.get_group()`` /
+``mesh.get_local_rank()`` when they *run*: a graph compiled on mesh A and called
+on mesh B talks to B's process group without recompiling. Tracing never reads
+the mesh (it is torch's fake wrapper there); the shard count comes from shapes,
+``global size // local size`` along the shard dim.
 
-A ``DeviceMesh`` annotation gives the schema type ``PyObject`` on torch 2.11 and
+A ``DeviceMesh`` annotation gives schema type ``PyObject`` on torch 2.11 and
 2.13 alike (``infer_schema`` accepts registered opaque types). The ops work
-eagerly on plain tensors everywhere, and inside torch.compile with the mesh
-coming in through a ``ShardedTensor`` or directly as an argument (on torch 2.11
-the backport makes a registered ``DeviceMesh`` a graph input instead of
-Dynamo's compile-time ``DeviceMeshVariable``).
+eagerly on plain tensors, and under torch.compile with the mesh from a
+``ShardedTensor`` or a direct argument (on torch 2.11 the backport makes a
+registered ``DeviceMesh`` a graph input instead of a ``DeviceMeshVariable``).
 
 Ops (see :func:`ShardedTensor.__torch_dispatch__`)
 --------------------------------------------------
-* only replicated arguments: any op, applied to the local tensors;
-* pointwise ops (``torch.Tag.pointwise``) and shape-keeping ops (clone, detach,
-  ``*_like``, copies): on the shards; replicated operands that span the shard
-  dim are cut to this rank's slice with :func:`local_chunk`;
+* only replicated arguments: any op, on the local tensors;
+* pointwise (``torch.Tag.pointwise``) and shape-keeping ops (clone, detach,
+  ``*_like``, copies): on the shards, replicated operands spanning the shard
+  dim cut to this rank's slice with :func:`local_chunk`;
 * ``t``, ``transpose``, ``permute``, ``view``, ``_unsafe_view``, ``unsqueeze``,
-  ``squeeze``, ``expand``: the shard dim moves (it may not be split, merged,
-  squeezed or expanded);
-* ``mm`` and ``addmm`` (hence ``F.linear`` and ``@`` on 2-D): a replicated left
-  operand times a column-sharded right operand is column-sharded; a row-sharded
-  left operand times a replicated right one is row-sharded; a contraction over
-  the shard dim is a local product and :func:`all_reduce_sum` (replicated);
-  other combinations all-gather one operand first;
-* ``sum`` and ``mean`` over all dims or a list of dims: over the shard dim via
-  :func:`all_reduce_sum` (replicated), otherwise on the shards.
+  ``squeeze``, ``expand``: the shard dim moves (never split, merged, squeezed
+  or expanded);
+* ``mm`` and ``addmm`` (hence ``F.linear`` and 2-D ``@``): replicated @
+  column-sharded is column-sharded; row-sharded @ replicated is row-sharded; a
+  contraction over the shard dim is a local product plus
+  :func:`all_reduce_sum` (replicated); otherwise one operand is all-gathered;
+* ``sum`` and ``mean`` over all dims or a dim list: over the shard dim via
+  :func:`all_reduce_sum` (replicated), else on the shards.
 
 Any other op on a sharded argument raises :class:`OpaqueSubclassError` naming the
-op and the fix: make it replicated with ``x.redistribute(None)``, or register a
-rule with ``@ShardedTensor.implements(op)``.
+op and the fix: ``x.redistribute(None)``, or ``@ShardedTensor.implements(op)``.
 """
 
 from __future__ import annotations

@@ -27,11 +27,11 @@ from typing import Any, ClassVar
 import torch
 
 from opaque_subclass.core.aliasing import OpaqueAliasPattern, opaque_alias_pattern
-from opaque_subclass.core.flatten import create_subclass_meta, flatten_subclass, is_wrapper_subclass, unflatten_subclass
+from opaque_subclass.core.flatten import describe_args, flatten_subclass, is_wrapper_subclass, unflatten_subclass
 from opaque_subclass.core.registry import opaque_kind
-from opaque_subclass.core.runtime import process_runtime_tangent, unwrap_tensor_subclasses, wrap_tensor_subclasses
-from opaque_subclass.core.spec import OpaqueMeta, SubclassCreationMeta, iter_slots
-from opaque_subclass.modules.parametrization import unwrap_tensor_subclass_parameters
+from opaque_subclass.core.runtime import unwrap_args, unwrap_tangent, wrap_args
+from opaque_subclass.core.spec import OpaqueSlot, SubclassLayout, iter_slots
+from opaque_subclass.modules.parametrization import unwrap_subclass_parameters
 
 __all__ = ["OpaqueSubclassContract", "assert_same_leaves"]
 
@@ -115,7 +115,7 @@ class OpaqueSubclassContract:
         module = torch.nn.Module()
         x = self.make()
         module.p = torch.nn.Parameter(x, requires_grad=False)
-        unwrap_tensor_subclass_parameters(module)
+        unwrap_subclass_parameters(module)
         rebuilt = module.p
         assert type(rebuilt) is type(x)
         self._assert_same_opaques(rebuilt, x, "module.p does not hold the original opaques")
@@ -135,7 +135,7 @@ class OpaqueSubclassContract:
     def test_flatten_round_trip(self) -> None:
         x = self.make()
         leaves, spec = flatten_subclass(x)
-        assert isinstance(spec, SubclassCreationMeta)
+        assert isinstance(spec, SubclassLayout)
         assert spec.arg_count == len(leaves) == spec.num_tensors + spec.num_opaques
         y = unflatten_subclass(leaves, spec)
         assert type(y) is type(x) and y.shape == x.shape and y.stride() == x.stride()
@@ -148,7 +148,7 @@ class OpaqueSubclassContract:
         assert [s.unwrapped_idx for _, s in slots] == list(range(len(leaves)))
         for path, slot in slots:
             leaf = leaves[slot.unwrapped_idx]
-            if isinstance(slot, OpaqueMeta):
+            if isinstance(slot, OpaqueSlot):
                 assert opaque_kind(leaf) == "reference", path
                 assert isinstance(leaf, slot.opaque_type), path
             else:
@@ -156,51 +156,47 @@ class OpaqueSubclassContract:
 
     def test_runtime_wrap_unwrap(self) -> None:
         args = [torch.ones(2), self.make(), self.make()]
-        metas = create_subclass_meta(args)
-        by_spec = unwrap_tensor_subclasses(args, is_joint_structure=False, subclass_metas=metas)
-        generic = unwrap_tensor_subclasses(args, is_joint_structure=False)
+        metas = describe_args(args)
+        by_spec = unwrap_args(args, is_joint_structure=False, subclass_metas=metas)
+        generic = unwrap_args(args, is_joint_structure=False)
         assert_same_leaves(by_spec, generic)
-        runtime = [m.runtime_safe() if isinstance(m, SubclassCreationMeta) else m for m in metas]
+        runtime = [m.runtime_safe() if isinstance(m, SubclassLayout) else m for m in metas]
         for is_runtime, use in ((True, runtime), (False, metas)):
-            out = wrap_tensor_subclasses(by_spec, subclass_metas=use, is_runtime=is_runtime)
+            out = wrap_args(by_spec, subclass_metas=use, is_runtime=is_runtime)
             assert len(out) == len(args)
             for a, o in zip(args, out, strict=True):
                 assert type(o) is type(a)
                 assert_same_leaves(
-                    unwrap_tensor_subclasses([o], is_joint_structure=False),
-                    unwrap_tensor_subclasses([a], is_joint_structure=False),
+                    unwrap_args([o], is_joint_structure=False),
+                    unwrap_args([a], is_joint_structure=False),
                 )
 
     def test_joint_structure_with_saved_activations(self) -> None:
         primals, tangents = [self.make()], [self.make()]
-        p_metas, t_metas = create_subclass_meta(primals), create_subclass_meta(tangents)
-        flat_p, flat_t = unwrap_tensor_subclasses(
-            (primals, tangents), is_joint_structure=True, subclass_metas=(p_metas, t_metas)
-        )
+        p_metas, t_metas = describe_args(primals), describe_args(tangents)
+        flat_p, flat_t = unwrap_args((primals, tangents), is_joint_structure=True, subclass_metas=(p_metas, t_metas))
         saved = [torch.zeros(1), torch.zeros(2)]
-        out = wrap_tensor_subclasses(
-            [*flat_p, *saved], subclass_metas=p_metas, num_fw_outs_saved_for_bw=2, is_runtime=True
-        )
+        out = wrap_args([*flat_p, *saved], subclass_metas=p_metas, num_fw_outs_saved_for_bw=2, is_runtime=True)
         assert out[1] is saved[0] and out[2] is saved[1]
-        assert_same_leaves(unwrap_tensor_subclasses([out[0]], is_joint_structure=False), flat_p)
+        assert_same_leaves(unwrap_args([out[0]], is_joint_structure=False), flat_p)
         (t_meta,) = t_metas
-        assert isinstance(t_meta, SubclassCreationMeta)
+        assert isinstance(t_meta, SubclassLayout)
         assert len(flat_t) == t_meta.arg_count
 
     def test_meta_pickles(self) -> None:
-        (meta,) = create_subclass_meta([self.make()])
-        assert isinstance(meta, SubclassCreationMeta)
+        (meta,) = describe_args([self.make()])
+        assert isinstance(meta, SubclassLayout)
         safe = meta.runtime_safe()
         clone = pickle.loads(pickle.dumps(safe))
         assert clone == safe and clone.arg_count == safe.arg_count
 
     def test_alias_pattern_tracks_identity(self) -> None:
         a, b = self.make(), self.make()
-        (meta,) = create_subclass_meta([a])
-        assert isinstance(meta, SubclassCreationMeta)
+        (meta,) = describe_args([a])
+        assert isinstance(meta, SubclassLayout)
         # Two instances: the pattern says which slots hold the same object, as
         # read off the flat leaves by identity.
-        flat = unwrap_tensor_subclasses([a, b], is_joint_structure=False)
+        flat = unwrap_args([a, b], is_joint_structure=False)
         pattern = opaque_alias_pattern(flat)
         assert len(pattern.slots) == 2 * meta.num_opaques
         slots = [i for i, v in enumerate(flat) if not isinstance(v, torch.Tensor)]
@@ -210,8 +206,8 @@ class OpaqueSubclassContract:
         # One instance twice: every opaque slot of the second copy shares its
         # object with the same slot of the first (flattening twice reads the
         # same objects).
-        twice = opaque_alias_pattern(unwrap_tensor_subclasses([a, a], is_joint_structure=False))
-        once = opaque_alias_pattern(unwrap_tensor_subclasses([a], is_joint_structure=False))
+        twice = opaque_alias_pattern(unwrap_args([a, a], is_joint_structure=False))
+        once = opaque_alias_pattern(unwrap_args([a], is_joint_structure=False))
         width = meta.arg_count
         assert twice == OpaqueAliasPattern(
             (*once.slots, *(s + width for s in once.slots)), (*once.owners, *once.owners)
@@ -219,10 +215,10 @@ class OpaqueSubclassContract:
 
     def test_tangent_keeps_opaque_slots(self) -> None:
         x = self.make()
-        (meta,) = create_subclass_meta([x], with_memory_format=True)
-        assert isinstance(meta, SubclassCreationMeta)
-        _, leaves = process_runtime_tangent(self.make(), meta)
+        (meta,) = describe_args([x], with_memory_format=True)
+        assert isinstance(meta, SubclassLayout)
+        _, leaves = unwrap_tangent(self.make(), meta)
         assert len(leaves) == meta.arg_count
         for _, slot in iter_slots(meta):
-            if isinstance(slot, OpaqueMeta):
+            if isinstance(slot, OpaqueSlot):
                 assert opaque_kind(leaves[slot.unwrapped_idx]) == "reference"

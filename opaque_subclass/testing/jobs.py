@@ -1,17 +1,17 @@
 """Simulate the compilation of a large distributed job on one machine.
 
-A job of ``world_size`` ranks compiles the same program on every rank. Whether
-it compiles *once per job* (the first rank misses torch's compile caches, every
-later rank loads the artifact from a shared cache directory) or once per rank
-depends on what the program bakes in: a collective naming its process group by
-a constant string, a mesh hashed by value into a cache key, a guard on a rank
-map. :func:`simulate_job` measures it without a cluster: it runs the step in
-one fresh process per *sampled* rank, one after the other, each joined to
-torch's fake process group (``torch.testing._internal.distributed.fake_pg``:
-any world size, no communication) with a real ``DeviceMesh`` of the job's
-shape, all sharing one ``TORCHINDUCTOR_CACHE_DIR``, and reports each rank's
-compilations, AOTAutograd and FX graph cache hits, misses and bypasses (with
-torch's bypass reasons) and compile seconds::
+Every rank of a ``world_size`` job compiles the same program. Whether it
+compiles *once per job* (the first rank misses torch's compile caches, later
+ranks load the artifact from a shared cache directory) or once per rank
+depends on what the program bakes in: a collective naming its group by a
+constant string, a mesh hashed by value into a cache key, a guard on a rank map.
+:func:`simulate_job` measures it without a cluster: one fresh process per
+*sampled* rank, one after the other, each on torch's fake process group
+(``torch.testing._internal.distributed.fake_pg``: any world size, no
+communication) with a real ``DeviceMesh`` of the job's shape, all sharing one
+``TORCHINDUCTOR_CACHE_DIR``. It reports each rank's compilations, AOTAutograd
+and FX graph cache hits, misses and bypasses (with torch's reasons) and compile
+seconds::
 
     from opaque_subclass.testing import simulate_job
 
@@ -20,13 +20,11 @@ torch's bypass reasons) and compile seconds::
     print(report.table())
     assert report.aot_misses == 1   # compiled once for the whole job
 
-The step is ``fn(mesh, payload)`` in an importable module or a file
-(``"package.module:function"`` or ``"/path/file.py:function"``); ``mesh`` is
-the rank's ``DeviceMesh`` over the whole world. It builds its model, runs its
-compiled steps (forward and backward) and may return a JSON-serializable
-value, which the report keeps per rank. Fake collectives move no data, so a
-simulated job measures compilation, not numerics (check those on real ranks:
-:func:`~opaque_subclass.testing.run_local_workers`).
+The step ``fn(mesh, payload)`` (``"package.module:function"`` or
+``"/path/file.py:function"``) gets the rank's ``DeviceMesh`` over the whole
+world, builds its model, runs its compiled steps (forward and backward) and may
+return a JSON-serializable value, kept per rank. Fake collectives move no data:
+check numerics on real ranks (:func:`~opaque_subclass.testing.run_local_workers`).
 
 A rank runs ``python -m opaque_subclass.testing._job_rank SPEC_FILE``.
 """
@@ -171,25 +169,22 @@ def simulate_job(
     env: Mapping[str, str] | None = None,
     timeout: float = 900.0,
 ) -> JobReport:
-    """Run ``step`` in one fresh process per sampled rank of a ``world_size``
-    job, sharing one compile cache directory, and report what each compiled.
+    """Run ``step`` in one fresh process per sampled rank of a ``world_size`` job, sharing one
+    compile cache directory, and report what each compiled.
 
     Parameters
     ----------
     step
-        ``"package.module:function"`` or ``"/path/file.py:function"``: called as
-        ``fn(mesh, payload)`` on every sampled rank.
+        ``"package.module:function"`` or ``"/path/file.py:function"``, called as ``fn(mesh, payload)``.
     world_size, mesh_shape, mesh_dim_names
-        The job: ``mesh_shape`` defaults to ``(world_size,)``; its product must
-        be ``world_size``.
+        The job; ``mesh_shape`` defaults to ``(world_size,)`` and its product must be ``world_size``.
     ranks
         The ranks to run, in order (default: :func:`spread_ranks`, 4 ranks).
     payload
         JSON-serializable arguments for the step.
     cache_dir
-        The shared ``TORCHINDUCTOR_CACHE_DIR`` (default: a fresh temporary
-        directory, removed afterwards): pass one to simulate a job that finds
-        the artifacts of an earlier job.
+        The shared ``TORCHINDUCTOR_CACHE_DIR`` (default: a fresh temporary directory, removed
+        afterwards); pass one to simulate a job finding an earlier job's artifacts.
     env
         Extra environment variables for the rank processes.
     timeout

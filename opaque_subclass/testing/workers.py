@@ -1,8 +1,7 @@
 """The one multi-process launcher: run a function in every rank of a local gloo
 group on 127.0.0.1, every wait bounded, so that a failure never hangs.
 
-Used by the demo (:mod:`opaque_subclass.cli.demo`), the examples and the
-tests::
+Used by the demo (:mod:`opaque_subclass.cli.demo`), the examples and the tests::
 
     from opaque_subclass.testing import run_local_workers
 
@@ -13,16 +12,15 @@ tests::
     results = run_local_workers("my_module:train", world_size=2, timeout=100)
 
 A rank runs ``python -m opaque_subclass.testing._worker_main TARGET RANK WORLD
-PORT WORKDIR PG_TIMEOUT`` (a module of its own: run with ``-m``, this module,
-which ``opaque_subclass.testing`` imports, would be executed a second time and
-make runpy warn); the parent reads each rank's JSON result from ``WORKDIR``.
+PORT WORKDIR PG_TIMEOUT`` (its own module: run with ``-m``, this module, which
+``opaque_subclass.testing`` imports, would run twice and make runpy warn); the
+parent reads each rank's JSON result from ``WORKDIR``.
 
-The rendezvous store is the parent's: a ``TCPStore`` it binds to a port the
-kernel picks (port 0) and serves until every rank has exited. A port chosen
-first and bound later by rank 0 can be taken in between by another process,
-and a store served by rank 0 goes away when rank 0 exits, while a peer may
-still be connecting to it: either left a rank retrying its connection until the
-run's deadline (seen once in CI, torch 2.15: rank 0 exited 0, rank 1 still in
+The rendezvous ``TCPStore`` is the parent's, bound to a kernel-picked port
+(port 0) and served until every rank has exited. A port chosen first and bound
+later by rank 0 can be taken in between, and a store served by rank 0 vanishes
+when it exits while a peer may still connect: either left a rank retrying until
+the deadline (seen once in CI, torch 2.15: rank 0 exited 0, rank 1 still in
 ``TCPStore``'s constructor after 60 s).
 """
 
@@ -79,10 +77,9 @@ _ENTRY_MODULE = "opaque_subclass.testing._worker_main"
 def _run_rank(target: str, rank: int, world_size: int, port: int, workdir: str, pg_timeout: float) -> int:
     """One rank: join the group, run the target, write the result, leave the group.
 
-    A failure's report carries ``failed_at``, the system-wide monotonic clock
-    (:func:`time.monotonic`, the clock the launcher reads) when the exception
-    reached this function: for an exception of the target, before the rank
-    leaves the group, so before any peer can lose its connection to this rank.
+    A failure's report carries ``failed_at`` (:func:`time.monotonic`, the launcher's clock) when the
+    exception reached this function: for the target's exception, before the rank leaves the group,
+    so before any peer can lose its connection to it.
     """
     result: dict[str, Any] = {"rank": rank}
     failed_at: float | None = None
@@ -128,16 +125,15 @@ def run_local_workers(
     Parameters
     ----------
     target
-        ``"package.module:function"`` or ``"/path/to/file.py:function"``. The
-        function runs after ``torch.distributed.init_process_group("gloo")`` on
-        127.0.0.1 and must return something JSON-serializable.
+        ``"package.module:function"`` or ``"/path/to/file.py:function"``, run after
+        ``torch.distributed.init_process_group("gloo")`` on 127.0.0.1; returns something JSON-serializable.
     world_size
         Number of processes (ranks).
     payload
         JSON-serializable arguments passed to every rank.
     timeout
-        Seconds for the whole run. Collectives time out earlier, so a rank
-        waiting for a dead peer fails instead of hanging.
+        Seconds for the whole run. Collectives time out earlier, so a rank waiting for a dead
+        peer fails instead of hanging.
 
     Returns
     -------
@@ -147,8 +143,8 @@ def run_local_workers(
     Raises
     ------
     WorkersFailed
-        If a rank raised, died, or the run took longer than ``timeout``; the
-        message holds the failing rank's traceback or output.
+        If a rank raised, died, or the run took longer than ``timeout``; the message holds the
+        failing rank's traceback or output.
     """
     if world_size < 1:
         raise ValueError(f"run_local_workers: world_size must be at least 1, got {world_size}")
@@ -259,11 +255,9 @@ def _watch(
     *,
     on_timeout: Callable[[], Exception],
 ) -> tuple[dict[int, float], dict[int, float]]:
-    """Poll every rank until all have exited, or one failed and the grace period
-    passed. Returns, for each rank that exited, the time of the last poll that
-    saw it running (``started``, read before the first rank started, if none
-    did) and the time of the poll that saw it exited: it exited in between. A
-    death is seen within one poll interval, whichever rank it is."""
+    """Poll every rank until all exited, or one failed and the grace period passed. Returns, per
+    exited rank, the last poll seeing it running (``started``, read before the first rank started,
+    if none) and the poll seeing it exited. A death is seen within one poll interval."""
     ran_until: dict[int, float] = {}
     exited_at: dict[int, float] = {}
     previous = started
@@ -285,11 +279,9 @@ def _watch(
 
 
 def _failed_when(report: Mapping[str, Any] | None, ran_until: float | None) -> float:
-    """When a failed rank failed, on the clock of :func:`time.monotonic`: a rank
-    that raised, when its exception reached the worker (before its peers could
-    lose their connection to it); any other rank that exited, the last poll that
-    saw it running, the earliest it can have ended; a rank the launcher stopped,
-    after all of those."""
+    """When a failed rank failed (:func:`time.monotonic`): a rank that raised, when its exception
+    reached the worker (before peers could lose it); another exited rank, the last poll seeing it
+    running (the earliest it can have ended); a rank the launcher stopped, after all of those."""
     if report is not None and not report["ok"]:
         return float(report["failed_at"])
     return float("inf") if ran_until is None else ran_until
