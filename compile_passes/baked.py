@@ -1,12 +1,10 @@
 """Lint OSC002: reference-like objects baked into a graph instead of being inputs.
 
-A graph's placeholders are what changes between calls; anything else it uses
-is fixed when it is compiled: ``get_attr`` attributes of the graph module and
-constant arguments of its calls. A reference opaque, ``DeviceMesh``,
-``ProcessGroup`` or identity-compared object there is the object of the call
-that compiled the graph, used again by every later call that passes the guards.
-Registered reference opaques reach a graph as inputs; this lint finds the ones
-that did not.
+Only placeholders change between calls; ``get_attr`` attributes and constant
+arguments are fixed at compile time. A reference opaque, ``DeviceMesh``,
+``ProcessGroup`` or identity-compared object there is the compiling call's,
+reused by every later call that passes the guards. This lint finds the
+registered reference opaques that did not reach the graph as inputs.
 """
 
 from __future__ import annotations
@@ -52,8 +50,7 @@ class BakedObject:
     obj
         The object itself.
     variable
-        For ``"closure"``: the name the called function captured it under, when
-        it is a closure variable; else ``None``.
+        For ``"closure"``: its closure variable's name, else ``None``.
     function
         For ``"closure"``: the called function; else ``None``.
     code
@@ -79,9 +76,8 @@ def _user_frame(node: torch.fx.Node) -> re.Match[str] | None:
 
 
 def trace_frame(trace: str) -> re.Match[str] | None:
-    """The innermost frame of an FX stack trace outside torch's own files
-    (else the innermost frame; ``None`` for no frame): ``file``, ``line``,
-    ``func`` and ``code`` groups."""
+    """The innermost frame of an FX stack trace outside torch's files (else the
+    innermost; ``None`` for none): groups ``file``, ``line``, ``func``, ``code``."""
     found = list(_LINE.finditer(trace))
     if not found:
         return None
@@ -91,10 +87,8 @@ def trace_frame(trace: str) -> re.Match[str] | None:
 
 
 def node_origin(node: torch.fx.Node) -> str:
-    """The user code line ``node`` was traced from: the innermost frame of its
-    stack trace outside torch's own files (a collective traced through
-    ``torch.distributed._functional_collectives`` is named by the user's call of
-    it), else the innermost frame, else the node's name."""
+    """The user code line ``node`` was traced from (see :func:`trace_frame`; a
+    functional collective is named by the user's call of it), else its name."""
     frame = _user_frame(node)
     if frame is None:
         return f"node {node.name!r}"
@@ -113,8 +107,8 @@ def node_code(node: torch.fx.Node) -> str:
 
 
 def call_text(code: str, name: str) -> str | None:
-    """The source of the first call of ``name`` (``f(...)``, ``mod.f(...)``) in
-    the line ``code``, or ``None`` when the line does not parse as Python alone."""
+    """The source of the first call ``name(...)``/``mod.name(...)`` in the line
+    ``code``; ``None`` when the line alone does not parse."""
     try:
         tree = ast.parse(code.strip())
     except SyntaxError:
@@ -133,8 +127,7 @@ _HELD_ON_PURPOSE = (*PLAIN_TYPES, torch.Tensor, torch.nn.Module, pytree.TreeSpec
 
 
 def _interesting(obj: object) -> bool:
-    """Whether ``obj`` is an object a graph may hold by mistake (not a plain
-    constant, a tensor, a module, a class or a function)."""
+    """Whether a graph may hold ``obj`` by mistake (not a plain constant, tensor or module)."""
     if isinstance(obj, _HELD_ON_PURPOSE) or type(obj).__module__.startswith("torch._dynamo"):  # Dynamo's own state
         return False
     return True
@@ -146,11 +139,10 @@ def _type_name(obj: object) -> str:
 
 
 def _captured(target: object) -> list[tuple[object, str | None]]:
-    """The objects a call's target carries with it, each with the closure
-    variable it is (``None`` inside a container or a partial): a
-    ``functools.partial``'s arguments, a function's closure cells (Dynamo
-    builds such targets, e.g. torch 2.11's ``prim_from_local`` closes over the
-    ``DeviceMesh``)."""
+    """The objects a call's target carries (a partial's arguments, closure cells),
+    each with its closure variable (``None`` inside a container or partial).
+    Dynamo builds such targets: torch 2.11's ``prim_from_local`` closes over the
+    ``DeviceMesh``."""
     found: list[tuple[object, str | None]] = []
     if isinstance(target, functools.partial):
         found.extend((leaf, None) for leaf in pytree.tree_leaves((target.args, target.keywords)))
@@ -232,9 +224,8 @@ def _def_line(function: Any) -> tuple[str, int, str] | None:
 
 
 def _closure_fix(baked: BakedObject) -> str | None:
-    """For an object a called function captured as a closure variable: the
-    function's ``def`` and its call in the graph's line, each with that
-    variable added as a parameter / an argument."""
+    """For a captured closure variable: the function's ``def`` and its call, each
+    with the variable added as a parameter / an argument."""
     if baked.how != "closure" or baked.variable is None:
         return None
     found = _def_line(baked.function)

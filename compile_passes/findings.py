@@ -1,7 +1,5 @@
-"""Findings: what the lints report, with stable codes.
-
-Every finding says what happens, what it leads to and how to fix it. The codes
-are stable (tests, docs and user filters refer to them):
+"""Findings: what the lints report. Each says what happens, what it leads to and
+how to fix it; the codes are stable (tests, docs and user filters use them):
 
 ======== ======== ==========================================================
 code     severity what
@@ -76,9 +74,8 @@ class Finding:
     fix
         What to change; code in backticks runs as written where it can.
     site
-        What the finding stands for across graphs (a collective call: its op
-        and source line), ``""`` when ``path`` says it; findings with one
-        :attr:`key` are one finding, reported once.
+        What the finding stands for across graphs (a collective: op and source
+        line), ``""`` when ``path`` says it; one :attr:`key`, one report.
     """
 
     code: str
@@ -91,9 +88,8 @@ class Finding:
 
     @property
     def key(self) -> tuple[str, str]:
-        """``(code, site)``, or ``(code, path and message)`` without a site: the
-        same finding met in another graph (a recompilation, the backward) has
-        the same key."""
+        """``(code, site)``, else ``(code, path and message)``: equal for the same
+        finding in another graph (a recompilation, the backward)."""
         return (self.code, self.site) if self.site else (self.code, f"{self.path}: {self.message}")
 
     @property
@@ -114,20 +110,17 @@ def make(
     severity: Severity | None = None,
     site: str = "",
 ) -> Finding:
-    """A finding with the severity its code has, or ``severity`` for a code
-    whose findings differ (OSC004: ``info`` when a guard protects the value;
-    OSC005: ``error`` when nothing guards the group)."""
+    """A finding with its code's severity, or ``severity`` (OSC004: ``info`` when
+    guarded; OSC005: ``error`` when nothing guards the group)."""
     return Finding(code, severity or CODES[code][0], subclass, path, message, fix, site)
 
 
 def emit(findings: Iterable[Finding], on_finding: str, logger: logging.Logger | None = None) -> None:
-    """Report ``findings``.
-
-    ``"log"``: each finding is logged at its severity's level (``ERROR``,
-    ``WARNING``, ``INFO``). ``"warn"``: errors and warnings become an
-    :class:`OpaqueCheckWarning` (logged at ``INFO`` too, so the message does
-    not appear twice). ``"raise"``: :class:`OpaqueCheckError` at the first
-    error or warning. Info findings are only logged, at ``INFO``.
+    """Report ``findings``: ``"log"`` logs each at its severity's level;
+    ``"warn"`` turns errors and warnings into :class:`OpaqueCheckWarning` (and
+    logs them at ``INFO``, not twice); ``"raise"`` raises
+    :class:`OpaqueCheckError` at the first error or warning. Info findings are
+    only logged, at ``INFO``.
     """
     log = logger or _log
     for f in findings:

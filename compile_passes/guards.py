@@ -1,11 +1,9 @@
 """Opaque sharing (lint OSC003) and guard failures in opaque terms.
 
-When two inputs hold one opaque object (``x._mesh is y._mesh``), the compiled
-graph is specialized on that sharing and guarded on it: a call where they hold
-different objects recompiles. :func:`lint_sharing` reports such groups;
-:func:`translate_guard` rewrites Dynamo's recompile reasons (``x._mesh is
-y._mesh``, ``___check_obj_id(...)``, ``___check_metadata_...``) into what they
-mean for opaques.
+A graph is specialized and guarded on inputs sharing one opaque (``x._mesh is
+y._mesh``): a call where they differ recompiles. :func:`lint_sharing` reports
+such groups; :func:`translate_guard` rewrites Dynamo's recompile reasons
+(``x._mesh is y._mesh``, ``___check_obj_id``, ``___check_metadata_...``).
 """
 
 from __future__ import annotations
@@ -40,12 +38,10 @@ def _under(path: str, roots: frozenset[str]) -> bool:
 
 
 def lint_sharing(report: InputReport, parameters: frozenset[str] = frozenset()) -> list[Finding]:
-    """OSC003 findings: one per pair of distinct input paths holding one opaque
-    object. A path listed twice (one attribute that reaches the graph twice,
-    say also as an argument of an ``autograd.Function``) is one input, not
-    sharing. Two paths inside module parameters (the inputs named in
-    ``parameters``) are not reported: every parameter of a sharded model holds
-    the model's mesh, as module state that is the same on every call."""
+    """OSC003 findings: one per pair of distinct input paths holding one opaque.
+    A path listed twice (an attribute also passed to an ``autograd.Function``)
+    is one input. Pairs inside ``parameters`` (module parameter inputs) are
+    skipped: a sharded model's parameters all hold its mesh, the same every call."""
     findings = []
     by_index = {i.index: i for i in report.inputs}
     for group in report.alias_pattern.shared:
@@ -75,9 +71,8 @@ _ASSIGNABLE = re.compile(r"[A-Za-z_]\w*(?:\[\d+\])*(?:\.[A-Za-z_]\w*)+")
 
 
 def _own_object_fix(path: str, cls: type | None) -> str:
-    """How to give the input at ``path`` an object of its own, in code where
-    the type allows one: a new communicator over the same ranks for a
-    ``ProcessGroup``, a copy for a class using Python's default copy."""
+    """How to give ``path`` an object of its own, in code where the type allows:
+    a new communicator over the same ranks, or a default ``copy.copy``."""
     root = path.split(".", 1)[0].split("[", 1)[0]
     if cls is None or not _ASSIGNABLE.fullmatch(path):
         return f"If {path} should be an object of its own, pass it one."
@@ -93,9 +88,8 @@ def _own_object_fix(path: str, cls: type | None) -> str:
 
 
 def _default_copy(cls: type) -> bool:
-    """Whether ``copy.copy`` of a ``cls`` instance is Python's default for a
-    plain class (no copy hooks of its own or of a C base): a new object with
-    the same attributes."""
+    """Whether ``copy.copy`` of a ``cls`` is Python's default (no copy hooks, no C
+    base): a new object with the same attributes."""
     if not hasattr(cls, "__dict__") or "__slots__" in vars(cls):
         return False
     hooks = ("__copy__", "__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__getnewargs_ex__")
@@ -109,9 +103,8 @@ def _default_copy(cls: type) -> bool:
 
 _SHARE = re.compile(r"^(?P<a>[\w.\[\]']+) is (?P<not>not )?(?P<b>[\w.\[\]']+)$")
 _PATH = r"[A-Za-z_][\w.]*(?:\[[^\]]+\][\w.]*)*"
-#: A member's value read on the real object at compile time and guarded: ``t._g.size() == 4``
-#: (a method), ``t._g.offset == 1`` (an attribute; torch 2.11 and 2.12 write it
-#: ``object.__getattribute__(t._g, 'offset') == 1``).
+#: A member's value read at compile time and guarded: ``t._g.size() == 4``, ``t._g.offset == 1``
+#: (torch 2.11 and 2.12 write ``object.__getattribute__(t._g, 'offset') == 1``).
 _MEMBER_CALL = re.compile(rf"^(?P<obj>{_PATH})\.(?P<member>\w+)\(\) == (?P<value>.+)$")
 _MEMBER_GETATTRIBUTE = re.compile(
     rf"^object\.__getattribute__\((?P<obj>{_PATH}), '(?P<member>\w+)'\) == (?P<value>.+)$"
@@ -124,11 +117,8 @@ _METADATA = re.compile(r"___check_metadata_\w+")
 
 
 def translate_guard(reason: str) -> str:
-    """One recompile reason of Dynamo in opaque terms (unknown ones unchanged).
-
-    ``reason`` is a line of ``torch._dynamo.utils.guard_failures``, e.g.
-    ``"0/0: x._mesh is y._mesh   # def f(x, y): ..."``.
-    """
+    """A line of ``torch._dynamo.utils.guard_failures`` (``"0/0: x._mesh is
+    y._mesh   # def f(x, y): ..."``) in opaque terms; unknown ones unchanged."""
     text = reason.split("\n", 1)[0]
     text = text.split("#", 1)[0].strip()
     text = re.sub(r"^\d+/\d+:\s*", "", text)

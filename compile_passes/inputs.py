@@ -10,8 +10,7 @@ Example::
        2  tensor  x             torch.Tensor
        3  opaque  x._mesh ...
 
-The report is computed from the same slot walk (:func:`opaque_subclass.iter_slots`)
-that unwrapping uses, so slot numbers match the graph's placeholders.
+Built on unwrapping's slot walk (:func:`opaque_subclass.iter_slots`): slots are placeholder indices.
 """
 
 from __future__ import annotations
@@ -49,8 +48,7 @@ class FlatInput:
     index
         Position in the flat input list (the graph placeholder index).
     kind
-        ``"tensor"``, ``"opaque"``, ``"symint"`` or ``"value"`` (a non-tensor
-        argument passed through).
+        ``"tensor"``, ``"opaque"``, ``"symint"`` or ``"value"`` (passed through).
     path
         Where the value came from, e.g. ``"w._inner._mesh"``.
     type_name
@@ -102,15 +100,8 @@ def _type_name(value: Any) -> str:
 
 
 def explain_flat_inputs(args: Sequence[Any], names: Sequence[str] | None = None) -> InputReport:
-    """Describe the flat inputs that ``args`` unwrap into.
-
-    Parameters
-    ----------
-    args
-        The arguments of a compiled call (subclasses, tensors, opaques, values).
-    names
-        Names for the arguments in paths; ``args[i]`` by default.
-    """
+    """Describe the flat inputs that ``args`` (a compiled call's arguments)
+    unwrap into; ``names`` name them in paths (``args[i]`` by default)."""
     if names is None:
         names = [f"args[{i}]" for i in range(len(args))]
     elif len(names) != len(args):

@@ -1,21 +1,15 @@
 """Findings before torch's messages: :class:`FindingsFirst`.
 
-A finding often explains an error torch logs while it compiles: a process
-group in a flatten context makes Dynamo's guard on the context fail after the
-backend returned (``Error while creating guard: ... cannot pickle ...
-ProcessGroup``, some 30 lines on stderr), and the compile caches warn that they
-cannot pickle it. :func:`compile_passes.explain` reports its findings only in
-the report it returns, after the call; without more, torch's lines come first
-and the finding that explains them last.
+A finding often explains an error torch logs while compiling (a process group
+in a flatten context: ``Error while creating guard: ... cannot pickle ...
+ProcessGroup``, some 30 lines, and cache warnings), but
+:func:`compile_passes.explain` returns its findings after the call.
 
-While a :class:`FindingsFirst` is active, the first record of a torch logger
-(``torch``, ``torch.*``) of level ``WARNING`` or above that reaches a handler
-first logs the findings known at that moment (``pending()``, those of severity
-``error`` or ``warning``), on the logger given, at their severity's level;
-then torch's record is handled as it would have been. Nothing of torch's is
-held back, dropped or changed: the findings are only put in front of it. It
-works with a filter on each handler of torch's loggers and of the root logger,
-present only while it is active.
+While a :class:`FindingsFirst` is active, the first ``WARNING``-or-above record
+of a ``torch``/``torch.*`` logger that reaches a handler first logs the
+pending errors and warnings on the given logger; torch's record is then
+handled unchanged. It works by a filter on each handler of torch's loggers and
+the root logger, present only while active.
 """
 
 from __future__ import annotations
@@ -69,8 +63,7 @@ class FindingsFirst(logging.Filter):
         self._handlers = []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Always ``True`` (the record is handled as it would have been); for
-        torch's first warnings and errors, the findings are logged first."""
+        """Always ``True``; before torch's first warnings and errors, logs the findings."""
         if self._busy or record.levelno < logging.WARNING:
             return True
         if record.name != "torch" and not record.name.startswith("torch."):

@@ -49,7 +49,8 @@ extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 
 root_doc = "index"
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build", "__pycache__"]
+# errors_source.md is not a page: it is the source docs/gen_errors.py writes errors.md from.
+exclude_patterns = ["_build", "__pycache__", "errors_source.md"]
 
 # The guide's pages in reading order after index.md; api/index is the reference.
 GUIDE = [

@@ -1,18 +1,16 @@
 """The version check that ``import opaque_subclass`` runs before anything else.
 
-The modules of the API import torch's opaque-object machinery by name
-(``torch._library.opaque_object.MemberType``, torch's base classes, AOTAutograd's
-metas); a torch without the feature lacks some of them. So the package asks this
-module first, and on a release the table marks unsupported (torch 2.10 and
-older, an unparsable version, a development build without the feature) it
-imports nothing else: it warns once, leaves torch untouched and offers the
-surface below, enough for a program to import the library, ask :func:`support`
-and define its opaque classes. Every other name of the API raises an
-``ImportError`` that says why and how to fix it.
+The API imports torch's opaque-object machinery by name
+(``torch._library.opaque_object.MemberType``, base classes, AOTAutograd's metas),
+which a torch without the feature lacks. On a release the table marks
+unsupported (torch 2.10 and older, an unparsable version, a development build
+without the feature) the package imports nothing else: it warns once, leaves
+torch untouched and offers the surface below (import, :func:`support`, defining
+opaque classes); every other name raises an ``ImportError`` saying why and how to fix it.
 
-This module imports only ``torch`` itself and the data modules of layer 0
-(``releases``, ``mode``); ``tests/test_gate.py`` fails when anything it or they
-import at module level reaches below ``torch``'s top level.
+This module imports only ``torch`` and layer 0's data modules (``releases``,
+``mode``); ``tests/test_gate.py`` fails when their module-level imports reach
+below ``torch``'s top level.
 """
 
 from __future__ import annotations
@@ -49,9 +47,8 @@ def _refusal() -> str | None:
     return "; ".join(map(str, row.differences)) or "no native support and no backport"
 
 
-#: Why the running torch is not supported, from the release table; ``None`` on a
-#: supported release (whose patch or fix set may still be refused later, when it
-#: is checked against this build's sources: :mod:`opaque_subclass.activation`).
+#: Why the running torch is not supported, from the release table; ``None`` on a supported
+#: release (whose sets may still be refused against this build's sources: :mod:`opaque_subclass.activation`).
 REFUSAL: str | None = _refusal()
 
 
@@ -102,9 +99,8 @@ def disable() -> Support:
 
 
 class OpaqueBase:
-    """Stand-in base class on a torch without opaque objects: inheriting it
-    works, so modules defining opaque classes still import; registering a class
-    raises (see :func:`register_opaque`)."""
+    """Stand-in base class on a torch without opaque objects: modules defining opaque
+    classes still import; registering one raises (:func:`register_opaque`)."""
 
 
 def register_opaque(cls: type, kind: str = "reference", **options: object) -> None:

@@ -1,13 +1,11 @@
 """What the running torch supports, and in which mode this library runs.
 
 ``native``
-    torch >= 2.12 handles opaque attributes in ``__tensor_flatten__`` itself;
-    nothing is patched to provide the feature. Fixes for upstream bugs of that
-    release may be installed (``Support.fixes``).
+    torch >= 2.12 handles opaque attributes itself; only fixes for upstream
+    bugs of the release may be installed (``Support.fixes``).
 ``backport``
-    torch 2.11: the library supplies what torch lacks: the opaque registry
-    bridge and the patches of ``opaque_subclass.backport``, listed in
-    ``Support.patched``.
+    torch 2.11: the library supplies the opaque registry bridge and the
+    patches of ``opaque_subclass.backport`` (``Support.patched``).
 ``unsupported``
     any other torch: importing works, a warning names the supported versions,
     and torch is left untouched.
@@ -23,9 +21,8 @@ from opaque_subclass.releases import RELEASES, Mode
 
 __all__ = ["SUPPORTED_TORCH", "Mode", "Support"]
 
-#: torch releases ``(major, minor)`` and the mode used for each (from the one
-#: table, :data:`opaque_subclass.releases.RELEASES`); newer releases are native
-#: when torch has the feature.
+#: torch releases ``(major, minor)`` and their mode (from :data:`opaque_subclass.releases.RELEASES`);
+#: newer releases are native when torch has the feature.
 SUPPORTED_TORCH: dict[tuple[int, int], Mode] = {
     release: row.mode for release, row in RELEASES.items() if row.mode != "unsupported"
 }
@@ -46,28 +43,22 @@ class Support:
         (backport mode); empty in native mode.
     fixes
         Qualified names of the torch functions replaced by fixes for upstream
-        bugs of a native release (docs/compatibility.md says why for each);
-        empty where none apply.
+        bugs of a native release (docs/compatibility.md says why for each).
     problem
-        Why the library is not fully on, when it is not: the release's patch or
-        fix set was refused (this torch build's sources differ from the
-        official release's) or removed after a patch failed to apply when torch
-        imported its module. A removed backport makes the mode
-        ``"unsupported"``; removed fixes leave ``"native"`` (the feature is
-        torch's) without them. ``None`` when everything is on, or was turned
-        off by :func:`~opaque_subclass.disable`.
+        Why the library is not fully on: the patch or fix set was refused (this
+        build's sources differ from the official release's) or removed after a
+        patch failed to apply on import. A removed backport makes the mode
+        ``"unsupported"``; removed fixes leave ``"native"`` without them.
+        ``None`` when all is on, or turned off by :func:`~opaque_subclass.disable`.
     others
-        What other packages did to the torch functions the library patches, and
-        what the library did about it, one line each: a replacement built over
-        another package's (``composed over physicsnemo: ...``), a fix left out
-        because another package's replacement cannot take it (also in
-        ``problem``, with the fix), ours kept beneath another package's after
-        :func:`~opaque_subclass.disable`. Empty when no other package patched them.
+        One line per thing other packages did to the patched functions and the
+        library's answer: composed over another's (``composed over physicsnemo:
+        ...``), a fix left out that another's replacement cannot take (also in
+        ``problem``), ours kept beneath another's after :func:`~opaque_subclass.disable`.
     adopted
-        The classes adopted with :func:`~opaque_subclass.adopt`, one line each:
-        the class, the methods replaced on it, and each object of its flatten
-        context made an opaque attribute (``_mesh <- <context>[0].mesh``).
-        Empty when none is.
+        One line per class adopted with :func:`~opaque_subclass.adopt`: the
+        class, its replaced methods, and each context object made an opaque
+        attribute (``_mesh <- <context>[0].mesh``).
     """
 
     mode: Mode

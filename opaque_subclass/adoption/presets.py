@@ -1,10 +1,8 @@
 """Adoptions of known subclasses, one function each.
 
-Each function imports the class (its package must be installed), checks that
-the installed version is one the preset was written against, and adopts the
-class with the declaration its code needs. It returns the
-:class:`~opaque_subclass.adoption.adopt.Adoption` (``.undo()`` restores the
-class).
+Each imports the class (its package installed), checks the installed version
+is one the preset was written for, adopts it, and returns the
+:class:`~opaque_subclass.adoption.adopt.Adoption` (``.undo()`` restores it).
 """
 
 from __future__ import annotations
@@ -24,13 +22,10 @@ def physicsnemo_shard_tensor() -> Adoption:
     """Adopt NVIDIA PhysicsNeMo's ``ShardTensor`` (``nvidia-physicsnemo`` 2.2.x):
     the ``DeviceMesh`` of its spec becomes the opaque attribute ``_mesh``.
 
-    ``ShardTensor.__tensor_flatten__`` returns ``["_local_tensor"]`` and the
-    context ``(spec, requires_grad)``, whose ``spec.mesh`` is the mesh (path
-    ``[0].mesh``). PhysicsNeMo builds op outputs and gradients as
-    ``ShardTensor`` itself and rebuilds tangents through
-    ``__coerce_same_metadata_as_tangent__``: the adoption covers all of them.
-    A subclass of ``ShardTensor`` that returns a nested context
-    (``__subclass_flatten_context__``) is not covered.
+    Its flatten context ``(spec, requires_grad)`` holds the mesh at ``[0].mesh``.
+    Op outputs, gradients and tangents (``__coerce_same_metadata_as_tangent__``)
+    are all covered; a ``ShardTensor`` subclass with a nested context
+    (``__subclass_flatten_context__``) is not.
 
     Raises
     ------

@@ -1,20 +1,16 @@
 """The ``.pt2`` archive with opaque constants (torch 2.11; the same functions in 2.12).
 
-torch 2.11 and 2.12 write and read only tensors and TorchScript objects as the
-constants of an exported program: a program holding an opaque as a constant (a
-lifted custom object: an opaque module attribute a custom op reads) fails in
-``torch.export.save`` with ``RuntimeError: Unsupported constant type``. torch
-2.13 stores each such constant as a pickle under ``data/constants/opaque_obj_<i>``
-and reads it back. The replacements below write and read that same layout, so
-an archive saved on 2.11 or 2.12 is the one 2.13 writes.
+torch 2.11 and 2.12 store only tensors and TorchScript objects as program
+constants: an opaque constant (a lifted module attribute a custom op reads)
+fails ``torch.export.save`` with ``RuntimeError: Unsupported constant type``.
+torch 2.13 pickles each under ``data/constants/opaque_obj_<i>``; the
+replacements write and read that layout, so 2.11 and 2.12 archives match 2.13's.
 
-:func:`opaque_subclass.export.save` puts an ``OpaqueName`` (a reference opaque
-of the library) where the program held a reference opaque, so what is pickled
-is a name, never the object. On torch 2.11 (backport mode) a reference opaque
-that reaches ``torch.export.save`` directly, as a constant or inside a subclass
-tensor, is refused with an error pointing to :func:`opaque_subclass.export.save`;
-torch 2.12's fix pickles it, as torch 2.13 does (a documented limit of native
-mode).
+:func:`opaque_subclass.export.save` puts an ``OpaqueName`` in place of each
+reference opaque, so a name is pickled, never the object. On torch 2.11 a
+reference opaque reaching ``torch.export.save`` directly (as a constant or in a
+subclass tensor) is refused, pointing to :func:`opaque_subclass.export.save`;
+torch 2.12's fix pickles it, as 2.13 does (a documented limit of native mode).
 """
 
 from __future__ import annotations
@@ -40,8 +36,7 @@ __all__ = [
     "make_save_pickled_tensors",
 ]
 
-# torch 2.13's file-name prefix for pickled opaque constants (pt2_archive_constants.
-# OPAQUE_OBJ_FILENAME_PREFIX there; 2.11 and 2.12 have no such constant).
+# torch 2.13's pt2_archive_constants.OPAQUE_OBJ_FILENAME_PREFIX (absent in 2.11 and 2.12)
 _OPAQUE_PREFIX = "opaque_obj_"
 
 
@@ -99,15 +94,12 @@ def _write_opaque_constants(original: Callable[..., Any], refuse_reference: bool
 def make_package_constants(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch.export.pt2_archive._package._package_constants`` (torch 2.11).
 
-    Without it, ``torch.export.save`` of a program holding an opaque constant
-    fails with ``RuntimeError: Unsupported constant type``, so
-    ``opaque_subclass.export.save`` cannot store a lifted reference opaque by
-    name. With it, opaque constants are pickled under ``opaque_obj_<i>`` as torch
-    2.13 does; a reference opaque itself (not the name the library's save puts
-    in its place) is refused with a ``TypeError`` pointing to
-    ``opaque_subclass.export.save``. Unnecessary since torch 2.13, which writes
-    opaque constants itself (pytorch/pytorch#176457 left the archive of torch
-    2.12 unchanged: 2.12 gets the same replacement as a native fix).
+    Without it, ``torch.export.save`` of an opaque constant fails with
+    ``RuntimeError: Unsupported constant type`` (even the library's names).
+    With it, opaque constants are pickled under ``opaque_obj_<i>`` as torch 2.13
+    does; a reference opaque itself is refused with a ``TypeError`` pointing to
+    ``opaque_subclass.export.save``. Unnecessary since torch 2.13
+    (pytorch/pytorch#176457 left torch 2.12's archive unchanged: 2.12 gets it as a native fix).
     """
     return _write_opaque_constants(original, refuse_reference=True)
 
@@ -115,11 +107,9 @@ def make_package_constants(original: Callable[..., Any]) -> Callable[..., Any]:
 def make_package_opaque_constants(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch.export.pt2_archive._package._package_constants`` (torch 2.12).
 
-    Without it, ``torch.export.save`` of a program holding an opaque constant
-    fails with ``RuntimeError: Unsupported constant type`` (also for the name
-    ``opaque_subclass.export.save`` stores in place of a reference opaque). With
-    it, opaque constants are pickled under ``opaque_obj_<i>``, as torch 2.13
-    does. Unnecessary since torch 2.13.
+    Without it, ``torch.export.save`` of an opaque constant (even the library's
+    names) fails with ``RuntimeError: Unsupported constant type``. With it, they
+    are pickled under ``opaque_obj_<i>``, as torch 2.13 does. Unnecessary since torch 2.13.
     """
     return _write_opaque_constants(original, refuse_reference=False)
 
@@ -138,15 +128,12 @@ def _held_reference_opaque(t: Any, fqn: str) -> tuple[str, Any] | None:
 def make_save_pickled_tensors(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch.export.pt2_archive._package._save_pickled_tensors`` (torch 2.11).
 
-    torch pickles each subclass parameter, buffer and tensor constant whole.
-    Without it, ``torch.export.save`` of a program whose subclass parameter
-    holds a ``DeviceMesh`` writes the mesh by value, and another job loads a
-    copy naming process groups it never created. With it, such a tensor
-    is refused with a ``TypeError`` pointing to ``opaque_subclass.export.save``
-    (which stores the opaque by name); every other tensor is saved by torch's
-    function. Not a backport of upstream behaviour: torch 2.12 and newer
-    (opaque attributes arrived with pytorch/pytorch#176457) pickle such a tensor
-    by value, which native mode leaves as a documented limit.
+    Without it, a subclass tensor holding a ``DeviceMesh`` is pickled whole, and
+    another job loads a copy naming process groups it never created. With it,
+    such a tensor is refused with a ``TypeError`` pointing to
+    ``opaque_subclass.export.save`` (which stores opaques by name); others are
+    saved by torch. Not a backport: torch 2.12+ (pytorch/pytorch#176457) pickles
+    it by value, a documented limit of native mode.
     """
 
     def _save_pickled_tensors(pickled_items: Any, *args: Any, **kwargs: Any) -> Any:
@@ -186,11 +173,10 @@ class _ConfigOverride:
 def make_load_constants(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch.export.pt2_archive._package._load_constants`` (torch 2.11, 2.12).
 
-    Without it, ``torch.export.load`` of an archive with opaque constants (as
-    written by torch 2.13, or by the patched writer) fails with ``RuntimeError:
-    Unsupported constant type: opaque_obj_0``. With it, those constants are
-    unpickled and everything else is left to torch's function. Unnecessary since
-    torch 2.13 (pytorch/pytorch#176457 left the archive of torch 2.12 unchanged).
+    Without it, loading opaque constants (written by torch 2.13 or the patched
+    writer) fails with ``RuntimeError: Unsupported constant type: opaque_obj_0``.
+    With it, they are unpickled, the rest left to torch. Unnecessary since torch
+    2.13 (pytorch/pytorch#176457 left the archive of torch 2.12 unchanged).
     """
 
     def _load_constants(archive_reader: Any, model_name: str) -> Any:

@@ -1,12 +1,9 @@
 """FSDP module-state synchronisation and memory tools with opaque attributes
 (torch 2.11).
 
-FSDP1's ``sync_module_states=True`` broadcasts every parameter and buffer from
-rank 0, reading a subclass's inner tensors from its ``__tensor_flatten__``
-names; ``torch.distributed._tools`` counts memory by the storages behind those
-names. torch 2.11 treats an opaque attribute as a tensor in both places;
-torch 2.12 (pytorch/pytorch#176457) skips opaques: they are not data to
-broadcast and hold no memory of the tensor.
+FSDP1's ``sync_module_states=True`` broadcasts, and ``torch.distributed._tools``
+counts the storages of, a subclass's flattened attributes; torch 2.11 treats an
+opaque as a tensor in both, torch 2.12 (pytorch/pytorch#176457) skips it.
 """
 
 from __future__ import annotations
@@ -26,12 +23,10 @@ def make_sync_module_states(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch.distributed.fsdp._init_utils._sync_module_params_and_buffers``
     (torch 2.11).
 
-    Without it, ``sync_module_states=True`` on a module whose parameters or
-    buffers are subclasses listing an opaque tries to broadcast the opaque and
-    fails. With it, the inner tensors are broadcast from rank 0 and every
-    opaque stays the object each rank already has; nested subclasses are
-    walked (torch reads one level). Unnecessary since torch 2.12
-    (pytorch/pytorch#176457).
+    Without it, ``sync_module_states=True`` with subclass parameters or buffers
+    listing an opaque fails broadcasting it. With it, the inner tensors (nesting
+    walked) are broadcast from rank 0 and each rank keeps its opaques.
+    Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
     from torch.distributed.fsdp import _init_utils
 
@@ -56,10 +51,9 @@ def make_get_untyped_storages(original: Callable[..., Any]) -> Callable[..., Any
     """Replaces ``torch.distributed._tools.common_utils.get_untyped_storages``
     (torch 2.11), used by ``MemTracker`` and the SAC estimator.
 
-    Without it, tracking memory of a subclass listing an opaque treats the
-    opaque as a tensor (it has no ``untyped_storage``; torch warns and the
-    walk breaks). With it, the storages of the tensor leaves are collected and
-    opaques are left out. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    Without it, the opaque is treated as a tensor (no ``untyped_storage``: torch
+    warns, the walk breaks). With it, only the tensor leaves' storages count.
+    Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
 
     def get_untyped_storages(t: torch.Tensor) -> set[torch.UntypedStorage]:

@@ -1,17 +1,14 @@
 """``torch.export`` with opaque attributes (torch 2.11).
 
-* Non-strict export builds a symbolic (shape) context for every input tensor and
-  for every attribute its ``__tensor_flatten__`` names; torch 2.11 treats an
-  opaque attribute as a tensor there and fails (``'Mesh' object has no attribute
-  'shape'``).
-* After :func:`opaque_subclass.unwrap_subclass_parameters`, an opaque is a
-  plain module attribute the exported graph reads; export lifts it as a custom
-  object input and the unlifted module puts it back. torch 2.11 lifts only
-  tensors and script objects there.
-* Strict export runs Dynamo, which makes such a module attribute a graph input
-  with an attribute source; torch 2.11's export capture accepts only graph
-  inputs that are the function's own arguments. The patched capture reads the
-  opaque from a graph attribute instead, which the lifting above then handles.
+* Non-strict export builds a shape context for every input tensor and flattened
+  attribute; torch 2.11 treats an opaque as a tensor there (``'Mesh' object has
+  no attribute 'shape'``).
+* After :func:`opaque_subclass.unwrap_subclass_parameters`, an opaque is a module
+  attribute; export lifts it as a custom-object input and the unlifted module
+  puts it back. torch 2.11 lifts only tensors and script objects.
+* Strict export's Dynamo makes such an attribute a graph input with an attribute
+  source, which torch 2.11's capture refuses; the patched capture reads it from a
+  graph attribute instead, lifted as above.
 
 torch 2.12 (pytorch/pytorch#176457 and follow-ups) handles both natively.
 """
@@ -36,11 +33,9 @@ def make_symbolic_context(original: Callable[..., Any]) -> Callable[..., Any]:
     (torch 2.11).
 
     Without it, ``torch.export.export(module, (subclass_with_opaque,), strict=False)``
-    fails while building the input's shape context. With it, an opaque
-    attribute gets no context (it has no shape) and the tensor attributes get
-    theirs as before; an attribute that is neither a tensor nor a reference
-    opaque raises the library's error with the input's path (stock torch and
-    the patch before it: ``'int' object has no attribute 'shape'``).
+    fails building the input's shape context. With it, an opaque attribute gets
+    no context, tensors theirs as before; any other attribute raises the
+    library's error with its path (not ``'int' object has no attribute 'shape'``).
     Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
 
@@ -64,13 +59,11 @@ def make_lift_constants_pass(original: Callable[..., Any]) -> Callable[..., Any]
     """Replaces ``torch._export.passes.lift_constants_pass.lift_constants_pass``
     (torch 2.11).
 
-    Without it, exporting a module whose graph reads a reference opaque from a
-    module attribute (as after ``unwrap_subclass_parameters``) fails with
-    ``AssertionError: expected int, Tensor, or FakeScriptObject key``. With it,
-    each such opaque is lifted as a custom-object input like a script object
-    (the pass sees a fake wrapper of the very object), and the program's
-    constants hold the real object. Unnecessary since torch 2.12
-    (pytorch/pytorch#176457 and follow-ups).
+    Without it, exporting a graph reading a reference opaque from a module
+    attribute (after ``unwrap_subclass_parameters``) fails with ``AssertionError:
+    expected int, Tensor, or FakeScriptObject key``. With it, each is lifted as
+    a custom-object input (the pass sees a fake of it), the constants holding
+    the real object. Unnecessary since torch 2.12 (pytorch/pytorch#176457 and follow-ups).
     """
 
     def lift_constants_pass(gm: Any, graph_signature: Any, constant_attrs: Any) -> Any:
@@ -106,10 +99,9 @@ def make_assign_attr(original: Callable[..., Any]) -> Callable[..., Any]:
     2.12 as a fix), which puts lifted constants back on the module returned by
     ``ExportedProgram.module()``.
 
-    Without it, a reference opaque among the constants fails ("expected
-    torch.Tensor or torch.ScriptObject for CONSTANT attr_kind"). With it, the
-    opaque is assigned at its path as a plain attribute, as torch 2.13 does
-    (pytorch/pytorch#176457 and follow-ups in 2.12 and 2.13).
+    Without it, a reference opaque constant fails ("expected torch.Tensor or
+    torch.ScriptObject for CONSTANT attr_kind"). With it, it is set as a plain
+    attribute, as torch 2.13 does (pytorch/pytorch#176457 and follow-ups in 2.12 and 2.13).
     """
 
     def _assign_attr(
@@ -135,11 +127,9 @@ def _is_user_argument(source: Any) -> bool:
 
 
 def _attach_captured_opaques(out: Any) -> None:
-    """In a Dynamo capture for export, turn every graph input that is a reference
-    opaque read from somewhere other than the arguments (a module attribute, a
-    closure) into a ``get_attr`` of the graph module holding that very object,
-    and drop it from the capture's inputs and input sources. A capture without
-    such an input is left as it is."""
+    """In a Dynamo capture for export, turn each reference-opaque graph input not
+    from the arguments (a module attribute, a closure) into a ``get_attr`` of
+    that very object, dropped from the inputs and input sources."""
     backend = out.backend_input
     if backend is None:
         return
@@ -168,8 +158,7 @@ def _attach_captured_opaques(out: Any) -> None:
         name = f"_captured_opaque_{index}"
         setattr(gm, name, value)
         with gm.graph.inserting_before(node):
-            # create_node: Graph.get_attr warns about attributes that are not
-            # tensors or modules, which an opaque never is.
+            # create_node: Graph.get_attr warns about non-tensor, non-module attributes
             attr = gm.graph.create_node("get_attr", name)
         attr.meta.update(node.meta)
         attr.meta["val"] = value
@@ -186,14 +175,12 @@ def make_fullgraph_capture(original: Callable[..., Any]) -> Callable[..., Any]:
     the capture that strict ``torch.export`` runs (the one call passing
     ``_is_export_deprecated_do_not_use=True``); every other call is passed through.
 
-    Without it, strict export of a module whose forward reads a reference opaque
-    from a module attribute - after ``unwrap_subclass_parameters``, or an
-    opaque handed to a custom op - fails with ``AssertionError: AttrSource(...)``
-    in ``_dynamo_graph_capture_for_export``, which accepts only graph inputs that
-    are its arguments. With it, each such opaque is read from an attribute of the
-    captured graph (the very object) and export lifts it as a custom-object input,
-    giving the same program as torch 2.12, which turns such inputs into
-    attributes itself (pytorch/pytorch#176457 and follow-ups).
+    Without it, strict export of a forward reading a reference opaque from a
+    module attribute (after ``unwrap_subclass_parameters``, or handed to a custom
+    op) fails with ``AssertionError: AttrSource(...)`` in
+    ``_dynamo_graph_capture_for_export``. With it, each is read from a graph
+    attribute and lifted as a custom-object input: the same program as torch
+    2.12 gives (pytorch/pytorch#176457 and follow-ups).
     """
 
     def fullgraph_capture(*args: Any, _is_export_deprecated_do_not_use: bool = False, **kwargs: Any) -> Any:

@@ -1,11 +1,9 @@
 """Fake-tensor conversion of subclasses with opaque attributes (torch 2.11).
 
 torch 2.11's ``MetaTensorDescriber.describe_tensor`` and ``is_fake`` treat every
-attribute named by ``__tensor_flatten__`` as a tensor and fail on an opaque
-(``'Mesh' object has no attribute 'is_leaf'``). torch 2.12 (pytorch/pytorch#176457)
-describes opaques separately and passes them through unchanged into the fake
-subclass. These patches give 2.11 the same result: the fake subclass holds fake
-inner tensors and the very same (real) opaque objects.
+flattened attribute as a tensor (``'Mesh' object has no attribute 'is_leaf'``).
+As in torch 2.12 (pytorch/pytorch#176457), the patched fake subclass holds fake
+inner tensors and the very same real opaques.
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ __all__ = ["make_describe_tensor", "make_is_fake", "make_maybe_get_fake_mode"]
 
 
 class _OpaqueRestoringType:
-    """Stands in for ``MetaTensorDesc.type``: the meta converter rebuilds the
-    subclass through ``desc.type.__tensor_unflatten__``; this puts the opaques
-    that were hidden while describing back into the inner dict."""
+    """Stands in for ``MetaTensorDesc.type``: its ``__tensor_unflatten__`` puts the
+    opaques hidden while describing back into the inner dict."""
 
     __slots__ = ("cls", "opaques")
 
@@ -39,22 +36,18 @@ class _OpaqueRestoringType:
 
 @dataclasses.dataclass(frozen=True)
 class _OpaqueSlot:
-    """What the patched describer returns for an opaque attribute: the object
-    itself, taken out of the description one level up. ``id`` is what torch's
-    structured trace prints for it (``-1``: not a tensor)."""
+    """The patched describer's result for an opaque (taken out one level up);
+    ``id`` ``-1`` (not a tensor) is what torch's structured trace prints."""
 
     value: Any
     id: int = -1
 
 
 class _TensorAttrs(dict[str, Any]):
-    """The description's ``attrs``: the tensor attributes only (what torch
-    iterates, fake-converts and prints), and, looked up by name, the
-    placeholder of each opaque attribute. torch 2.11's view replay of a
-    subclass view (``view_from_base``, nested in ``MetaConverter.meta_tensor``)
-    indexes ``attrs`` with every name the fake subclass's ``__tensor_flatten__``
-    lists, to map inner tensor ids to fake ones; an opaque's placeholder has id
-    ``-1``, which no tensor has, so its entry is never looked up."""
+    """The description's ``attrs``: the tensor attributes (what torch iterates),
+    and by name each opaque's placeholder. torch 2.11's view replay
+    (``view_from_base`` in ``MetaConverter.meta_tensor``) indexes ``attrs`` with
+    every flattened name; a placeholder's id ``-1`` matches no tensor."""
 
     __slots__ = ("opaques",)
 
@@ -72,19 +65,14 @@ class _TensorAttrs(dict[str, Any]):
 def make_describe_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``MetaTensorDescriber.describe_tensor`` (torch 2.11).
 
-    Without it, describing a subclass that lists an opaque attribute fails
-    (torch describes every attribute as a tensor). With it, torch's recursion
-    over the attributes gets a placeholder for each opaque (the method calls
-    itself through ``self``, so it reaches the replacement), the subclass's
-    description keeps only its tensor attributes, and the opaques are put back,
-    as the same objects, when the fake subclass is built. Nothing is written to
-    the tensor being described. A subclass *view* (a gradient of ``sum()``
-    is an ``expand``, which compiled autograd fake-converts) is rebuilt by
-    torch's view replay, which looks up every listed name in the description:
-    there each opaque's name gives its placeholder (``_TensorAttrs``). Without
-    that, compiled autograd's backward of such a subclass fails with
-    ``KeyError: '_mesh'`` in ``view_from_base``. Unnecessary since torch 2.12
-    (pytorch/pytorch#176457).
+    Without it, describing a subclass listing an opaque fails (every attribute is
+    described as a tensor). With it, torch's recursion (through ``self``) gets a
+    placeholder per opaque, the description keeps only tensor attributes, and
+    the same opaques are put back when the fake subclass is built; nothing is
+    written to the described tensor. For a subclass *view* (the ``expand`` of a
+    ``sum()`` gradient, fake-converted by compiled autograd), view replay finds
+    each opaque's placeholder by name (``_TensorAttrs``), not ``KeyError:
+    '_mesh'`` in ``view_from_base``. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
 
     def describe_tensor(self: Any, t: Any, *, recurse: bool = True, trace: bool = False) -> Any:
@@ -105,9 +93,9 @@ def make_describe_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
 def make_is_fake(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._subclasses.fake_tensor.is_fake`` (torch 2.11).
 
-    Without it, ``is_fake`` of a subclass holding an opaque raises "got mixed
-    fake and real tensors" (the opaque is not fake). With it, only the tensor
-    attributes decide. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
+    Without it, ``is_fake`` of a subclass holding an opaque raises "got mixed fake
+    and real tensors". With it, only the tensor attributes decide. Unnecessary
+    since torch 2.12 (pytorch/pytorch#176457).
     """
 
     def is_fake(x: object) -> bool:
@@ -125,10 +113,9 @@ def make_is_fake(original: Callable[..., Any]) -> Callable[..., Any]:
 def make_maybe_get_fake_mode(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch._subclasses.fake_tensor.maybe_get_fake_mode`` (torch 2.11).
 
-    Without it, the fake mode of a subclass holding an opaque is looked up on
-    the opaque too (``None``), and Dynamo fails with "All fake tensor modes must
-    be the same". With it, only tensor attributes are consulted. Unnecessary
-    since torch 2.12 (pytorch/pytorch#176457).
+    Without it, the opaque's mode (``None``) is consulted too and Dynamo fails with
+    "All fake tensor modes must be the same". With it, only tensor attributes
+    are. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
 
     def maybe_get_fake_mode(t: object) -> Any:

@@ -1,27 +1,22 @@
 """Routing opaques past torch 2.11 helpers that walk inner *tensors*.
 
-Many torch 2.11 helpers walk the names returned by ``__tensor_flatten__`` and
-treat every attribute as a tensor (``is_fun``, ``sync_functional_tensor``, the
-meta describer, the shape-guard builder, FSDP's state sync, ...). For them an
-opaque attribute is irrelevant: it has no storage, no shape and no functional
-wrapper. The patches route opaques themselves, never by changing the objects
+Many torch 2.11 helpers treat every flattened attribute as a tensor (``is_fun``,
+``sync_functional_tensor``, the meta describer, the shape-guard builder, FSDP's
+state sync, ...); an opaque, with no storage, shape or functional wrapper, is
+irrelevant to them. The patches route opaques themselves, never changing what
 torch walks:
 
-* :func:`tensor_attrs` and :func:`tensor_leaves` give the tensor part of a
-  subclass (the core's walk: one ``__tensor_flatten__`` call per level), so a patch can compute
-  what the helper computes over tensors only;
-* :func:`skip_opaque_leaves` wraps a helper that recurses through its own
-  module-level name: the recursion reaches the replacement, which answers for
-  an opaque leaf with a neutral value instead of descending into it;
-* :func:`hide_in_fake_args` presents tensor-only flatten results for *fake*
-  subclass instances, which torch builds privately for one compilation in the
-  compiling thread; a user's tensor (real, or shared between threads) is never
-  touched (see Note [No writes to user objects]).
+* :func:`tensor_attrs` and :func:`tensor_leaves` give a subclass's tensor part
+  (one ``__tensor_flatten__`` call per level) for computing over tensors only;
+* :func:`skip_opaque_leaves` wraps a helper recursing through its module-level
+  name, answering a neutral value for an opaque leaf;
+* :func:`hide_in_fake_args` shows tensor-only flatten results for *fake*
+  instances, private to one compilation in the compiling thread; a user's
+  tensor is never touched (Note [No writes to user objects]).
 
-Every non-tensor attribute found here is validated by the walk: an object that
-is not a registered reference opaque raises the core's error (subclass,
-attribute path, type, fix) instead of being skipped. The checks of a whole
-input at torch's entry points live in :mod:`opaque_subclass.core.checks`.
+A non-tensor attribute that is not a registered reference opaque raises the
+core's error (subclass, path, type, fix), never skipped. Whole-input checks at
+torch's entry points live in :mod:`opaque_subclass.core.checks`.
 
 Note [No writes to user objects]
 --------------------------------
@@ -67,9 +62,8 @@ def is_opaque_leaf(value: object) -> bool:
 
 
 def split_attrs(t: object, path: str = "x") -> tuple[list[tuple[str, _Tensor]], dict[str, Any]]:
-    """``([(name, inner tensor)], {name: opaque})`` of one level of a wrapper
-    subclass, in flatten order, validated by the walk (``path`` names ``t`` in
-    errors). ``([], {})`` for anything else. One ``__tensor_flatten__`` call."""
+    """``([(name, inner tensor)], {name: opaque})`` of one wrapper-subclass level in
+    flatten order, validated (one ``__tensor_flatten__`` call); else ``([], {})``."""
     if not is_wrapper_subclass(t):
         return [], {}
     level = read_level(t, path)  # type: ignore[arg-type]  # a wrapper subclass is a tensor
@@ -87,9 +81,8 @@ def tensor_attrs(t: object, path: str = "x") -> list[tuple[str, _Tensor]]:
 
 
 def skip_opaque_leaves(original: F, *, result: Any = None) -> F:
-    """Wrap a helper ``original(t, ...)`` that recurses into inner attributes by
-    calling its own module-level name: called on an opaque, the wrapper returns
-    ``result`` (neutral for the helper's reduction) instead of descending."""
+    """Wrap a helper ``original(t, ...)`` recursing through its module-level name:
+    on an opaque, return ``result`` (neutral for its reduction) instead."""
 
     @functools.wraps(original)
     def wrapper(t: Any, *args: Any, **kwargs: Any) -> Any:
@@ -145,10 +138,9 @@ def _tensor_only_flatten(level: Level) -> Iterator[None]:
 
 
 def hide_in_fake_args(original: F) -> F:
-    """Wrap ``original`` so that every *fake* subclass instance reachable from
-    its arguments shows only tensor attributes while it runs. Fake instances
-    are built by torch for one compilation and used by the compiling thread
-    only; real tensors reaching ``original`` are passed as they are."""
+    """Wrap ``original`` so that *fake* subclass instances in its arguments (private
+    to the compiling thread) show only tensor attributes while it runs; real
+    tensors pass as they are."""
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -1,13 +1,11 @@
 """AOTAutograd's per-call subclass unwrap/wrap (torch 2.11).
 
-Every call of a compiled function taking or returning subclasses unwraps the
-inputs into the graph's flat list and wraps the flat outputs back. torch 2.11
-does it with data-driven loops over its metadata (``__tensor_flatten__`` and a
-dict per subclass on every call); torch 2.12+ generates straight-line code.
-With opaque attributes on 2.11 that loop is most of the per-call overhead. The
-patch here gives the per-call function of ``AOTDispatchSubclassWrapper`` two
-functions generated once per graph by :class:`opaque_subclass.core.codegen.ArgumentsPlan`,
-from torch's metas translated into :class:`opaque_subclass.SubclassLayout`.
+torch 2.11 unwraps subclass inputs and wraps outputs with data-driven loops
+(``__tensor_flatten__`` and a dict per subclass per call), most of the per-call
+overhead with opaques; torch 2.12+ generates straight-line code. The patch gives
+``AOTDispatchSubclassWrapper``'s per-call function two functions generated once
+per graph by :class:`opaque_subclass.core.codegen.ArgumentsPlan`, from torch's
+metas translated into :class:`opaque_subclass.SubclassLayout`.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ __all__ = ["make_subclass_wrapper_post_compile", "plan_for", "translate"]
 
 
 def translate(torch_meta: Any, start: int | None = None, attr: str | None = None) -> SubclassLayout:
-    """Our meta for a torch 2.11 (runtime-safe) ``SubclassCreationMeta``: built
-    once per compiled graph (by :func:`plan_for`), never stored on torch's meta."""
+    """Our meta for a torch 2.11 runtime ``SubclassCreationMeta`` (once per graph, never stored on it)."""
     from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
 
     from _opaque_subclass_pickle import OpaqueSlotMeta
@@ -92,14 +89,12 @@ def make_subclass_wrapper_post_compile(original: Callable[..., Any]) -> Callable
     builds the function run on every call of a compiled graph that takes or
     returns subclasses.
 
-    Without it, each call unwraps the subclass arguments and rewraps the
-    outputs with torch 2.11's generic loops (``__tensor_flatten__`` and a
-    ``creation_fn`` walk per subclass per call). With it, the per-call function
-    runs two straight-line functions generated once per graph (the inputs'
-    unwrap, the outputs' wrap), as torch 2.12+ does with its generated subclass
-    wrappers (opaque slots as in pytorch/pytorch#176457). Results are
-    identical. Graphs without any opaque keep torch's own function, and so does
-    a call that passes ``None`` for frozen parameters (inductor's freezing).
+    Without it, each call runs torch 2.11's generic loops (``__tensor_flatten__``
+    and a ``creation_fn`` walk per subclass). With it, two straight-line
+    functions generated once per graph unwrap and wrap, as torch 2.12+ does
+    (opaque slots as in pytorch/pytorch#176457), with identical results. Graphs
+    without opaques, and calls passing ``None`` for frozen parameters (inductor's
+    freezing), keep torch's function.
     """
     import functools
 
@@ -124,8 +119,7 @@ def make_subclass_wrapper_post_compile(original: Callable[..., Any]) -> Callable
         @functools.wraps(compiled_fn)
         def inner_fn(args: list[Any]) -> Any:
             if any(a is None for a in args):
-                # Inductor's freezing passes frozen parameters as None; torch's
-                # function knows how to skip them.
+                # Inductor's freezing passes frozen parameters as None: torch's function skips them
                 return generic(args)
             unwrap, wrap, width = built[0] if built else build()
             flat = unwrap(args)

@@ -1,10 +1,8 @@
 """Which flat slots hold the same opaque object.
 
-A graph compiled while two inputs shared one opaque may rely on that sharing
-(for example, it may read the object once). It is only valid for later calls
-with the same sharing, so guards compare an :class:`OpaqueAliasPattern` of the
-call's flat arguments with the one seen at compile time. The pattern compares
-identity, never equality, and holds no reference to the objects.
+A graph may rely on inputs sharing one opaque (reading it once), so guards
+compare the call's :class:`OpaqueAliasPattern` with the compile-time one. It
+compares identity, never equality, and holds no reference to the objects.
 """
 
 from __future__ import annotations
@@ -31,11 +29,9 @@ class OpaqueAliasPattern:
     slots
         Flat indices holding a reference opaque, ascending.
     owners
-        For each entry of ``slots``, the first flat index holding the same
-        object. ``slots[i] == owners[i]`` for the first occurrence.
+        For each of ``slots``, the first flat index holding the same object.
 
-    Two patterns are equal exactly when the same slots hold opaques and the
-    same slots share objects; patterns are hashable.
+    Hashable; equal exactly when the same slots hold and share opaques.
     """
 
     slots: tuple[int, ...]
@@ -63,11 +59,8 @@ def _identity(obj: object) -> int:
 
 
 def opaque_alias_pattern(flat_args: Sequence[Any]) -> OpaqueAliasPattern:
-    """The :class:`OpaqueAliasPattern` of ``flat_args`` (leaves of unwrapped arguments).
-
-    Inside a tracing context, torch's fake wrappers of opaques are seen through:
-    two wrappers of one object share.
-    """
+    """The :class:`OpaqueAliasPattern` of ``flat_args`` (unwrapped leaves); torch's
+    fake wrappers of one object share."""
     first: dict[int, int] = {}
     slots: list[int] = []
     owners: list[int] = []

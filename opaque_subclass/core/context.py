@@ -1,16 +1,13 @@
 """The one walk over a flatten context (what ``__tensor_flatten__`` returns second).
 
-torch.compile treats a subclass's flatten context as a constant of the graph:
-Dynamo guards on it with ``==`` against a deep copy, AOTAutograd bakes it into
-the code that rebuilds outputs. Two things look inside a context for objects
-that break that: the input check that refuses a context that can never equal
-its copy (:func:`opaque_subclass.core.flatten.check_guardable_context`, via
-:func:`unequal_to_copy`) and the compile lint OSC001, which reports objects that
-stand for *this* object (a mesh, a process group, a registered reference
-opaque) wherever they sit (``compile_passes/context.py``, via
-:func:`walk_context`). Both go through :func:`children`, so they agree on what
-a context holds and spell the same path for it (``[0]``, ``['spec']``,
-``.mesh``).
+torch.compile treats a flatten context as a graph constant: Dynamo guards on it
+with ``==`` against a deep copy, AOTAutograd bakes it into output rebuilding.
+Two users look inside: the input check refusing a context unequal to its copy
+(:func:`opaque_subclass.core.flatten.check_guardable_context`, via
+:func:`unequal_to_copy`) and lint OSC001, reporting objects that stand for
+*this* object (a mesh, a process group, a reference opaque;
+``compile_passes/context.py``, via :func:`walk_context`). Both use
+:func:`children`, so they agree on contents and paths (``[0]``, ``['spec']``, ``.mesh``).
 """
 
 from __future__ import annotations
@@ -41,8 +38,7 @@ __all__ = [
 #: How deep the walk goes into nested containers and objects.
 MAX_DEPTH = 8
 
-#: Values compared by value, and objects that are program constants by nature
-#: (classes, functions, modules): the walk never looks inside them.
+#: Values compared by value, and program constants (classes, functions, modules): never walked into.
 PLAIN_TYPES = (
     type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis),
     torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
@@ -56,11 +52,9 @@ _CONTAINERS = (tuple, list, dict, set, frozenset)
 class ContextPart:
     """One object inside a flatten context.
 
-    ``path`` is its place relative to the context (``""`` for the context
-    itself, then ``[0]``, ``['spec']``, ``.mesh``, ``{...}`` for a set member);
-    ``holder`` is the innermost enclosing object with an ``__eq__`` of its own,
-    whose ``==`` decides a guard on the part, or ``None`` when only plain
-    containers enclose it.
+    ``path``: its place in the context (``""``, ``[0]``, ``['spec']``, ``.mesh``,
+    ``{...}`` for a set member); ``holder``: the innermost enclosing object with
+    its own ``__eq__`` (which decides a guard on it), ``None`` under plain containers.
     """
 
     path: str
@@ -94,26 +88,20 @@ def children(obj: object) -> Iterator[tuple[str, Any]]:
 
 
 def is_plain(obj: object) -> bool:
-    """Whether ``obj`` is a plain value (:data:`PLAIN_TYPES`) or a tensor: the walk
-    never looks inside one, and the lint never reports one."""
+    """Whether ``obj`` is a :data:`PLAIN_TYPES` value or a tensor: never walked into nor reported."""
     return isinstance(obj, PLAIN_TYPES) or isinstance(obj, torch.Tensor)
 
 
 def _holder_of(part: ContextPart) -> object | None:
-    """The holder of ``part``'s children: ``part.obj`` when its class has an
-    ``__eq__`` of its own, else ``part``'s holder."""
+    """The holder of ``part``'s children: ``part.obj`` if it has its own ``__eq__``, else ``part.holder``."""
     obj = part.obj
     own_eq = not isinstance(obj, _CONTAINERS) and type(obj).__eq__ is not object.__eq__
     return obj if own_eq else part.holder
 
 
 def walk_context(ctx: object, *, descend: Callable[[object], bool] | None = None) -> Iterator[ContextPart]:
-    """Every part of ``ctx``, the context itself first, depth first.
-
-    The walk looks inside a part unless it is a plain value or a tensor, was
-    already visited (a cycle, or one object reached twice), lies
-    :data:`MAX_DEPTH` levels down, or ``descend(obj)`` is false.
-    """
+    """Every part of ``ctx``, itself first, depth first; parts that are plain,
+    already visited, :data:`MAX_DEPTH` down or refused by ``descend`` are not entered."""
     seen: set[int] = set()
     stack: list[tuple[ContextPart, int]] = [(ContextPart("", ctx, None), 0)]
     while stack:
@@ -138,10 +126,8 @@ def _equal_to_copy(obj: object) -> bool:
 
 
 def unequal_to_copy(ctx: object) -> ContextPart | None:
-    """The innermost part of ``ctx`` that is not equal to a deep copy of itself
-    (the part a Dynamo guard on ``ctx`` would fail on), or ``None`` when ``ctx``
-    equals its copy. Raises what ``copy.deepcopy(ctx)`` or ``==`` raise on the
-    context as a whole."""
+    """The innermost part of ``ctx`` unequal to its deep copy (where a Dynamo guard
+    would fail), or ``None``. Raises what ``copy.deepcopy(ctx)`` or ``==`` raise."""
     if bool(copy.deepcopy(ctx) == ctx):
         return None
     part = ContextPart("", ctx, None)
@@ -164,9 +150,7 @@ def unequal_to_copy(ctx: object) -> ContextPart | None:
 
 
 def _distributed_classes() -> tuple[type, ...]:
-    """torch's ``ProcessGroup`` and ``DeviceMesh``, those of them whose module is
-    imported already (no instance of a class not imported can exist: nothing
-    is imported here)."""
+    """torch's ``ProcessGroup`` and ``DeviceMesh``, where already imported (imports nothing)."""
     found: list[type] = []
     for module_name, class_name in (
         ("torch.distributed.distributed_c10d", "ProcessGroup"),
@@ -180,10 +164,9 @@ def _distributed_classes() -> tuple[type, ...]:
 
 def distributed_part(ctx: object) -> ContextPart | None:
     """The first ``ProcessGroup`` or ``DeviceMesh`` in ``ctx`` (depth first), or
-    ``None``. Either stands for a communicator of this job: kept in a flatten
-    context, torch.compile either cannot guard it (a group cannot be copied)
-    or passes the guard for an equal mesh of other groups and runs the later
-    call with the first call's mesh."""
+    ``None``. In a flatten context, torch.compile cannot guard a group (no
+    copy), and an equal mesh of other groups passes the guard with the first
+    call's mesh."""
     classes = _distributed_classes()
     if not classes:
         return None
@@ -198,8 +181,7 @@ _CONVENTIONAL_NAMES = {"DeviceMesh": "_mesh", "ProcessGroup": "_group"}
 
 
 def holding_attribute(owner: object, obj: object) -> str | None:
-    """The instance attribute of ``owner`` holding ``obj`` (by identity), read
-    from its ``__dict__`` (nothing called); ``None`` if none does."""
+    """The ``__dict__`` attribute of ``owner`` holding ``obj`` (by identity), or ``None``."""
     try:
         attributes = vars(owner)
     except TypeError:
@@ -208,9 +190,8 @@ def holding_attribute(owner: object, obj: object) -> str | None:
 
 
 def attribute_name(type_name: str) -> str:
-    """The attribute name a fix gives an object of the class named
-    ``type_name`` that no attribute holds: ``_mesh``, ``_group``, else the
-    class name in snake case (``_my_handle``)."""
+    """The attribute a fix gives an unheld ``type_name`` object: ``_mesh``,
+    ``_group``, else the snake-case class name (``_my_handle``)."""
     return _CONVENTIONAL_NAMES.get(
         type_name, "_" + "".join(f"_{c.lower()}" if c.isupper() else c for c in type_name).lstrip("_")
     )

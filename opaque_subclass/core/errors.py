@@ -1,9 +1,7 @@
 """Error types and the shared wording of the project's user-facing messages.
 
-Every message built here names four things: the subclass, the attribute path
-(for example ``x._inner._mesh``), the type that was found, and a fix that runs
-as written. The fixes are produced by :func:`import_fix`, so a test can execute
-them verbatim.
+Every message names the subclass, the attribute path (``x._inner._mesh``), the
+type found, and a fix from :func:`import_fix` that runs as written (tests run it).
 """
 
 from __future__ import annotations
@@ -27,44 +25,33 @@ __all__ = [
 class OpaqueSubclassError(RuntimeError):
     """A rule of opaque-attribute subclasses was broken while tracing or running.
 
-    The base of every error the library raises about its users' input, so
-    ``except opaque_subclass.OpaqueSubclassError`` catches them all, and under
-    ``torch.compile`` one of them reaches the caller as itself rather than
-    inside Dynamo's ``InternalTorchDynamoError``. Raised as such for problems
-    discovered in a traced or compiled program (for example a flat argument
-    list whose length does not match the subclass metadata it is being wrapped
-    with). Wrong kinds of objects raise :class:`OpaqueTypeError` (a
-    :class:`TypeError`), bad values :class:`OpaqueValueError` (a
-    :class:`ValueError`) and missing attributes :class:`OpaqueAttributeError`
-    (an :class:`AttributeError`) instead.
+    The base of every error about users' input: ``except
+    opaque_subclass.OpaqueSubclassError`` catches them all, and under
+    ``torch.compile`` they reach the caller as themselves, not inside Dynamo's
+    ``InternalTorchDynamoError``. Raised as such for problems in a traced or
+    compiled program (a flat argument list not matching its subclass metadata);
+    wrong kinds, bad values and missing attributes raise the subclasses below.
     """
 
 
 class OpaqueTypeError(OpaqueSubclassError, TypeError):
-    """An object of the wrong kind was given to the library or listed by a
-    subclass (for example an ``int`` among the attributes a
-    ``__tensor_flatten__`` returns, or an unregistered class where an opaque is
-    expected). A :class:`TypeError`, so ``except TypeError`` keeps catching it."""
+    """An object of the wrong kind, given or listed by a subclass (an ``int`` among
+    ``__tensor_flatten__``'s attributes, an unregistered opaque). A :class:`TypeError`."""
 
 
 class OpaqueValueError(OpaqueSubclassError, ValueError):
-    """An object of the right kind with a value the library cannot use (for
-    example a dim out of range, or an archive whose contents do not match its
-    manifest). A :class:`ValueError`, so ``except ValueError`` keeps catching
-    it."""
+    """A value the library cannot use (a dim out of range, an archive not matching
+    its manifest). A :class:`ValueError`."""
 
 
 class OpaqueAttributeError(OpaqueSubclassError, AttributeError):
-    """An attribute the library was told to read is missing (for example a name
-    that ``__tensor_flatten__`` lists but the instance does not have). An
-    :class:`AttributeError`, so ``except AttributeError`` keeps catching it."""
+    """An attribute to read is missing (listed by ``__tensor_flatten__``, absent on
+    the instance). An :class:`AttributeError`."""
 
 
 class OpaqueMemberError(OpaqueAttributeError):
-    """Compiled code used a member (attribute, property or method) of an opaque
-    that the opaque's registration does not declare (``register_opaque(cls,
-    members=...)``): torch.compile cannot tell whether to evaluate it on the
-    real object (and guard the value) or trace it."""
+    """Compiled code used an opaque's member not declared by ``register_opaque(cls,
+    members=...)``: torch.compile cannot tell whether to evaluate (and guard) or trace it."""
 
 
 def qualified_name(cls: type) -> str:
@@ -74,10 +61,9 @@ def qualified_name(cls: type) -> str:
 
 
 def subject(cls: type) -> str:
-    """How a message names the subclass it is about: module-qualified
-    (``pkg.mod.MeshTensor``, ``__main__.MeshTensor`` for a script's class), so a
-    message about one of several classes of the same name says which. Used for
-    the first mention; code in a fix keeps the bare name the user types."""
+    """A message's first mention of its subclass, module-qualified
+    (``pkg.mod.MeshTensor``, ``__main__.MeshTensor``) to tell same-named classes
+    apart; code in a fix keeps the bare name."""
     try:
         return qualified_name(cls)
     except Exception:  # an error message must never crash
@@ -95,18 +81,15 @@ def describe_type(obj: object) -> str:
 def import_fix(cls: type, call: str) -> str:
     """A runnable snippet, in backticks, that imports ``cls`` and then executes ``call``.
 
-    ``call`` is a template: ``{cls}`` is replaced by the name the class has after
-    the import (its ``__qualname__``), and it may use the name
-    ``opaque_subclass``. Classes that cannot be imported by name (defined in a
-    function or in ``__main__``) get a snippet that uses ``cls.__name__`` and
-    assumes the class is in scope, which is said after the snippet.
+    In the template ``call``, ``{cls}`` is the imported ``__qualname__``;
+    ``opaque_subclass`` is imported. A class not importable by name (local, or in
+    ``__main__``) is used as ``cls.__name__``, said to be needed in scope.
     """
     return imports_fix(call, cls=cls)
 
 
 def imports_fix(call: str, **classes: type) -> str:
-    """:func:`import_fix` for several classes: ``call``'s ``{name}`` is the name
-    the class passed as ``name`` has after the snippet's imports."""
+    """:func:`import_fix` for several classes, ``{name}`` for the one passed as ``name``."""
     imports: list[str] = []
     names: dict[str, str] = {}
     in_scope: list[str] = []
@@ -123,9 +106,8 @@ def imports_fix(call: str, **classes: type) -> str:
 
 
 def adopt_fix(cls: type, attr: str, path: str, obj_type: type) -> str:
-    """The fix for a class of another package that keeps an object of
-    ``obj_type`` at ``path`` of its flatten context (the path as lint OSC001
-    writes it after ``<context>``): adopt it, the object listed as ``attr``."""
+    """The fix for another package's class keeping an ``obj_type`` at ``path`` of
+    its flatten context (OSC001's path after ``<context>``): adopt it as ``attr``."""
     escaped = repr(path).replace("{", "{{").replace("}", "}}")
     call = "opaque_subclass.adopt({cls}, {{" + repr(attr) + ": opaque_subclass.ContextOpaque(" + escaped + ", {obj})}})"
     return "for a class of another package, whose code you do not change, adopt it: " + imports_fix(
@@ -134,9 +116,8 @@ def adopt_fix(cls: type, attr: str, path: str, obj_type: type) -> str:
 
 
 def submodule_expression(path: str) -> str:
-    """Python, for a fix, naming the submodule at dotted ``path`` (``""`` for
-    the root) of a module named ``module``: ``module.layer``, or
-    ``module.get_submodule('blocks.0')`` when a part is not an identifier."""
+    """Python naming the submodule at dotted ``path`` of ``module`` (``""``: the
+    root): ``module.layer``, else ``module.get_submodule('blocks.0')``."""
     if not path:
         return "module"
     if all(part.isidentifier() for part in path.split(".")):

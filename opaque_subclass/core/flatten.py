@@ -1,11 +1,9 @@
 """Flattening subclasses into leaves (tensors and opaques) and back.
 
-Built on the one walk (:mod:`opaque_subclass.core.walk`): :func:`describe`
-builds the :class:`~opaque_subclass.core.spec.SubclassLayout` of a live
-value from its levels, :func:`append_leaves` lists its leaves, and
-:func:`check_rebuild` rebuilds every level with the class's own
-``__tensor_unflatten__``. Each reads a level once, validated by the walk.
-Unflattening is the spec's :func:`~opaque_subclass.core.spec.unflatten_checked`.
+Built on the one walk (:mod:`opaque_subclass.core.walk`), reading each level
+once: :func:`describe` builds a live value's
+:class:`~opaque_subclass.core.spec.SubclassLayout`, :func:`append_leaves` lists
+its leaves. Unflattening is :func:`~opaque_subclass.core.spec.unflatten_checked`.
 """
 
 from __future__ import annotations
@@ -50,12 +48,9 @@ def describe(
     count_symints: bool = False,
     with_memory_format: bool = False,
 ) -> Layout:
-    """Build the meta of one value whose first slot is ``start_idx``.
-
-    A wrapper subclass gets a :class:`SubclassLayout` (recursively), a
-    reference opaque an :class:`OpaqueSlot`, anything else a
-    :class:`TensorSlot`. ``path`` names ``x`` in error messages.
-    """
+    """The meta of ``x`` from slot ``start_idx``: a :class:`SubclassLayout` (recursive)
+    for a wrapper subclass, an :class:`OpaqueSlot` for a reference opaque, else a
+    :class:`TensorSlot`. ``path`` names ``x`` in error messages."""
     if not is_wrapper_subclass(x):
         if not isinstance(x, _Tensor) and opaque_kind(x) == "reference":
             return OpaqueSlot(start_idx, attr, opaque_type_of(x))
@@ -82,9 +77,8 @@ def _describe_level(
     leaves: list[Any] | None = None,
     levels: list[Level] | None = None,
 ) -> SubclassLayout:
-    """The meta of one level (nested levels read once each); with ``leaves``,
-    the level's leaves are appended to it in the same pass, and with
-    ``levels``, every level read (innermost first)."""
+    """The meta of one level; in the same pass, appends its leaves to ``leaves``
+    and every level read (innermost first) to ``levels``, when given."""
     attrs: dict[str, Layout] = {}
     idx = start_idx
     is_fake: bool | None = None  # decided by the first tensor leaf, as torch decides it
@@ -135,10 +129,9 @@ def _describe_level(
 
 
 def append_leaves(x: object, out: list[Any], path: str = "x", *, symints: bool = False) -> None:
-    """Append the leaves of ``x`` to ``out``: a subclass's tensors and opaques,
-    depth-first, or ``x`` itself. Validates like :func:`describe`. With
-    ``symints``, each subclass's symbolic size and stride entries follow its
-    leaves (the layout of a meta made with ``count_symints=True``)."""
+    """Append ``x``'s leaves (tensors and opaques, depth-first) or ``x`` itself to
+    ``out``, validating like :func:`describe`. With ``symints``, each level's
+    symbolic sizes and strides follow its leaves (as ``count_symints=True``)."""
     if not is_wrapper_subclass(x):
         out.append(x)
         return
@@ -175,12 +168,11 @@ def flatten_subclass(t: torch.Tensor, *, name: str = "x") -> tuple[list[Any], La
         ``leaves`` lists tensors and opaques in flat-slot order; opaques are the
         very objects held by ``t``. ``spec.unflatten(leaves)`` rebuilds ``t``.
 
-    Every level is validated by the walk, and rebuilt once from its own leaves
-    with its class's ``__tensor_unflatten__``, which must return an instance of
-    the class with ``t``'s shape and dtype (:func:`~opaque_subclass.core.checks.check_rebuild`): a spec that
-    would not rebuild ``t`` is refused here, naming the level, rather than
-    surfacing later as a silently different tensor. For the leaves alone, use
-    :func:`append_leaves`, which skips the rebuild.
+    Every level is validated and rebuilt once with its ``__tensor_unflatten__``,
+    which must return the class with ``t``'s shape and dtype
+    (:func:`~opaque_subclass.core.checks.check_rebuild`): a bad spec is refused
+    here, naming the level, not later as a silently different tensor.
+    :func:`append_leaves` gives the leaves alone, without the rebuild.
     """
     if not isinstance(t, _Tensor):
         raise OpaqueTypeError(
@@ -202,9 +194,8 @@ def flatten_subclass(t: torch.Tensor, *, name: str = "x") -> tuple[list[Any], La
 def unflatten_subclass(leaves: Sequence[Any], spec: Layout, *, name: str = "x") -> Any:
     """Rebuild a value from ``leaves`` and the ``spec`` from :func:`flatten_subclass`.
 
-    Every leaf is checked against its slot (tensor or opaque) and the leaf count
-    against the spec, with errors that name the subclass and attribute path.
-    Opaque leaves are placed into the rebuilt subclass as the very same objects.
+    Leaves and their count are checked against the spec (errors name the
+    subclass and attribute path); opaques go in as the very same objects.
     """
     return unflatten_checked(leaves, spec, name=name)
 
@@ -215,13 +206,9 @@ def describe_args(
     count_symints: bool = True,
     with_memory_format: bool = False,
 ) -> list[Layout]:
-    """One meta per element of ``args``, with slots numbered across all of them.
-
-    Subclass arguments get a :class:`SubclassLayout` taking ``arg_count``
-    slots; reference opaques passed directly get an :class:`OpaqueSlot`; all
-    other arguments a :class:`TensorSlot`. With ``count_symints``, each
-    subclass's symbolic sizes/strides take slots after its attributes.
-    """
+    """One :func:`describe` meta per element of ``args``, slots numbered across
+    all; with ``count_symints``, a subclass's symbolic sizes/strides take slots
+    after its attributes."""
     if isinstance(args, torch.Tensor) or not isinstance(args, Sequence):
         raise OpaqueTypeError(
             f"describe_args expects a list or tuple of arguments, got {describe_type(args)}. "

@@ -1,10 +1,9 @@
-"""A process-independent hash of a wrapper subclass: what a compiled program
-depends on of it, never an opaque's identity or value, a tensor's data or an
-``id()``. :meth:`OpaqueSubclass._stable_hash_for_caching
-<opaque_subclass.OpaqueSubclass._stable_hash_for_caching>` returns it (torch
-2.12 - 2.15 ask a subclass input for it when they key AOTAutograd's cache);
-the library's key of torch 2.11 computes it for any subclass input holding an
-opaque (:mod:`opaque_subclass.fixes.autograd_cache`)."""
+"""A process-independent hash of what a compiled program depends on of a wrapper
+subclass (never an opaque's identity or value, tensor data or an ``id()``).
+:meth:`OpaqueSubclass._stable_hash_for_caching
+<opaque_subclass.OpaqueSubclass._stable_hash_for_caching>` returns it for torch
+2.12 - 2.15's AOTAutograd cache key; on torch 2.11 the library's key computes
+it (:mod:`opaque_subclass.fixes.autograd_cache`)."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ __all__ = ["stable_subclass_hash"]
 
 
 class _SetsSortedPickler(pickle._Pickler):  # the Python pickler: asks reducer_override for every object
-    """Pickles sets and frozensets with their elements sorted (by their own
-    pickle), so the bytes do not follow ``hash()``, which differs per process."""
+    """Pickles sets with elements sorted by their pickle, not per-process ``hash()``."""
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, (set, frozenset)):
@@ -34,9 +32,7 @@ class _SetsSortedPickler(pickle._Pickler):  # the Python pickler: asks reducer_o
 
 
 def stable_subclass_hash(t: torch.Tensor) -> str:
-    """The process-independent hash :meth:`OpaqueSubclass._stable_hash_for_caching`
-    returns, for any wrapper subclass ``t`` (see that method for what is
-    hashed: never an opaque's identity or value, a tensor's data or ``id()``)."""
+    """The hash :meth:`OpaqueSubclass._stable_hash_for_caching` returns, for any wrapper subclass ``t``."""
     parts: list[tuple[Any, ...]] = [("opaque-subclass", LIBRARY_VERSION)]
     for path, slot in walk(t):
         if not isinstance(slot, Attr):  # a Level: a subclass, this one first

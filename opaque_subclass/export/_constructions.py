@@ -8,22 +8,19 @@ rebuilds each subclass parameter inside its graph::
     flat_apply(func_spec, in_spec, 3, 1, True, p_w_original0, obj_w_lifted_custom_0)
 
 ``func_spec`` and ``in_spec`` are pytree specs held as graph-module attributes
-(the first one wraps the subclass itself); torch's serializer refuses both
-("Unsupported getattr attribute"), so ``torch.export.save`` fails on every
-release. :func:`encode` rewrites each such node, in a copy of the graph, into
-``opaque_subclass::stored_construction(key, tensors)``: an ordinary custom op
-that torch serializes, whose ``key`` names a :class:`ConstructionRecord` of the
-manifest holding what the op cannot: the class (by qualified name), the
-argument spec (``treespec_dumps``) and, per flat argument, where it comes from
-(the op's tensors, a lifted opaque input, a constant). :func:`decode` turns the
-loaded nodes back into ``flat_apply`` calls. The lifted opaques themselves stay
-program inputs and are stored by name like every constant (the node keeps
-naming them through the record), so the loader's objects flow into the rebuilt
-subclasses.
+(the first wraps the subclass); torch's serializer refuses both ("Unsupported
+getattr attribute"), so ``torch.export.save`` fails on every release.
+:func:`encode` rewrites each such node, in a graph copy, into
+``opaque_subclass::stored_construction(key, tensors)``, a custom op torch
+serializes; ``key`` names the manifest's :class:`ConstructionRecord` with the
+class (qualified name), the argument spec (``treespec_dumps``) and each flat
+argument's origin (the op's tensors, a lifted opaque input, a constant).
+:func:`decode` restores the ``flat_apply`` calls. Lifted opaques stay program
+inputs stored by name, so the loader's objects flow into the rebuilt subclasses.
 
-Constants are stored by value: JSON scalars as themselves, dtypes, layouts
-and memory formats by name, devices as strings, and anything else (a value
-opaque such as a quantization config) with its own pickling.
+Constants are stored by value: JSON scalars as themselves, dtypes, layouts and
+memory formats by name, devices as strings, anything else (a value opaque such
+as a quantization config) by its own pickling.
 """
 
 from __future__ import annotations
@@ -230,9 +227,8 @@ def encode(
 
 
 def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
-    """A copy of ``graph`` whose nodes keep their names: the program's signature
-    refers to them, and copying renames some (a placeholder ``input`` becomes
-    ``input_1``, since ``input`` is a builtin)."""
+    """A copy of ``graph`` keeping node names, which the signature refers to (a copy
+    renames the placeholder ``input``, a builtin, to ``input_1``)."""
     new = copy.deepcopy(graph)  # node for node, in order
     for node, twin in zip(graph.nodes, new.nodes, strict=True):
         if twin.op != node.op:

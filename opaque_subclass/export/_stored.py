@@ -1,16 +1,13 @@
 """What a saved program holds in place of a subclass tensor with reference opaques.
 
-:class:`StoredSubclass` is a wrapper tensor with the outer size, stride, dtype
-and device of the subclass it stands for. It carries that subclass's structure
-(a plain tuple tree: class, flatten context, outer size and stride per level)
-and its leaves, with every reference opaque replaced by the *name* the
-manifest gives it. ``torch.export.save`` pickles it like any tensor subclass
-(its inner tensors as storages), so the archive holds the subclass's data and
-contexts but never an opaque object.
+:class:`StoredSubclass`, a wrapper tensor with the subclass's outer size,
+stride, dtype and device, carries its structure (a tuple tree: class, context,
+outer size and stride per level) and leaves, each reference opaque replaced by
+its manifest *name*. ``torch.export.save`` pickles it like any subclass: the
+archive holds data and contexts, never an opaque object.
 
-The pickled form refers only to :func:`restore_stored` (this module) and to the
-user's own classes; it does not depend on the library's internal spec classes,
-so archives stay loadable across the library's refactors. Format version 1:
+The pickled form refers only to :func:`restore_stored` and the user's classes,
+not the library's spec classes, so archives survive refactors. Format version 1:
 
 * ``tree``: ``("subclass", cls, context, outer_size, outer_stride, ((attr, tree), ...))``,
   ``("tensor",)`` or ``("opaque", cls)``;
@@ -18,8 +15,7 @@ so archives stay loadable across the library's refactors. Format version 1:
 * ``names``: the manifest name of the opaque at each opaque slot (slot order).
 
 Any operation on a ``StoredSubclass`` raises: it only exists between
-``torch.export.load`` and the rebinding done by
-:func:`opaque_subclass.export.load`.
+``torch.export.load`` and :func:`opaque_subclass.export.load`'s rebinding.
 """
 
 from __future__ import annotations
@@ -153,11 +149,8 @@ class StoredSubclass(torch.Tensor):
         )
 
     def rebuild(self, objects: Mapping[str, Any]) -> torch.Tensor:
-        """The subclass, with each opaque slot bound to ``objects[name]``.
-
-        ``unflatten_subclass`` checks every leaf against its slot and the
-        rebuilt type; a parameter placeholder gives a ``torch.nn.Parameter``.
-        """
+        """The subclass, each opaque slot bound to ``objects[name]`` (leaves checked;
+        a parameter placeholder gives a ``torch.nn.Parameter``)."""
         spec = spec_from_tree(self._tree)
         names = iter(self._names)
         leaves = [objects[next(names)] if leaf is None else leaf for leaf in self._leaves]

@@ -1,8 +1,7 @@
 """The manifest: which reference opaques a saved program needs, by name and type.
 
-It is stored as JSON in the program's ``.pt2`` archive, as the extra file
-:data:`MANIFEST_NAME` (torch's own ``torch.export.load(f, extra_files=...)``
-reads it too). Example::
+Stored as JSON in the ``.pt2`` archive's extra file :data:`MANIFEST_NAME`
+(readable with ``torch.export.load(f, extra_files=...)``). Example::
 
     {
       "format": "opaque-subclass/export", "version": 2,
@@ -15,12 +14,10 @@ reads it too). Example::
       "constructions": []
     }
 
-``sites`` lists every place of the program that holds the object (one object
-shared by several sites has one name, so sharing survives the round trip);
-``example_inputs_dropped`` says the program's example inputs held reference
-opaques and were therefore not saved; ``constructions`` describes the subclass
-constructions of a graph exported after ``unwrap_subclass_parameters``
-(:mod:`opaque_subclass.export._constructions`).
+``sites``: every place holding the object (one name per object, so sharing
+survives); ``example_inputs_dropped``: example inputs held reference opaques and
+were not saved; ``constructions``: subclass constructions of a graph exported
+after ``unwrap_subclass_parameters`` (:mod:`opaque_subclass.export._constructions`).
 """
 
 from __future__ import annotations

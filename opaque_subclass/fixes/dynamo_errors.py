@@ -1,23 +1,17 @@
 """The library's errors reach the caller of a compiled function as themselves
 (torch 2.11 - 2.15).
 
-Dynamo compiles a frame in ``torch._dynamo.convert_frame._compile``, which
-re-raises most exceptions it does not know as ``InternalTorchDynamoError`` with
-the message ``f"{type(e).__qualname__}: {e}"``, ``from None`` (the original is
-left as ``__context__`` only). An error the library raises while Dynamo
-builds its variables (a subclass input that lists an ``int``) therefore
-reached the user as ``InternalTorchDynamoError: TypeError: ...``, which reads
-as a torch bug and is not caught by ``except TypeError``. An error of ours
-raised while Dynamo or the backend runs the user's operations on fake tensors
-(inside a subclass's ``__torch_dispatch__``) reached the user inside
-``TorchRuntimeError`` or ``BackendCompilerFailed`` the same way.
+``torch._dynamo.convert_frame._compile`` re-raises most unknown exceptions as
+``InternalTorchDynamoError("{type}: {e}")`` ``from None`` (the original only as
+``__context__``), so a library error while Dynamo builds its variables read as
+a torch bug, escaping ``except TypeError``; one raised on fake tensors (in a
+``__torch_dispatch__``) arrived inside ``TorchRuntimeError`` or
+``BackendCompilerFailed``.
 
-The replacement calls torch's ``_compile`` unchanged and looks only at what
-it raises. When that is one of Dynamo's wrappers whose chain of wrapped
-exceptions leads to an instance of
-:class:`~opaque_subclass.core.errors.OpaqueSubclassError`, the library's error
-is raised instead; any other exception (torch's own, the user's, a graph
-break) propagates exactly as torch raised it.
+The replacement runs torch's ``_compile`` unchanged; when a Dynamo wrapper it
+raises wraps an :class:`~opaque_subclass.core.errors.OpaqueSubclassError`, that
+is raised instead. Anything else (torch's, the user's, a graph break)
+propagates exactly as torch raised it.
 """
 
 from __future__ import annotations
@@ -31,30 +25,24 @@ from opaque_subclass.patching import composes
 
 __all__ = ["make_compile", "ours_under"]
 
-#: How many wrappers deep the library's error is looked for (torch 2.15 puts
-#: five exceptions between ``TorchRuntimeError`` and an error raised in
-#: ``__torch_dispatch__``).
+#: How many wrappers deep to look (torch 2.15 puts five between ``TorchRuntimeError``
+#: and an error raised in ``__torch_dispatch__``).
 _MAX_DEPTH = 12
 
 _NOTE = "torch.compile raised it while tracing this user code:\n"
 
-#: How Dynamo's ``run_node`` (``torch._dynamo.utils``) starts the message of the
-#: ``RuntimeError`` it raises from an exception of an operation it ran on fake
-#: tensors (torch 2.11 - 2.15).
+#: The start of the ``RuntimeError`` Dynamo's ``run_node`` (``torch._dynamo.utils``) raises
+#: from an operation failing on fake tensors (torch 2.11 - 2.15).
 _RUN_NODE = "Dynamo failed to run FX node with fake tensors: "
 
 
 def _wrapped(error: BaseException) -> BaseException | None:
     """The exception torch wrapped in ``error``, when ``error`` is a wrapper.
 
-    Dynamo's wrappers (every ``TorchDynamoException``: ``InternalTorchDynamoError``,
-    ``TorchRuntimeError``, ``Unsupported``, ``ObservedException``...) name the
-    wrapped exception as ``__cause__`` or, when raised ``from None``, leave it as
-    ``__context__``; ``BackendCompilerFailed`` also keeps it as
-    ``inner_exception``. A plain ``RuntimeError`` is a wrapper only when it is
-    Dynamo's ``run_node`` wrapper (``RuntimeError("Dynamo failed to run FX node
-    with fake tensors: ...") from e``): any other, the user's own included, is
-    a failure of its own.
+    Every ``TorchDynamoException`` names it as ``__cause__``, or ``__context__``
+    when raised ``from None`` (``BackendCompilerFailed``: ``inner_exception``
+    too). A plain ``RuntimeError`` is a wrapper only as ``run_node``'s
+    (:data:`_RUN_NODE`); any other, the user's included, is a failure of its own.
     """
     from torch._dynamo.exc import InternalTorchDynamoError, TorchDynamoException
 
@@ -76,12 +64,8 @@ def _wrapped(error: BaseException) -> BaseException | None:
 
 
 def ours_under(error: BaseException) -> OpaqueSubclassError | None:
-    """The library's error that ``error`` (one of Dynamo's wrappers) wraps, or ``None``.
-
-    Follows wrapped exceptions (:func:`_wrapped`) from ``error`` down; the first
-    one that is not a wrapper decides: the library's error is returned, anything
-    else (torch's own error, the user's) gives ``None``.
-    """
+    """The library's error that ``error`` (one of Dynamo's wrappers) wraps, or ``None``:
+    the first non-wrapper down the :func:`_wrapped` chain decides."""
     seen: set[int] = set()
     current: BaseException | None = error
     for _ in range(_MAX_DEPTH):
@@ -95,14 +79,9 @@ def ours_under(error: BaseException) -> OpaqueSubclassError | None:
 
 
 def _note_user_code(ours: BaseException, wrapper: BaseException) -> None:
-    """Keep the user's frames Dynamo attached to ``wrapper`` (the
-    ``from user code:`` part of its message) as a note on ``ours`` (Python
-    3.11+).
-
-    ``_compile`` appends them to the message of the exception that reached it:
-    the library's own error when Dynamo re-raised it as ``InternalTorchDynamoError``
-    (nothing to add then), the wrapper's (``TorchRuntimeError``,
-    ``BackendCompilerFailed``) otherwise.
+    """Keep the ``from user code:`` frames Dynamo put on ``wrapper`` as a note on
+    ``ours`` (Python 3.11+). Nothing to add for ``InternalTorchDynamoError``:
+    ``_compile`` appended them to ``ours``' own message.
     """
     from torch._dynamo.exc import InternalTorchDynamoError
 
@@ -128,23 +107,18 @@ def make_compile(original: Callable[..., Any]) -> Callable[..., Any]:
     frame and re-raises any exception it does not know as
     ``InternalTorchDynamoError``.
 
-    Without it, an error of the library raised while Dynamo builds its
-    variables (``torch.compile`` of a function whose subclass argument lists an
-    ``int``) reaches the user as ``InternalTorchDynamoError: TypeError:
-    MeshTensor.__tensor_flatten__() lists attribute '_mesh' ...``, which reads
-    as a torch bug and escapes ``except TypeError``; one raised in a
-    subclass's ``__torch_dispatch__`` while Dynamo or AOTAutograd traces it
-    arrives inside ``TorchRuntimeError`` or ``BackendCompilerFailed``. With it,
-    the library's own exception (an ``OpaqueSubclassError``; for a wrong type an
-    ``OpaqueTypeError``, which is a ``TypeError``) is raised as itself, with its
-    traceback from where it was raised, its own ``__cause__``, and Dynamo's
-    ``from user code:`` frames (in its message, or as a note when torch had
-    put them on the wrapper). Torch's ``_compile`` runs unchanged: every other
-    exception, graph breaks (``Unsupported``) and
-    ``torch._dynamo.config.suppress_errors`` (which suppresses the library's
-    error exactly as it suppressed the wrapper) behave as on stock torch.
-    torch 2.12's native opaque attributes (pytorch/pytorch#176457) do not
-    change this: the wrapping is Dynamo's, for any exception it does not know.
+    Without it, a library error while Dynamo builds its variables (a subclass
+    argument listing an ``int``) reaches the user as ``InternalTorchDynamoError:
+    TypeError: MeshTensor.__tensor_flatten__() lists attribute '_mesh' ...``,
+    reading as a torch bug and escaping ``except TypeError``; one raised in a
+    ``__torch_dispatch__`` while tracing arrives inside ``TorchRuntimeError`` or
+    ``BackendCompilerFailed``. With it, the library's exception (an
+    ``OpaqueTypeError`` is a ``TypeError``) is raised as itself, with its
+    traceback, ``__cause__`` and Dynamo's ``from user code:`` frames (in its
+    message, or as a note). Other exceptions, graph breaks and
+    ``torch._dynamo.config.suppress_errors`` behave as on stock torch. torch
+    2.12's native opaque attributes (pytorch/pytorch#176457) do not change
+    this: the wrapping is Dynamo's.
     """
     from torch._dynamo.exc import BackendCompilerFailed, InternalTorchDynamoError, TorchRuntimeError
 
@@ -158,8 +132,7 @@ def make_compile(original: Callable[..., Any]) -> Callable[..., Any]:
             if ours is None:
                 raise
             _note_user_code(ours, error)
-        # raised here, outside the handler, so that the wrapper (whose context
-        # is ours) does not become ours' __context__
+        # raised outside the handler: the wrapper must not become ours' __context__
         raise ours
 
     return _compile

@@ -2,30 +2,25 @@
 only when the compilation read something rank-dependent from it
 (torch 2.11 - 2.15).
 
-torch registers ``DeviceMesh`` (2.12+; the library registers it the same way on
-2.11) with a ``guard_fn`` returning the mesh's whole rank map, layout, device
-type, dimension names and thread, and guards every mesh input on it. So N
-meshes of one shape over different ranks (pipeline stages, expert groups, a
-mesh rebuilt after a failure) compile N times even when the program never reads
-which ranks a mesh holds: a ``ShardedTensor`` step finds its process group when
-its collectives run, never while tracing.
+torch (2.12+; the library likewise on 2.11) registers ``DeviceMesh`` with a
+``guard_fn`` of its whole rank map, layout, device type, dimension names and
+thread. So N meshes of one shape over other ranks (pipeline stages, expert
+groups, a rebuilt mesh) compile N times, even when nothing reads the ranks (a
+``ShardedTensor`` step finds its group when collectives run).
 
-What a program can read from a mesh while it is compiled, and what guards it:
+Reads of a mesh while compiling, and their guards:
 
-* in the compiled function, through Dynamo: a member value (``get_coordinate()``,
-  ``get_local_rank()``, ``size()``) is guarded on that value
-  (:mod:`opaque_subclass.fixes.members`), an attribute (``_flatten_rank_map``,
-  ``mesh``) by Dynamo's guard on the attribute;
+* through Dynamo: a member value (``get_coordinate()``, ``size()``) is guarded
+  on that value (:mod:`opaque_subclass.fixes.members`), an attribute
+  (``_flatten_rank_map``, ``mesh``) by Dynamo's attribute guard;
 * below Dynamo, while AOTAutograd traces (DTensor's sharding propagation, a
-  subclass reading its mesh's coordinate in its dispatch): recorded by
-  :mod:`opaque_subclass.fixes.below_dynamo`; nothing guards those values but
-  the rank-map guard.
+  dispatch reading the coordinate): recorded by
+  :mod:`opaque_subclass.fixes.below_dynamo`, guarded only by the rank map.
 
-So a mesh from which the compilation read only its shape below Dynamo
-(:data:`SHAPE_MEMBERS`) is guarded on its layout, device type, dimension names
-and thread; a mesh from which it read anything else (the rank map, a
-coordinate, a group, a submesh, equality) keeps torch's guard, and so does
-every other opaque class.
+So a mesh read below Dynamo only for its shape (:data:`SHAPE_MEMBERS`) is
+guarded on layout, device type, dimension names and thread; any other read
+(rank map, coordinate, group, submesh, equality), and every other opaque
+class, keeps torch's guard.
 """
 
 from __future__ import annotations
@@ -38,8 +33,8 @@ from opaque_subclass.patching import composes
 
 __all__ = ["SHAPE_MEMBERS", "make_opaque_guard", "rank_dependent_reads"]
 
-#: Members of ``DeviceMesh`` that depend on its shape only, never on which
-#: ranks it holds (the narrow guard compares everything they derive from).
+#: ``DeviceMesh`` members depending on its shape only, never its ranks (the narrow guard
+#: compares everything they derive from).
 SHAPE_MEMBERS = frozenset(
     {"size", "ndim", "shape", "device_type", "mesh_dim_names", "_device_type", "_mesh_dim_names", "_layout",
      "_thread_id", "_get_mesh_dim_by_name", "_preserve_rank_order"}
@@ -53,22 +48,19 @@ def _is_mesh(obj: object) -> bool:
 
 
 def rank_dependent_reads(obj: object, context: object) -> frozenset[str]:
-    """The members of ``obj`` other than :data:`SHAPE_MEMBERS` read below
-    Dynamo by the compilation whose ``TracingContext`` is ``context``."""
+    """``obj``'s non-:data:`SHAPE_MEMBERS` members read below Dynamo in the compilation of ``context``."""
     read = reads_of(context).get(id(obj))
     return read[1] - SHAPE_MEMBERS if read is not None else frozenset()
 
 
 def _compilation_of(builder: Any) -> object | None:
-    """The ``TracingContext`` of the compilation whose guards ``builder`` builds
-    (its output graph's), or ``None`` when it cannot be told."""
+    """The ``TracingContext`` of ``builder``'s output graph, or ``None`` when unknown."""
     output_graph = getattr(getattr(builder, "check_fn_manager", None), "output_graph", None)
     return getattr(output_graph, "tracing_context", None)
 
 
 def _shape_identity(mesh: Any) -> list[object]:
-    """What every compilation may depend on of a mesh: its layout (shape and
-    strides), device type, dimension names and creating thread."""
+    """A mesh's layout (shape, strides), device type, dimension names and creating thread."""
     return [mesh._layout, mesh._device_type, mesh._mesh_dim_names, mesh._thread_id]
 
 
@@ -78,18 +70,14 @@ def make_opaque_guard(original: Callable[..., Any]) -> Callable[..., Any]:
     (torch 2.11, 2.12, 2.13, 2.14 and 2.15: each release's fingerprint), the
     guard Dynamo builds from a registered opaque's ``guard_fn``.
 
-    Without it, a ``DeviceMesh`` input is guarded on its whole rank map (the
-    ``guard_fn`` torch registers for it with its native opaques since 2.12,
-    pytorch/pytorch#176457, and the library registers on 2.11): one program
-    over 4 meshes of one shape on other ranks compiles 4 times although it
-    never reads the ranks. With it, a mesh from which the compilation read
-    nothing rank-dependent below Dynamo (:func:`rank_dependent_reads`; the
-    compilation is told by the output graph whose guards are built, and when
-    it cannot be told, torch's guard) is guarded on its layout, device type,
-    dimension names and thread only; what the compiled function itself read
-    from the mesh is guarded where it was read (a member's value, an
-    attribute). Any other mesh, and every other opaque class, keeps torch's
-    guard.
+    Without it, a ``DeviceMesh`` input is guarded on its whole rank map (torch's
+    ``guard_fn`` since 2.12, pytorch/pytorch#176457; the library's on 2.11): one
+    program over 4 same-shape meshes on other ranks compiles 4 times. With it, a
+    mesh with nothing rank-dependent read below Dynamo
+    (:func:`rank_dependent_reads`, in a compilation known from the output graph)
+    is guarded on layout, device type, dimension names and thread only; reads in
+    the compiled function are guarded where read. Other meshes and opaque
+    classes keep torch's guard.
     """
 
     def OPAQUE_OBJ_GUARD_FN_MATCH(self: Any, guard: Any) -> None:  # torch's guard names are upper case
@@ -110,7 +98,6 @@ def make_opaque_guard(original: Callable[..., Any]) -> Callable[..., Any]:
             mesh_shape_match, get_verbose_code_parts(code, guard), guard.user_stack
         )
 
-    # what torch attached to its method (2.12+: the guard's check spec, read by
-    # its guard serialization), on the replacement too
+    # what torch attached to its method (2.12+: the check spec, read by guard serialization)
     vars(OPAQUE_OBJ_GUARD_FN_MATCH).update(vars(original))
     return OPAQUE_OBJ_GUARD_FN_MATCH

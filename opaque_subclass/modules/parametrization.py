@@ -1,17 +1,13 @@
 """Subclass parameters as parametrizations over plain tensor leaves.
 
-:func:`unwrap_subclass_parameters` turns every parameter and buffer of
-a module that is a wrapper subclass (opaque attributes and nesting included)
-into a parametrization: the module stores the subclass's *leaves* - its plain
-tensors as parameters/buffers, its opaques as plain attributes - and
-``module.weight`` rebuilds the subclass on access. Exporters and optimizers
-then see only plain tensors; the state dict holds only tensors; the opaques
-keep their identity.
+:func:`unwrap_subclass_parameters` parametrizes every wrapper-subclass parameter
+and buffer: the module stores the *leaves* (tensors as parameters/buffers,
+opaques as plain attributes, identity kept) and ``module.weight`` rebuilds the
+subclass on access, so exporters, optimizers and the state dict see only tensors.
 
-``torch.export`` records the rebuilding only for subclasses whose constructor
-is marked exportable (:class:`~opaque_subclass.OpaqueSubclass` is); for any
-other, the parametrization raises a clear error while exporting instead of
-torch's ``Unable to cast NotImplemented to Tensor``.
+``torch.export`` records the rebuild only for exportable-marked constructors
+(:class:`~opaque_subclass.OpaqueSubclass`'s is); for others, exporting raises a
+clear error instead of torch's ``Unable to cast NotImplemented to Tensor``.
 """
 
 from __future__ import annotations
@@ -40,12 +36,9 @@ __all__ = ["UnwrapSubclass", "is_exportable_constructor", "unwrap_subclass_param
 class UnwrapSubclass(torch.nn.Module):
     """The parametrization: ``right_inverse`` flattens, ``forward`` rebuilds.
 
-    ``right_inverse(x)`` returns the leaves of ``x`` (tensors and reference
-    opaques, in flat-slot order) and remembers its structure; ``forward(*leaves)``
-    rebuilds the subclass with a generated straight-line function.
-
-    ``path`` names the parametrized tensor in error messages (``"layer.w"``;
-    :func:`unwrap_subclass_parameters` sets it).
+    ``right_inverse(x)`` returns ``x``'s leaves in flat-slot order and keeps its
+    structure; ``forward(*leaves)`` rebuilds it with generated straight-line code.
+    ``path`` names the tensor in error messages (``"layer.w"``).
     """
 
     spec: SubclassLayout | None
@@ -87,9 +80,9 @@ class UnwrapSubclass(torch.nn.Module):
 
 
 def _is_exporting() -> bool:
-    """Whether torch.export is tracing, also inside Dynamo. Reads the flag export
-    sets: torch 2.11's Dynamo folds ``torch.compiler.is_exporting()`` to True under
-    every ``torch.compile`` (torch 2.12+ reads this flag itself)."""
+    """Whether torch.export is tracing, also inside Dynamo, from export's flag: torch
+    2.11's Dynamo folds ``torch.compiler.is_exporting()`` to True under every
+    ``torch.compile`` (2.12+ reads the flag itself)."""
     flag = getattr(torch.compiler, "_is_exporting_flag", None)
     return torch.compiler.is_exporting() if flag is None else bool(flag)
 
@@ -106,9 +99,8 @@ def _marker_code() -> Any:
 
 
 def is_exportable_constructor(cls: type) -> bool:
-    """Whether ``torch.export`` can record constructing ``cls`` while tracing: its
-    ``__init__`` (own or inherited, under any ``functools.wraps`` decorators such as
-    ``torch._disable_dynamo``) is wrapped by
+    """Whether ``torch.export`` can record constructing ``cls``: its ``__init__``
+    (under any ``functools.wraps`` decorators) is wrapped by
     ``torch._export.wrappers.mark_subclass_constructor_exportable_experimental``."""
     marker = _marker_code()
     fn: Any = getattr(cls, "__init__", None)
@@ -122,8 +114,7 @@ def is_exportable_constructor(cls: type) -> bool:
 
 
 def _export_error(spec: SubclassLayout, path: str | None) -> str | None:
-    """The message for exporting a rebuild of ``spec`` that torch cannot record,
-    or ``None`` when every subclass level has an exportable constructor."""
+    """The error for exporting an unrecordable rebuild of ``spec``, else ``None``."""
     name = path or "x"
     unmarked = [
         (p, m.subclass_type) for p, m in iter_subclasses(spec, name) if not is_exportable_constructor(m.subclass_type)
@@ -148,16 +139,12 @@ def _export_error(spec: SubclassLayout, path: str | None) -> str | None:
 
 
 def unwrap_subclass_parameters(module: torch.nn.Module) -> torch.nn.Module:
-    """Parametrize every wrapper-subclass parameter and buffer of ``module`` and
-    its submodules over its plain leaves. Returns ``module`` (changed in place).
-
-    After the call, for a parameter ``w`` that was a subclass:
-
-    * ``module.w`` returns the subclass, holding the very same opaque objects;
-    * ``module.parametrizations.w.original{i}`` are the tensor leaves
-      (parameters whose ``requires_grad`` follows ``w``, or buffers) and the
-      opaque leaves (plain attributes);
-    * ``module.state_dict()`` holds only tensors.
+    """Parametrize every wrapper-subclass parameter and buffer of ``module`` (and
+    submodules) over its plain leaves, in place; returns ``module``. Then for a
+    subclass ``w``: ``module.w`` returns it with the very same opaques;
+    ``module.parametrizations.w.original{i}`` are its leaves (tensors as
+    parameters following ``w``'s ``requires_grad``, or buffers; opaques as plain
+    attributes); ``module.state_dict()`` holds only tensors.
 
     Works on torch 2.11 (with the backport) and on torch >= 2.12.
     """

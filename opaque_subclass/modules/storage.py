@@ -1,9 +1,7 @@
 """Storage accounting for subclasses with opaque attributes.
 
-Memory tools count a tensor by the untyped storages behind it. A wrapper
-subclass has no storage of its own: its storages are those of its inner
-tensors, nested subclasses walked, opaques skipped (they hold no tensor
-memory that belongs to this tensor).
+Memory tools count a tensor by its untyped storages; a wrapper subclass's are
+its inner tensors' (nesting walked, opaques skipped: they hold none of its memory).
 """
 
 from __future__ import annotations
@@ -18,13 +16,7 @@ __all__ = ["untyped_storages"]
 
 def untyped_storages(t: torch.Tensor) -> set[torch.UntypedStorage]:
     """The untyped storages of ``t``: its own for a plain tensor, its inner
-    tensors' (recursively) for a wrapper subclass; opaque attributes are skipped.
-
-    Parameters
-    ----------
-    t
-        A tensor, plain or a (nested) wrapper subclass.
-    """
+    tensors' (recursively) for a wrapper subclass; opaque attributes are skipped."""
     if not isinstance(t, torch.Tensor):
         raise OpaqueTypeError(
             f"untyped_storages expects a tensor, got {describe_type(t)}. Fix: pass the "

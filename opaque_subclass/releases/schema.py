@@ -1,8 +1,6 @@
-"""The shape of a row of the release table (:mod:`opaque_subclass.releases`):
-what a torch release calls its opaque registry (:class:`RegistryAPI`), a
-behaviour that differs from the newest release's (:class:`Difference`), and
-the row itself (:class:`ReleaseSupport`), whose patches and fixes are
-:class:`~opaque_subclass.patching.Patch` rows."""
+"""A row of the release table (:mod:`opaque_subclass.releases`): :class:`ReleaseSupport`,
+with its registry names (:class:`RegistryAPI`), its :class:`Difference` s from the
+newest release, and :class:`~opaque_subclass.patching.Patch` rows."""
 
 from __future__ import annotations
 
@@ -69,10 +67,8 @@ class RegistryAPI:
         return getattr(importlib.import_module(self.base_module), self.base_meta)  # type: ignore[no-any-return]  # a class by construction
 
     def register_in_torch(self, cls: type, kind: OpaqueKind, options: Mapping[str, Any] | None = None) -> None:
-        """Call torch's own registration function with this release's names.
-
-        ``options`` are torch's keyword arguments (``members``, ``guard_fn``,
-        ``hoist``, ``reconstruct_fn``), only those the caller sets."""
+        """Call torch's registration function with this release's names; ``options``:
+        torch's keyword arguments the caller sets (``members``, ``guard_fn``, ...)."""
         getattr(self.torch_module(), self.register)(cls, typ=self.kinds[kind], **(options or {}))
 
     def table_fields(self) -> tuple[str, ...]:
@@ -81,10 +77,8 @@ class RegistryAPI:
         return tuple(f.name for f in dataclasses.fields(self.torch_module()._OpaqueTypeInfo))
 
     def enter_in_tables(self, cls: type, kind: OpaqueKind, options: Mapping[str, Any] | None = None) -> None:
-        """Enter ``cls`` in torch's opaque tables directly, for a foreign class
-        that cannot take torch's metaclass (torch's own registration function
-        requires it). Refuses a torch whose table entry has fields this library
-        does not know, leaving torch untouched."""
+        """Enter a foreign ``cls``, which cannot take the metaclass torch's registration
+        requires, in torch's tables directly; refuses unknown entry fields, torch untouched."""
         registry = self.torch_module()
         info_type = registry._OpaqueTypeInfo
         name = f"{cls.__module__}.{cls.__qualname__}"
@@ -144,9 +138,8 @@ CUSTOM_CLASS_API = RegistryAPI(
 class Difference:
     """A behaviour of one release that differs from the newest release's.
 
-    ``text`` says what differs and the torch reason; ``entries`` names the
-    conformance corpus entries (``tests/conformance.py``) whose observations on
-    this release differ from the reference because of it.
+    ``text``: what differs and the torch reason; ``entries``: the conformance
+    entries (``tests/conformance.py``) it makes differ on this release.
     """
 
     text: str
@@ -172,10 +165,9 @@ class ReleaseSupport:
     limits: tuple[str, ...] = ()
     #: False for a release newer than every row (taken on trust, untested).
     tested: bool = True
-    #: ``(file under torch/, digest)`` of the torch source files the fingerprints of
-    #: ``patches`` or ``fixes`` are read from, recorded on the release by
-    #: ``tools/record_sources.py``: while they are unchanged, enabling the set parses
-    #: none of them (:func:`opaque_subclass.patching.record_sources`).
+    #: ``(file under torch/, digest)`` of the sources the fingerprints are read from
+    #: (``tools/record_sources.py``): while unchanged, enabling parses none of them
+    #: (:func:`opaque_subclass.patching.record_sources`).
     sources: tuple[tuple[str, str], ...] = ()
 
     @property

@@ -1,17 +1,12 @@
 """Collective custom ops that take a ``DeviceMesh`` and resolve its process group
 at run time.
 
-A compiled graph that calls these ops takes the mesh as a graph input (it is a
-reference opaque), so a graph reused with another mesh talks to that mesh's
-process group: nothing about the group is baked in while tracing. Each op has a
-fake implementation (shapes only) and a backward formula; :func:`record_collectives`
-records the group each call actually used.
-
-Importing this module defines no op: the ops, whose schemas name
-``DeviceMesh``, are defined on first use (:func:`define_ops`), which makes
-sure ``DeviceMesh`` is a registered reference opaque (``import
-opaque_subclass`` registers it on every release; with the library disabled,
-nothing else would on torch 2.11).
+The mesh is a graph input (a reference opaque), so a graph reused with another
+mesh uses that mesh's group; nothing of the group is baked in. Each op has a
+fake implementation and a backward; :func:`record_collectives` records the
+group each call used. The ops are defined on first use (:func:`define_ops`),
+which registers ``DeviceMesh`` as a reference opaque (with the library
+disabled, nothing else would on torch 2.11).
 """
 
 from __future__ import annotations
@@ -52,11 +47,8 @@ class _Block:
 
 @contextlib.contextmanager
 def record_collectives() -> Iterator[list[CollectiveRecord]]:
-    """Collect a :class:`CollectiveRecord` for every collective run inside the block.
-
-    Records are made when the ops *run* (eagerly or inside a compiled graph),
-    so they show which process group a compiled graph really used.
-    """
+    """Collect a :class:`CollectiveRecord` for every collective run inside the block
+    (when it *runs*, eagerly or compiled: the group a graph really used)."""
     records: list[CollectiveRecord] = []
     block = _Block()
     RECORDER.collecting("collectives", block, records)
@@ -67,8 +59,8 @@ def record_collectives() -> Iterator[list[CollectiveRecord]]:
 
 
 def note_collective(op: str, group: dist.ProcessGroup, mesh: DeviceMesh) -> None:
-    """Record one collective that runs now on ``group`` (of ``mesh``) in every
-    :func:`record_collectives` block open; also used by :mod:`opaque_subclass.dtensor`'s ops."""
+    """Record a collective on ``group`` (of ``mesh``) in every open
+    :func:`record_collectives` block; also used by :mod:`opaque_subclass.dtensor`'s ops."""
     log.debug("%s on process group %s", op, group.group_name)
     RECORDER.broadcast("collectives", CollectiveRecord(op, str(group.group_name), id(group), id(mesh)))
 
@@ -107,19 +99,14 @@ def _check_divisible(op: str, t: torch.Tensor, dim: int, num_chunks: int) -> Non
         )
 
 
-# The ops' schemas name ``DeviceMesh``, which torch accepts only once the class
-# is a registered opaque (``import opaque_subclass`` registers it). So that
-# importing this module defines nothing in torch's op registry, the ops are
-# defined when first needed: on the first access to their names (module ``__getattr__`` below),
-# or on the first collective of a ShardedTensor (``_ops()``).
+# The schemas name ``DeviceMesh``, accepted once it is a registered opaque. So that
+# importing defines nothing in torch's op registry, the ops are defined on first access to
+# their names (``__getattr__`` below) or a ShardedTensor's first collective (``_ops()``).
 
 
 def _all_reduce_sum_impl(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    """Sum of ``t`` over the ranks of ``mesh``, returned on every rank.
-
-    The process group is ``mesh.get_group()`` at run time. Backward: identity
-    (the partial sums each contribute once to one global loss).
-    """
+    """Sum of ``t`` over the ranks of ``mesh`` (group: ``mesh.get_group()`` at run
+    time), on every rank. Backward: identity (each partial sum counts once)."""
     out = t.clone(memory_format=torch.contiguous_format)
     dist.all_reduce(out, group=_group_of("all_reduce_sum", mesh, None))
     return out
@@ -132,9 +119,8 @@ def _all_reduce_sum_fake(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
 def _all_gather_impl(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
     """The ranks' ``t`` concatenated along ``dim`` in rank order, on every rank.
 
-    ``num_chunks`` is the mesh size, given so that tracing never reads the
-    mesh; it is checked against ``mesh.size()`` at run time. Backward: this
-    rank's slice of the gradient (``local_chunk``).
+    ``num_chunks``: the mesh size, so tracing never reads the mesh (checked at run
+    time). Backward: this rank's slice of the gradient (``local_chunk``).
     """
     group = _group_of("all_gather", mesh, num_chunks)
     parts = [torch.empty_like(t, memory_format=torch.contiguous_format) for _ in range(num_chunks)]
@@ -147,11 +133,8 @@ def _all_gather_fake(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: in
 
 
 def _local_chunk_impl(t: torch.Tensor, mesh: DeviceMesh, dim: int, num_chunks: int) -> torch.Tensor:
-    """This rank's equal slice of ``t`` along ``dim`` (``t`` is the same on every rank).
-
-    The rank is ``mesh.get_local_rank()`` at run time. Backward: ``all_gather``
-    of the gradient.
-    """
+    """This rank's equal slice of ``t`` along ``dim`` (``t`` equal on every rank;
+    rank: ``mesh.get_local_rank()`` at run time). Backward: ``all_gather``."""
     _check_divisible("local_chunk", t, dim, num_chunks)
     _group_of("local_chunk", mesh, num_chunks)
     size = t.shape[dim] // num_chunks
@@ -221,10 +204,9 @@ def _ops() -> _Ops:
 def define_ops() -> None:
     """Define the collective custom ops now (``torch.ops.opaque_subclass.all_reduce_sum``,
     ``all_gather``, ``local_chunk``), registering ``DeviceMesh`` as a reference
-    opaque where torch has not (torch 2.11; from 2.12 torch registers it
-    itself). Importing this module does neither; the first access to one of
-    the ops (``from opaque_subclass.sharded.collectives import all_gather``) or the
-    first :class:`~opaque_subclass.sharded.ShardedTensor` collective does. Idempotent."""
+    opaque on torch 2.11 (2.12+ registers it itself). Otherwise done on first
+    access to an op or the first :class:`~opaque_subclass.sharded.ShardedTensor`
+    collective, not on import. Idempotent."""
     _define_ops()
 
 

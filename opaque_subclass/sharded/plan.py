@@ -19,9 +19,8 @@ __all__ = ["shard_module"]
 def shard_module(module: nn.Module, mesh: DeviceMesh, plan: Mapping[str, int | None]) -> nn.Module:
     """Replace the parameters named in ``plan`` by ``nn.Parameter(ShardedTensor)``, in place.
 
-    Each value is the shard dim (``None``: replicated) of that parameter, whose
-    current value (a plain tensor, or a ShardedTensor on another mesh) is the
-    same on every rank. Returns ``module``.
+    ``plan`` maps each to its shard dim (``None``: replicated); its current value
+    (plain, or sharded on another mesh) must be equal on every rank. Returns ``module``.
     """
     require_module(module, "opaque_subclass.sharded.shard_module")
     names = dict(module.named_parameters())

@@ -1,9 +1,7 @@
 """A reusable contract test for opaque-attribute subclasses.
 
-Subclass :class:`OpaqueSubclassContract` in a pytest module and set two class
-attributes: ``SUBCLASS`` (your subclass) and ``FACTORY`` (a zero-argument
-callable returning a fresh instance of it); every check below then runs
-against it::
+Subclass :class:`OpaqueSubclassContract` in a pytest module, setting ``SUBCLASS``
+and ``FACTORY`` (a zero-argument callable returning a fresh instance)::
 
     from opaque_subclass.testing import OpaqueSubclassContract
 
@@ -11,11 +9,9 @@ against it::
         SUBCLASS = MeshTensor
         FACTORY = staticmethod(lambda: MeshTensor(torch.randn(4), MESH))
 
-The compile and export checks need the subclass to support ``x * 2`` and
-``.sum()`` (the default rule of :class:`~opaque_subclass.OpaqueSubclass` does).
-
-The class name must start with ``Test`` for pytest to collect it; the base
-class itself is not collected.
+The compile and export checks need ``x * 2`` and ``.sum()`` (the default rule
+of :class:`~opaque_subclass.OpaqueSubclass` has them). Name the class ``Test...``
+for pytest to collect it; the base is not collected.
 """
 
 from __future__ import annotations
@@ -194,8 +190,7 @@ class OpaqueSubclassContract:
         a, b = self.make(), self.make()
         (meta,) = describe_args([a])
         assert isinstance(meta, SubclassLayout)
-        # Two instances: the pattern says which slots hold the same object, as
-        # read off the flat leaves by identity.
+        # Two instances: the pattern matches the flat leaves' identity.
         flat = unwrap_args([a, b], is_joint_structure=False)
         pattern = opaque_alias_pattern(flat)
         assert len(pattern.slots) == 2 * meta.num_opaques
@@ -203,9 +198,7 @@ class OpaqueSubclassContract:
         owners = [next(j for j in slots if flat[j] is flat[i]) for i in slots]
         expected = OpaqueAliasPattern(tuple(slots), tuple(owners))
         assert pattern == expected, f"alias pattern {pattern}, expected {expected} from the leaves' identity"
-        # One instance twice: every opaque slot of the second copy shares its
-        # object with the same slot of the first (flattening twice reads the
-        # same objects).
+        # One instance twice: each opaque slot of the second copy shares the first's.
         twice = opaque_alias_pattern(unwrap_args([a, a], is_joint_structure=False))
         once = opaque_alias_pattern(unwrap_args([a], is_joint_structure=False))
         width = meta.arg_count

@@ -2,28 +2,22 @@
 already imported torch, Dynamo and Inductor.
 
 A fresh interpreter spends about 5 s of CPU importing ``torch``,
-``torch._dynamo`` and ``torch._inductor`` before it runs a line of its own
-(torch 2.15, this project's 2-core CI machine); a test suite or a job simulation that
-starts a process per rank, per cache reader or per docs page pays it every
-time. :class:`WarmInterpreters` pays it once per server: each process it starts
-is forked from a server that imported those modules and did nothing else (no
-compilation, no process group, not this library), then becomes the
-interpreter asked for (``python -c CODE``, ``python -m MODULE`` or ``python
-SCRIPT``, with its arguments, environment, working directory and output
-files)::
+``torch._dynamo`` and ``torch._inductor`` (torch 2.15, this project's 2-core CI
+machine), paid per rank, cache reader or docs page. :class:`WarmInterpreters`
+pays it once per server: each process is forked from a server that only
+imported those modules (no compilation, process group or this library), then
+becomes the interpreter asked for (``python -c CODE``, ``-m MODULE`` or
+``SCRIPT``, with its arguments, environment, working directory and output files)::
 
     from opaque_subclass.testing import WarmInterpreters, run_local_workers
 
     with WarmInterpreters():  # run_local_workers and simulate_job fork their ranks
         run_local_workers("my_module:train", world_size=4)
 
-A served process differs from a fresh one only in what the preload imported
-(those modules are in ``sys.modules`` already). Variables torch reads when it is
-imported must be the server's: a request whose environment differs from the
-server's in anything but :data:`PER_PROCESS_ENV` gets a server of its own (at
-most ``max_servers``: an idle server used longest ago makes room; with none
-idle, and for other command lines, the process is started the ordinary way), so
-that what torch read at import is what the process would have read.
+A served process differs from a fresh one only in the preloaded
+``sys.modules``. What torch read at import must match: an environment differing
+beyond :data:`PER_PROCESS_ENV` gets a server of its own (see
+:class:`WarmInterpreters` for the limit).
 """
 
 from __future__ import annotations
@@ -49,9 +43,8 @@ __all__ = ["DEFAULT_PRELOAD", "PER_PROCESS_ENV", "WarmInterpreters", "WarmProces
 #: What a server imports before it forks: what a process that compiles imports first.
 DEFAULT_PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx", "torch.distributed")
 
-#: Variables a served process may set to another value than its server's: torch
-#: reads them when it uses them, not when it is imported (the cache directory),
-#: or Python reads them at start (the path, which the served process rebuilds).
+#: Variables a served process may set differently from its server: read by torch on use,
+#: not import (the cache directory), or by Python at start (rebuilt by the served process).
 PER_PROCESS_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR", "PYTHONPATH", "PYTEST_CURRENT_TEST"})
 
 _SERVER_SCRIPT = Path(__file__).with_name("_warm_server.py")
@@ -68,8 +61,7 @@ def current() -> WarmInterpreters | None:
 
 
 def _command(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
-    """``(kind, target, args)`` of ``[sys.executable, -c CODE | -m MODULE | SCRIPT, *args]``;
-    ``None`` for any other command line (interpreter options, another Python)."""
+    """``(kind, target, args)`` of ``[sys.executable, -c CODE | -m MODULE | SCRIPT, *args]``, else ``None``."""
     if len(argv) < 2 or argv[0] != sys.executable:
         return None
     if argv[1] in ("-c", "-m"):
@@ -164,9 +156,8 @@ class _Server:
 
 
 class WarmProcess:
-    """A process started by a server: the parts of :class:`subprocess.Popen` that
-    a launcher uses (``pid``, ``args``, ``returncode``, ``poll``, ``wait``,
-    ``kill``, ``terminate``). Its parent is the server, which reports its exit."""
+    """A served process (its parent the server, which reports its exit), with the
+    :class:`subprocess.Popen` parts a launcher uses (``pid``, ``poll``, ``wait``, ...)."""
 
     def __init__(self, server: _Server, pid: int, args: Sequence[str]) -> None:
         self._server = server
@@ -206,12 +197,10 @@ class WarmInterpreters:
 
     A context manager: inside it, :func:`~opaque_subclass.testing.run_local_workers`
     and :func:`~opaque_subclass.testing.simulate_job` start their ranks with it;
-    on exit its servers end (processes they started run on). A server starts at
-    its first request (it imports ``preload`` then: seconds), one per distinct
-    environment (less :data:`PER_PROCESS_ENV`), at most ``max_servers``: a
-    request for another environment then ends the server used longest ago
-    that has no process running, or, with none, starts the ordinary way.
-    Safe to use from several threads.
+    on exit its servers end (their processes run on). A server starts (seconds)
+    at the first request of each environment (less :data:`PER_PROCESS_ENV`), at
+    most ``max_servers``: beyond, the idle one used longest ago ends, or, with
+    none idle, the process starts the ordinary way. Thread-safe.
     """
 
     def __init__(self, preload: Sequence[str] = DEFAULT_PRELOAD, *, max_servers: int = 2) -> None:
@@ -245,11 +234,9 @@ class WarmInterpreters:
         stdout: str | os.PathLike[str] | None = None,
         stderr: str | os.PathLike[str] | None = "stdout",
     ) -> WarmProcess | None:
-        """Start ``argv`` (``[sys.executable, "-c" | "-m" | SCRIPT, ...]``) with
-        standard output to the file ``stdout`` (appended; ``None``: discarded)
-        and standard error to ``stderr`` (a file, ``"stdout"``: the same file,
-        ``None``: discarded), its input empty. ``None`` when this command line
-        or environment cannot be served: start it the ordinary way."""
+        """Start ``argv`` (``[sys.executable, "-c" | "-m" | SCRIPT, ...]``), input
+        empty, output appended to the file ``stdout``, errors to ``stderr`` (or
+        ``"stdout"``; ``None`` discards). ``None`` when it cannot be served."""
         command = _command(argv)
         if command is None:
             return None
@@ -277,10 +264,8 @@ class WarmInterpreters:
         cwd: str | os.PathLike[str] | None = None,
         timeout: float | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """``subprocess.run(argv, capture_output=True, text=True, ...)``, served
-        when it can be, started the ordinary way when not. On a timeout the
-        process is killed and :class:`subprocess.TimeoutExpired` raised with
-        what it printed."""
+        """``subprocess.run(argv, capture_output=True, text=True, ...)``, served when
+        it can be; on a timeout, kills it and raises :class:`subprocess.TimeoutExpired`."""
         with tempfile.TemporaryDirectory(prefix="opaque_subclass_warm_run_") as folder:
             out, err = Path(folder, "stdout"), Path(folder, "stderr")
             proc = self.popen(argv, env=env, cwd=cwd, stdout=out, stderr=err)
