@@ -27,16 +27,9 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, is_fake
 
-from opaque_subclass.core.context import (
-    ContextPart,
-    attribute_name,
-    distributed_part,
-    holding_attribute,
-    unequal_to_copy,
-)
-from opaque_subclass.core.errors import OpaqueTypeError, adopt_fix, describe_type, import_fix, subject
+from opaque_subclass.core import messages
+from opaque_subclass.core.context import attribute_name, distributed_part, holding_attribute, unequal_to_copy
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
-from opaque_subclass.core.spec import bad_unflatten_type
 from opaque_subclass.core.walk import Level, walk
 
 __all__ = [
@@ -76,7 +69,7 @@ def _check_level(level: Level) -> None:
     inner = {a.name: a.value for a in level.attrs}
     result = cls.__tensor_unflatten__(inner, level.ctx, t.size(), t.stride())  # type: ignore[attr-defined]  # a wrapper subclass
     if not isinstance(result, cls):
-        raise bad_unflatten_type(cls, result, path)
+        raise messages.unflatten_returned_wrong_type(cls, result, path)
     _compare_rebuilt(level, result)
 
 
@@ -87,13 +80,7 @@ def _compare_rebuilt(level: Level, result: Any) -> None:
         if what == "shape" and any(isinstance(s, torch.SymInt) for s in (*result.shape, *t.shape)):
             continue  # comparing symbolic sizes would add guards; the traced program checks them
         if getattr(result, what) != getattr(t, what):
-            raise OpaqueTypeError(
-                f"{subject(cls)}.__tensor_unflatten__ (rebuilding {path!r}) returned a "
-                f"{cls.__qualname__} with {what} {getattr(result, what)}, but the instance it was "
-                f"flattened from has {what} {getattr(t, what)}. Fix: build the result with "
-                "outer_size/outer_stride and the dtype of the instance (torch.Tensor."
-                "_make_wrapper_subclass(cls, outer_size, strides=outer_stride, dtype=...))."
-            )
+            raise messages.rebuilt_differs(cls, path, what, getattr(result, what), getattr(t, what))
 
 
 def check_guardable_context(level: Level) -> None:
@@ -111,7 +98,8 @@ def check_guardable_context(level: Level) -> None:
         return
     distributed = distributed_part(ctx)
     if distributed is not None:
-        _refuse_distributed_context(level, distributed)
+        as_input = _as_input_fix(level, distributed.obj, distributed.path)
+        raise messages.distributed_context(type(owner), level.path, distributed.path, distributed.obj, as_input)
     try:
         part = unequal_to_copy(ctx)
     except Exception:
@@ -119,73 +107,21 @@ def check_guardable_context(level: Level) -> None:
     if part is None:
         return
     where, culprit = part.path, part.obj
-    cls = type(owner)
     culprit_cls = opaque_type_of(culprit)
     as_input = _as_input_fix(level, culprit, where)
-    if opaque_kind(culprit_cls) == "reference":
-        fix = as_input
-    else:
-        shown = culprit_cls.__name__
-        fix = (
-            "register its class, "
-            + import_fix(culprit_cls, 'opaque_subclass.register_opaque({cls}, kind="reference")')
-            + f", and {as_input}; or, if it is a constant, give {shown} value equality: define "
-            "`def __eq__(self, other): return type(other) is type(self) and vars(other) == vars(self)` and "
-            "`def __hash__(self): return hash(type(self))` in its class (or define __metadata_guard__ on "
-            f"{cls.__qualname__})"
-        )
-    eq: Any = type(culprit).__eq__
-    why = "it compares by identity" if eq is object.__eq__ else "its __eq__ says so"
-    raise OpaqueTypeError(
-        f"{subject(cls)}.__tensor_flatten__() at {level.path!r} returns a flatten context whose "
-        f"<context>{where} holds {describe_type(culprit)}, which is not equal to a copy of itself ({why}). "
-        "torch.compile guards the context by comparing it with a deep copy, so "
-        "that guard could never pass (torch: 'Guard failed on the same frame it was created'). "
-        f"Fix: {fix}."
-    )
+    registered = opaque_kind(culprit_cls) == "reference"
+    raise messages.context_unequal_to_copy(type(owner), level.path, where, culprit, culprit_cls, registered, as_input)
 
 
 def _as_input_fix(level: Level, culprit: object, path: str) -> str:
-    """The fix moving ``culprit`` (at ``path`` of ``level``'s context) to the attributes: by the
-    class's owner, or by adopting the class."""
+    """The fix moving ``culprit`` (at ``path`` of ``level``'s context) to the attributes, under the
+    attribute holding it or else a name the instance does not use."""
     owner = level.owner
     attr = holding_attribute(owner, culprit)
-    listed = f"`return {[*level.names, attr]!r}, <the context without it>`" if attr else "its attribute name"
     name = attr or attribute_name(opaque_type_of(culprit).__name__)
     while attr is None and (name in level.names or hasattr(owner, name)):  # a name the instance does not use
         name += "_in_context"
-    return (
-        f"list it among the attributes: return {listed} from {type(owner).__qualname__}.__tensor_flatten__ and "
-        "read it from inner_tensors in __tensor_unflatten__ (a graph input, passed by identity); "
-        + adopt_fix(type(owner), name, path, opaque_type_of(culprit))
-    )
-
-
-def _refuse_distributed_context(level: Level, part: ContextPart) -> None:
-    """Raise the named error for a ``ProcessGroup`` or ``DeviceMesh`` in a flatten context."""
-    culprit = part.obj
-    culprit_cls = type(culprit)
-    if not any(klass.__name__ == "DeviceMesh" for klass in culprit_cls.__mro__):
-        why = (
-            "torch.compile guards the context by comparing it with a deep copy, and a process group "
-            "cannot be copied (torch: 'cannot pickle ... ProcessGroup' while building guards)"
-        )
-    else:
-        why = (
-            "torch.compile guards the context by ==, and a mesh's == compares its ranks and layout, not "
-            "its process groups: a later call with another, equal mesh would run with the first call's mesh"
-        )
-    # The registration is a no-op where torch (or the user) registered the class already.
-    fix = (
-        "make it an opaque attribute: register its class (as torch 2.12+ registers it), "
-        + import_fix(culprit_cls, "opaque_subclass.register_opaque({cls})")
-        + f", and {_as_input_fix(level, culprit, part.path)}"
-    )
-    raise OpaqueTypeError(
-        f"{subject(type(level.owner))}.__tensor_flatten__() at {level.path!r} returns a flatten context whose "
-        f"<context>{part.path} holds {describe_type(culprit)}, a communicator of this job, not a constant: {why}. "
-        f"Fix: {fix}."
-    )
+    return messages.list_as_attribute_fix(type(owner), level.names, attr, name, path, opaque_type_of(culprit))
 
 
 def source_name(source: Any) -> str:
@@ -230,7 +166,7 @@ def check_fake_rebuild(levels: Sequence[Level], fake: object) -> None:
         if not isinstance(rebuilt, cls):
             # torch's fake of a plain tensor is, for the user, a torch.Tensor
             found = "torch.Tensor" if type(rebuilt) is FakeTensor else None
-            raise bad_unflatten_type(cls, rebuilt, level.path, found=found)
+            raise messages.unflatten_returned_wrong_type(cls, rebuilt, level.path, found=found)
         for attr in level.attrs:
             inner = by_path.get(attr.path)
             if inner is not None and attr.kind == "subclass":
@@ -275,32 +211,8 @@ def require_module(value: object, function: str, *, graph: bool = False) -> None
     ``torch.fx.GraphModule``), naming ``function``, the type and a working fix; for every public
     function taking a module, which would otherwise fail deep inside with an ``AttributeError``."""
     expected: type = torch.fx.GraphModule if graph else torch.nn.Module
-    if isinstance(value, expected):
-        return
-    found = describe_type(value)
-    package = function.rpartition(".")[0]
-    if graph:
-        fix = (
-            "pass the graph module a torch.compile backend receives, or trace one, "
-            f"`import torch, {package}; gm = torch.fx.symbolic_trace(model); {function}(gm)` "
-            "(model: your torch.nn.Module)"
-        )
-    elif isinstance(value, type) and issubclass(value, torch.nn.Module):
-        fix = f"pass an instance, not the class, `import {package}; {function}({value.__qualname__}(...))`"
-    elif isinstance(value, torch.Tensor):
-        fix = (
-            f"hold the tensor in a module first, `import torch, {package}; module = torch.nn.Module(); "
-            f"module.weight = torch.nn.Parameter(t, requires_grad=t.requires_grad); {function}(module)` "
-            "(t: your tensor)"
-        )
-    elif isinstance(value, (list, tuple)) and value and all(isinstance(m, torch.nn.Module) for m in value):
-        fix = (
-            f"pass one module, `import torch, {package}; {function}(torch.nn.ModuleList(modules))` (modules: your list)"
-        )
-    else:
-        fix = f"pass the module itself, `import {package}; {function}(model)` (model: your torch.nn.Module)"
-    what = "a torch.fx.GraphModule" if graph else "a torch.nn.Module"
-    raise OpaqueTypeError(f"{function} expects {what}, got {found}. Fix: {fix}.")
+    if not isinstance(value, expected):
+        raise messages.not_a_module(value, function, graph)
 
 
 #: How :func:`check_tangent_structure` names what a slot holds.
@@ -321,34 +233,9 @@ def check_tangent_structure(level: Level, expected: Sequence[tuple[str, bool]]) 
     if found == want:
         return
     cls = type(level.owner)
-    fix = (
-        "Fix: give backward a gradient with the output's attributes, `out.backward(torch.ones_like(out))` "
-        "(out: the function's output; ones_like dispatches through the subclass and keeps them), or define "
-        f"{cls.__qualname__}.__coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None) "
-        "returning such a tangent."
-    )
     names, want_names = [n for n, _ in found], [n for n, _ in want]
     if names != want_names:
-        gone = [n for n in want_names if n not in names]
-        extra = [a for a in level.attrs if a.name not in want_names]
-        held = ", ".join(f"{a.path!r} holding {describe_type(a.value)}" for a in extra)
-        raise OpaqueTypeError(
-            f"tangent {level.path!r} is a {subject(cls)} whose __tensor_flatten__() lists {names!r}, but the "
-            f"forward output it is the gradient of listed {want_names!r} (with an equal flatten context): "
-            "backward reads a tangent's leaves by the output's attribute names, so it would "
-            + (
-                f"read {', '.join(repr(f'{level.path}.{n}') for n in gone)} instead of what the tangent lists"
-                if gone
-                else "misplace them"
-            )
-            + (f" and drop {held}" if held else "")
-            + f". {fix}"
-        )
+        raise messages.tangent_names_differ(cls, level.path, level.attrs, want_names)
     for (name, kind), (_, wanted), a in zip(found, want, level.attrs, strict=True):
         if kind != wanted:
-            expectation = "a reference opaque" if wanted == "opaque" else "a tensor"
-            raise OpaqueTypeError(
-                f"tangent {a.path!r} ({subject(cls)}.__tensor_flatten__() lists {name!r}) holds "
-                f"{describe_type(a.value)}, but the forward output held {expectation} there: backward "
-                f"would pass it to the graph in {expectation}'s slot. {fix}"
-            )
+            raise messages.tangent_slot_kind_differs(cls, a.path, name, a.value, wanted == "opaque")

@@ -31,23 +31,17 @@ from typing import Any
 
 from torch import Tensor
 
-from opaque_subclass.core.errors import (
-    OpaqueAttributeError,
-    OpaqueTypeError,
-    describe_type,
-    import_fix,
-    qualified_name,
-    subject,
-)
+from opaque_subclass.core import messages
+from opaque_subclass.core.errors import OpaqueAttributeError, qualified_name, subject
 from opaque_subclass.core.flatten import append_leaves, flat_width
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.spec import (
+    Layout,
     OpaqueSlot,
     SubclassLayout,
     SymIntSlot,
     TensorSlot,
     _check_leaf,
-    bad_unflatten_type,
     iter_slots,
     iter_subclasses,
     rebuild,
@@ -100,23 +94,14 @@ def _exec(source: str, namespace: dict[str, Any], fn_name: str) -> Callable[...,
 
 def _bad_input(meta: SubclassLayout) -> Callable[[object, str], None]:
     def bad_input(x: object, name: str) -> None:
-        raise OpaqueTypeError(
-            f"run-time unwrap expected a {qualified_name(meta.subclass_type)} at {name} (the type the "
-            f"metadata was made from), got {describe_type(x)}. Fix: re-create the metadata "
-            "for the new argument types (torch.compile recompiles on a type change)."
-        )
+        raise messages.unwrap_wrong_type(meta.subclass_type, name, x)
 
     return bad_input
 
 
 def _bad_leaf(meta: SubclassLayout) -> Callable[[str, object], None]:
     def bad_leaf(path: str, value: object) -> None:
-        raise OpaqueTypeError(
-            f"run-time unwrap of {qualified_name(meta.subclass_type)}: {path} is a tensor slot "
-            f"(the metadata was made from a tensor there), got {describe_type(value)}. Fix: "
-            f"give {path} a tensor, or re-create the metadata (describe_args) from "
-            "arguments of the new structure."
-        )
+        raise messages.unwrap_slot_not_a_tensor(meta.subclass_type, path, value)
 
     return bad_leaf
 
@@ -126,31 +111,16 @@ def _is_reference(value: object) -> bool:
     return not isinstance(value, Tensor) and opaque_kind(value) == "reference"
 
 
-def _opaque_slot_error(what: str, path: str, expected: type, value: object, fix: str) -> OpaqueTypeError:
-    """The error for ``value`` found in the opaque slot at ``path``."""
+def _found(value: object) -> tuple[type, bool]:
+    """The class of ``value``, found in an opaque slot, and whether it is a class to register (``value``
+    is no tensor and its class is no opaque)."""
     found = opaque_type_of(value)
-    if not isinstance(value, Tensor) and opaque_kind(found) is None and found.__module__ != "builtins":
-        fix = (
-            "register its class as a reference opaque before the call, "
-            + import_fix(found, 'opaque_subclass.register_opaque({cls}, kind="reference")')
-            + f"; or {fix[0].lower()}{fix[1:]}"
-        )
-    return OpaqueTypeError(
-        f"{what}: {path} is an opaque slot (the metadata was made from a {qualified_name(expected)} there), "
-        f"got {describe_type(value)}, which is not a registered reference opaque. Fix: {fix}"
-    )
+    return found, not isinstance(value, Tensor) and opaque_kind(found) is None
 
 
 def _bad_opaque(meta: SubclassLayout) -> Callable[[str, object, type], None]:
     def bad_opaque(path: str, value: object, expected: type) -> None:
-        raise _opaque_slot_error(
-            f"run-time unwrap of {qualified_name(meta.subclass_type)}",
-            path,
-            expected,
-            value,
-            f"give it back its opaque before the call, `{path} = obj` (obj: a {qualified_name(expected)}), "
-            "or re-create the metadata (describe_args) from arguments of the new structure.",
-        )
+        raise messages.unwrap_slot_not_an_opaque(meta.subclass_type, path, value, expected, *_found(value))
 
     return bad_opaque
 
@@ -387,7 +357,7 @@ def compiled_wrap(
 
         def bad_result(n: int, result: object) -> None:
             m, path = metas[n]
-            raise bad_unflatten_type(m.subclass_type, result, path)
+            raise messages.unflatten_returned_wrong_type(m.subclass_type, result, path)
 
         emitter.namespace["bad_result"] = bad_result
         source = "def wrap(flat):\n" + "\n".join(emitter.lines) + f"\n    return {root}\n"
@@ -487,7 +457,7 @@ class ArgumentsPlan:
 
         def bad_result(n: int, result: object) -> None:
             m, path = metas[n]
-            raise bad_unflatten_type(m.subclass_type, result, path)
+            raise messages.unflatten_returned_wrong_type(m.subclass_type, result, path)
 
         emitter.namespace["bad_result"] = bad_result
         body = ", ".join(exprs) + ("," if len(exprs) == 1 else "")
@@ -497,33 +467,18 @@ class ArgumentsPlan:
 
 
 def _bad_slot(idx: int, owner: str, path: str, value: object) -> None:
-    raise OpaqueTypeError(
-        f"run-time wrap of {owner}: flat slot {idx} rebuilds the tensor attribute {path}, got "
-        f"{describe_type(value)}. Fix: pass the flat values in the order the metadata "
-        "describes (the order unwrap_args returns), or re-create the metadata "
-        "(describe_args) for the new structure."
-    )
+    raise messages.wrap_slot_not_a_tensor(idx, owner, path, value)
 
 
 def _bad_count(expected: int) -> Callable[[Sequence[Any]], None]:
     def bad_count(args: Sequence[Any]) -> None:
-        raise OpaqueTypeError(
-            f"run-time unwrap expected {expected} arguments (the metadata describes {expected}), "
-            f"got {len(args)}. Fix: re-create the metadata for these arguments."
-        )
+        raise messages.unwrap_count(expected, len(args))
 
     return bad_count
 
 
 def _bad_opaque_slot(idx: int, owner: str, path: str, value: object, expected: type) -> None:
-    raise _opaque_slot_error(
-        f"run-time wrap of {owner}",
-        f"flat slot {idx} (rebuilding {path})",
-        expected,
-        value,
-        "pass the flat values in the order the metadata describes (the order unwrap_args "
-        "returns), or re-create the metadata (describe_args) for the new structure.",
-    )
+    raise messages.wrap_slot_not_an_opaque(idx, owner, path, value, expected, *_found(value))
 
 
 def _structure_error(meta: SubclassLayout) -> Callable[[object, str], None]:
@@ -554,25 +509,10 @@ def check_structure(meta: SubclassLayout, x: object, path: str = "x") -> None:
         gone = [n for n in listed if n in meta.attrs and not hasattr(x, n)]
         if listed != list(meta.attrs) or not gone:
             raise
-        raise _missing_attribute(meta, x, path, gone[0]) from None
-    names = list(level.names)
-    if names != list(meta.attrs):
-        stale = [f"{path}.{n}" for n in meta.attrs if n not in names]
-        new = [a for a in level.attrs if a.name not in meta.attrs]
-        raise OpaqueTypeError(
-            f"run-time unwrap of {subject(cls)} at {path}: its __tensor_flatten__() lists {names!r} now, but "
-            f"the metadata was made when it listed {list(meta.attrs)!r} (the flatten context is not compared); "
-            "reading it by the metadata would "
-            + (
-                f"take {', '.join(map(repr, stale))}, which it no longer lists (a stale value)"
-                if stale
-                else "misplace its leaves"
-            )
-            + ("" if not new else ", and leave out " + ", ".join(f"{a.path!r} ({describe_type(a.value)})" for a in new))
-            + ". Fix: re-create the metadata from the arguments as they are now, `import opaque_subclass; "
-            "metas = opaque_subclass.describe_args(args)` (args: the list passed), and pass "
-            "subclass_metas=metas."
-        )
+        held_type, opaque = _held(meta.attrs[gone[0]])
+        raise messages.unwrap_attribute_missing(cls, type(x), path, gone[0], held_type, opaque) from None
+    if list(level.names) != list(meta.attrs):
+        raise messages.unwrap_names_changed(cls, path, level.attrs, list(meta.attrs))
     for a, sub in zip(level.attrs, meta.attrs.values(), strict=True):
         if isinstance(sub, SubclassLayout):
             check_structure(sub, a.value, a.path)
@@ -581,29 +521,14 @@ def check_structure(meta: SubclassLayout, x: object, path: str = "x") -> None:
                 _bad_opaque(meta)(a.path, a.value, sub.opaque_type)
         elif a.kind not in ("tensor",):
             if a.kind == "subclass":
-                raise OpaqueTypeError(
-                    f"run-time unwrap of {subject(cls)}: {a.path} holds a {describe_type(a.value)}, a subclass "
-                    "with leaves of its own, but the metadata was made from a plain tensor there. Fix: "
-                    "re-create the metadata from the arguments as they are now, `import opaque_subclass; "
-                    "metas = opaque_subclass.describe_args(args)` (args: the list passed)."
-                )
+                raise messages.unwrap_nested_where_tensor(cls, a.path, a.value)
             _bad_leaf(meta)(a.path, a.value)
 
 
-def _missing_attribute(meta: SubclassLayout, x: object, path: str, name: str) -> OpaqueAttributeError:
-    """The error for attribute ``name``, listed by ``x``'s ``__tensor_flatten__`` and the metadata, that ``x`` lacks."""
-    sub = meta.attrs[name]
+def _held(sub: Layout) -> tuple[type | None, bool]:
+    """The class the metadata ``sub`` was made from (``None`` for a tensor), and whether it is an opaque."""
     if isinstance(sub, OpaqueSlot):
-        held = f"a {qualified_name(sub.opaque_type)} (a reference opaque)"
-    elif isinstance(sub, SubclassLayout):
-        held = f"a {qualified_name(sub.subclass_type)}"
-    else:
-        held = "a tensor"
-    return OpaqueAttributeError(
-        f"run-time unwrap of {subject(meta.subclass_type)}: {path}.{name} is missing: "
-        f"{type(x).__qualname__}.__tensor_flatten__() lists {name!r}, but the instance has no such attribute "
-        f"(found: nothing; it was deleted, or never set), and the metadata was made from {held} there. "
-        f"Fix: set it again before the call, `{path}.{name} = value` (value: {held}; {path}: the instance "
-        f"at that position of the arguments), or stop listing {name!r} in "
-        f"{type(x).__qualname__}.__tensor_flatten__ for instances without it and re-create the metadata."
-    )
+        return sub.opaque_type, True
+    if isinstance(sub, SubclassLayout):
+        return sub.subclass_type, False
+    return None, False

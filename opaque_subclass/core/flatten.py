@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import is_fake as _is_fake_tensor
 
+from opaque_subclass.core import messages
 from opaque_subclass.core.checks import check_levels
-from opaque_subclass.core.errors import OpaqueTypeError, describe_type
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.spec import (
     Layout,
@@ -175,10 +175,7 @@ def flatten_subclass(t: torch.Tensor, *, name: str = "x") -> tuple[list[Any], La
     :func:`append_leaves` gives the leaves alone, without the rebuild.
     """
     if not isinstance(t, _Tensor):
-        raise OpaqueTypeError(
-            f"flatten_subclass expects a tensor, got {describe_type(t)}. Fix: pass the "
-            "subclass instance; for a list of arguments use describe_args."
-        )
+        raise messages.flatten_not_a_tensor(t)
     leaves: list[Any] = []
     if not is_wrapper_subclass(t):
         return [t], describe(t, 0, path=name)
@@ -210,10 +207,7 @@ def describe_args(
     all; with ``count_symints``, a subclass's symbolic sizes/strides take slots
     after its attributes."""
     if isinstance(args, torch.Tensor) or not isinstance(args, Sequence):
-        raise OpaqueTypeError(
-            f"describe_args expects a list or tuple of arguments, got {describe_type(args)}. "
-            "Fix: wrap a single argument in a list, describe_args([x])."
-        )
+        raise messages.describe_args_not_a_list(args)
     metas: list[Layout] = []
     idx = 0
     for i, a in enumerate(args):

@@ -18,16 +18,9 @@ from typing import Any
 
 import torch
 
+from opaque_subclass.core import messages
 from opaque_subclass.core.checks import check_tangent_structure
 from opaque_subclass.core.codegen import compiled_unwrap, compiled_wrap
-from opaque_subclass.core.errors import (
-    OpaqueSubclassError,
-    OpaqueTypeError,
-    OpaqueValueError,
-    describe_type,
-    qualified_name,
-    subject,
-)
 from opaque_subclass.core.flatten import append_leaves, flat_width, is_wrapper_subclass
 from opaque_subclass.core.registry import opaque_kind
 from opaque_subclass.core.spec import Layout, OpaqueSlot, SubclassLayout, rebuild
@@ -53,12 +46,7 @@ def _unwrap_flat(args: Sequence[Any], metas: Sequence[Layout] | None, append_sym
                 out.append(x)
         return out
     if len(metas) != len(args):
-        raise OpaqueSubclassError(
-            f"unwrap: {len(args)} {what} but {len(metas)} metas; the metas describe other arguments. "
-            f"Fix: make the metas from exactly these arguments, `import opaque_subclass; "
-            f"metas = opaque_subclass.describe_args({what})` ({what}: the list passed), and pass "
-            "subclass_metas=metas."
-        )
+        raise messages.unwrap_metas_count(len(args), len(metas), what)
     key = "unwrap+symints" if append_symints else "unwrap"
     extend = out.extend
     append = out.append
@@ -118,11 +106,7 @@ def unwrap_args(
     """
     if not is_joint_structure:
         if not isinstance(wrapped_args, (list, tuple)):
-            raise OpaqueTypeError(
-                f"unwrap_args expects a list or tuple of arguments, got "
-                f"{describe_type(wrapped_args)}. Fix: pass [x] for a single argument, or "
-                "is_joint_structure=True with a (primals, tangents) pair."
-            )
+            raise messages.unwrap_args_not_a_list(wrapped_args)
         return _unwrap_flat(wrapped_args, subclass_metas, append_symints, "args")
     primals, tangents = _split_joint(wrapped_args, "unwrap_args")
     p_metas, t_metas = (None, None) if subclass_metas is None else _split_joint(subclass_metas, "subclass_metas")
@@ -139,13 +123,7 @@ def _split_joint(pair: Any, what: str) -> tuple[Sequence[Any], Sequence[Any]]:
         and isinstance(pair[0], (list, tuple))
         and isinstance(pair[1], (list, tuple))
     ):
-        raise OpaqueTypeError(
-            f"{what}: a joint structure is a pair (primals, tangents) of lists or tuples, "
-            f"got {describe_type(pair)}"
-            + (f" of length {len(pair)}" if isinstance(pair, (tuple, list)) else "")
-            + ". Fix: pass (list_of_primals, list_of_tangents), or is_joint_structure=False "
-            "for a flat list."
-        )
+        raise messages.joint_not_a_pair(what, pair)
     return pair[0], pair[1]
 
 
@@ -202,17 +180,7 @@ def wrap_args(
 
 
 def _raise_width(metas: Sequence[Layout], flat: Sequence[Any], saved: int | None) -> None:
-    width = flat_width(metas)
-    extra = f" plus {saved} saved activations" if saved is not None else ""
-    raise OpaqueSubclassError(
-        f"wrap_args: the metas describe {width} flat slots{extra} "
-        f"({width + (saved or 0)} values) but {len(flat)} values were given. The flat list "
-        "must come from the same subclass structure the metas were made from. Fix: wrap the list "
-        "that unwrapping the values gives, `import opaque_subclass; flat = "
-        "opaque_subclass.unwrap_args(args, is_joint_structure=False, subclass_metas=metas)` "
-        "(args: the values the metas were made from), or, if __tensor_flatten__ changed, re-create "
-        "the metas with opaque_subclass.describe_args(args)."
-    )
+    raise messages.wrap_width(flat_width(metas), saved, len(flat))
 
 
 def wrap_args_maybe_joint(
@@ -228,10 +196,7 @@ def wrap_args_maybe_joint(
     if not is_joint_structure:
         return wrap_args(unwrapped_args, subclass_metas=inp_metas, is_runtime=is_runtime)
     if tangent_metas is None:
-        raise OpaqueValueError(
-            "wrap_args_maybe_joint: a joint structure needs tangent_metas. Fix: "
-            "pass tangent_metas=describe_args(tangents)."
-        )
+        raise messages.joint_without_tangent_metas()
     primals, tangents = _split_joint(unwrapped_args, "wrap_args_maybe_joint")
     return (
         wrap_args(primals, subclass_metas=inp_metas, is_runtime=is_runtime),
@@ -270,11 +235,7 @@ def unwrap_tangent(x: Any, meta: Layout, *, name: str = "tangent") -> tuple[Any,
     if not isinstance(x, torch.Tensor):
         return x, [x]
     if isinstance(meta, OpaqueSlot):
-        raise OpaqueTypeError(
-            f"tangent {name!r}: the forward output in this slot was a "
-            f"{qualified_name(meta.opaque_type)} opaque, which has no tangent, but a tensor "
-            "was given. Fix: pass None for outputs that are opaques."
-        )
+        raise messages.tangent_of_opaque(name, meta.opaque_type)
     if isinstance(meta, _SCM):
         expected_type: type = meta.subclass_type
         expected_ctx = meta.meta
@@ -287,24 +248,13 @@ def unwrap_tangent(x: Any, meta: Layout, *, name: str = "tangent") -> tuple[Any,
     if runtime_type is not expected_type or runtime_ctx != expected_ctx:
         coerce = getattr(x, "__coerce_same_metadata_as_tangent__", None)
         if coerce is None:
-            raise OpaqueTypeError(
-                f"tangent {name!r} is a {qualified_name(runtime_type)} with flatten context "
-                f"{runtime_ctx!r}, but the forward output was a {qualified_name(expected_type)} "
-                f"with context {expected_ctx!r}. Fix: define "
-                f"{runtime_type.__qualname__}.__coerce_same_metadata_as_tangent__(self, "
-                "expected_metadata, expected_type=None) returning a tangent of the expected "
-                "type and context, or make backward produce one."
-            )
+            raise messages.tangent_metadata_differs(name, runtime_type, runtime_ctx, expected_type, expected_ctx)
         coerced = coerce(expected_ctx) if runtime_type is expected_type else coerce(expected_ctx, expected_type)
         if coerced is None or (
             type(coerced) is not expected_type
             and not (expected_type is torch.Tensor and not is_wrapper_subclass(coerced))
         ):
-            raise OpaqueTypeError(
-                f"tangent {name!r}: {subject(runtime_type)}.__coerce_same_metadata_as_tangent__ "
-                f"returned {describe_type(coerced)}, expected a {qualified_name(expected_type)}. "
-                "Fix: make it return a tensor of the expected type and flatten context."
-            )
+            raise messages.tangent_coerced_wrong(name, runtime_type, coerced, expected_type)
         x = coerced
     x = _coerce_layout(x, fmt)
     if not isinstance(meta, _SCM):
@@ -317,18 +267,10 @@ def unwrap_tangent(x: Any, meta: Layout, *, name: str = "tangent") -> tuple[Any,
     for attr, sub in meta.attrs.items():
         value = getattr(x, attr)
         if not isinstance(sub, OpaqueSlot) and not isinstance(value, torch.Tensor):
-            raise OpaqueTypeError(
-                f"tangent '{name}.{attr}': expected a tensor in this slot (the forward output held one), got "
-                f"{describe_type(value)}. Fix: the tangent subclass must hold the same attributes as the "
-                "forward output, `out.backward(torch.ones_like(out))` (out: the output) makes one."
-            )
+            raise messages.tangent_slot_not_a_tensor(name, attr, value)
         if isinstance(sub, OpaqueSlot):
             if isinstance(value, torch.Tensor) or opaque_kind(value) != "reference":
-                raise OpaqueTypeError(
-                    f"tangent '{name}.{attr}': expected a reference opaque in this slot, got "
-                    f"{describe_type(value)}. Fix: the tangent subclass must hold the same "
-                    "attributes as the forward output."
-                )
+                raise messages.tangent_slot_not_an_opaque(name, attr, value)
             leaves.append(value)
             continue
         new_value, sub_leaves = unwrap_tangent(value, sub, name=f"{name}.{attr}")

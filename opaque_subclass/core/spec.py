@@ -33,14 +33,8 @@ from typing import Any, Literal, NoReturn, Union
 
 import torch
 
-from opaque_subclass.core.errors import (
-    OpaqueTypeError,
-    OpaqueValueError,
-    describe_type,
-    import_fix,
-    qualified_name,
-    subject,
-)
+from opaque_subclass.core import messages
+from opaque_subclass.core.errors import subject
 from opaque_subclass.core.registry import opaque_kind
 
 __all__ = [
@@ -50,7 +44,6 @@ __all__ = [
     "SubclassLayout",
     "SymIntSlot",
     "TensorSlot",
-    "bad_unflatten_type",
     "iter_slots",
     "iter_subclasses",
     "rebuild",
@@ -120,13 +113,7 @@ class _FrozenAttrs(dict):  # type: ignore[type-arg]  # str -> Layout, checked on
     __slots__ = ()
 
     def _readonly(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise OpaqueTypeError(
-            "SubclassLayout.attrs is read-only (metas are shared by compiled code). Fix: build a "
-            "new meta with the attributes you want, `import dataclasses; "
-            "meta = dataclasses.replace(meta, attrs={**meta.attrs, name: slot_meta})` (name, slot_meta: "
-            "the entry to add, numbered after the others), or make one from an instance with "
-            "opaque_subclass.describe_args([x])[0]"
-        )
+        raise messages.layout_read_only()
 
     # deliberately disabled
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _readonly
@@ -206,15 +193,7 @@ class SubclassLayout:
         setattr_(self, "outer_size", tuple(self.outer_size))
         setattr_(self, "outer_stride", tuple(self.outer_stride))
         if not isinstance(self.subclass_type, type) or not issubclass(self.subclass_type, torch.Tensor):
-            given = self.subclass_type
-            shown = qualified_name(given) if isinstance(given, type) else describe_type(given)
-            raise OpaqueTypeError(
-                f"SubclassLayout.subclass_type must be a torch.Tensor subclass, got {shown}"
-                f"{' (a class that is not a tensor)' if isinstance(given, type) else ''}. Fix: pass the "
-                "wrapper subclass the meta describes (subclass_type=MeshTensor for a MeshTensor), not the class "
-                "of one of its attributes, or make the meta from an instance: `import opaque_subclass; "
-                "meta = opaque_subclass.describe_args([x])[0]` (x: an instance)"
-            )
+            raise messages.layout_not_a_tensor_class(self.subclass_type)
         count = tensors = opaques = 0
         expected = self.flat_tensor_start_idx
         for name, sub in attrs.items():
@@ -229,27 +208,12 @@ class SubclassLayout:
                 else:
                     tensors += 1
             else:
-                raise OpaqueTypeError(
-                    f"{subject(self.subclass_type)} meta: attrs[{name!r}] must be a "
-                    f"TensorSlot, OpaqueSlot or SubclassLayout, got {describe_type(sub)}. Fix: "
-                    f"describe a tensor attribute with `TensorSlot({expected}, {name!r})`, an opaque with "
-                    f"OpaqueSlot({expected}, {name!r}, <its class>), a nested subclass with its own "
-                    "SubclassLayout"
-                )
+                raise messages.layout_slot_wrong_type(self.subclass_type, name, sub, expected)
             if sub.attr != name:
-                raise OpaqueValueError(
-                    f"{subject(self.subclass_type)} meta: attrs[{name!r}] describes "
-                    f"attribute {sub.attr!r}; the key and the meta's attr must agree. Fix: build "
-                    f"attrs[{name!r}] with attr={name!r}, `import dataclasses; "
-                    f"slot = dataclasses.replace(slot, attr={name!r})` (slot: that meta)"
-                )
+                raise messages.layout_slot_attr_differs(self.subclass_type, name, sub.attr)
             if start != expected:
                 field_name = "flat_tensor_start_idx" if isinstance(sub, SubclassLayout) else "unwrapped_idx"
-                raise OpaqueValueError(
-                    f"{subject(self.subclass_type)} meta: attribute {name!r} starts at flat "
-                    f"slot {start}, expected {expected} (slots must be contiguous, in order). Fix: give "
-                    f"attrs[{name!r}] {field_name}={expected}, and number the attributes after it on from there"
-                )
+                raise messages.layout_slot_misplaced(self.subclass_type, name, start, expected, field_name)
             expected += width
             count += width
         size_ph = symint_placeholders(self.outer_size)
@@ -355,18 +319,6 @@ def iter_subclasses(meta: Layout, prefix: str = "") -> Iterator[tuple[str, Subcl
 # ---------------------------------------------------------------- rebuilding
 
 
-def bad_unflatten_type(cls: type, result: object, path: str, *, found: str | None = None) -> TypeError:
-    """The error for ``cls.__tensor_unflatten__`` returning ``result``, not a ``cls``
-    (``found``: how to name it, when not by ``result``'s type)."""
-    return OpaqueTypeError(
-        f"{subject(cls)}.__tensor_unflatten__ (rebuilding {path!r}) returned "
-        f"{found or describe_type(result)}, expected an instance of {cls.__qualname__}. Fix: "
-        f"make {cls.__qualname__}.__tensor_unflatten__ return "
-        f"{cls.__qualname__}(...) built from inner_tensors, the context and outer_size/"
-        "outer_stride."
-    )
-
-
 def _fill_placeholders(meta: SubclassLayout, leaves: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     it = iter(leaves[meta.symint_start_idx : meta.flat_tensor_start_idx + meta.arg_count])
     size = list(meta.outer_size)
@@ -396,7 +348,7 @@ def rebuild(meta: Layout, leaves: Sequence[Any], *, is_runtime: bool, path: str 
     cls = meta.subclass_type
     result = cls.__tensor_unflatten__(inner, meta.meta, size, stride)  # type: ignore[attr-defined]  # a wrapper subclass
     if not isinstance(result, cls):
-        raise bad_unflatten_type(cls, result, path)
+        raise messages.unflatten_returned_wrong_type(cls, result, path)
     if not is_runtime and meta.original_subclass is not None:
         torch._mirror_autograd_meta_to(meta.original_subclass, result)  # type: ignore[attr-defined]  # private C binding present on all supported torch
     return result
@@ -406,26 +358,11 @@ def _check_leaf(path: str, slot: LeafSlot, leaf: object, owner: str) -> None:
     if isinstance(slot, OpaqueSlot):
         if isinstance(leaf, torch.Tensor) or opaque_kind(leaf) != "reference":
             if not isinstance(leaf, torch.Tensor) and opaque_kind(leaf) is None and isinstance(leaf, slot.opaque_type):
-                raise OpaqueTypeError(
-                    f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) holds a "
-                    f"{qualified_name(type(leaf))}, which is not registered as a reference opaque in this "
-                    "process. Fix: "
-                    + import_fix(type(leaf), 'opaque_subclass.register_opaque({cls}, kind="reference")')
-                    + " before rebuilding."
-                )
-            raise OpaqueTypeError(
-                f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) expects a "
-                f"reference opaque of type {qualified_name(slot.opaque_type)}, got "
-                f"{describe_type(leaf)}. Fix: pass leaves in the order flatten_subclass "
-                "returned them."
-            )
+                raise messages.leaf_unregistered(owner, slot.unwrapped_idx, path, leaf)
+            raise messages.leaf_not_the_opaque(owner, slot.unwrapped_idx, path, slot.opaque_type, leaf)
     elif isinstance(slot, TensorSlot) and slot.attr is not None:
         if not isinstance(leaf, torch.Tensor):
-            raise OpaqueTypeError(
-                f"unflatten of {owner}: slot {slot.unwrapped_idx} ({path!r}) expects a "
-                f"tensor, got {describe_type(leaf)}. Fix: pass leaves in the order "
-                "flatten_subclass returned them."
-            )
+            raise messages.leaf_not_a_tensor(owner, slot.unwrapped_idx, path, leaf)
 
 
 def unflatten_checked(leaves: Sequence[Any], spec: Layout, *, name: str = "x") -> Any:
@@ -436,20 +373,10 @@ def unflatten_checked(leaves: Sequence[Any], spec: Layout, *, name: str = "x") -
     elif isinstance(spec, (TensorSlot, OpaqueSlot)):
         start, width, owner = spec.unwrapped_idx, 1, "a plain value"
     else:
-        raise OpaqueTypeError(
-            f"unflatten_subclass expects a spec from flatten_subclass, got {describe_type(spec)}. "
-            "Fix: pass the second value returned by flatten_subclass (or a meta from "
-            "describe_args)."
-        )
+        raise messages.not_a_spec(spec)
     if len(leaves) != start + width:
-        detail = ""
-        if isinstance(spec, SubclassLayout):
-            detail = f" ({spec.num_tensors} tensors, {spec.num_opaques} opaques)"
-        raise OpaqueValueError(
-            f"unflatten of {owner}: the spec describes {width} leaves{detail} starting at "
-            f"slot {start}, but {len(leaves)} leaves were given. Fix: pass exactly the "
-            "leaves flatten_subclass returned for this spec (same subclass structure)."
-        )
+        counts = (spec.num_tensors, spec.num_opaques) if isinstance(spec, SubclassLayout) else None
+        raise messages.leaf_count(owner, width, start, len(leaves), counts)
     for path, slot in iter_slots(spec, name):
         _check_leaf(path, slot, leaves[slot.unwrapped_idx], owner)
     return rebuild(spec, leaves, is_runtime=True, path=name)
