@@ -263,18 +263,20 @@ def missing_values(cls: type, missing: Sequence[str], names: Sequence[str]) -> e
     )
 
 
-def not_a_tensor(cls: type, name: str, value: object) -> errors.OpaqueTypeError:
+def _must_be(cls: type, name: str, what: str, group: str, value: object, fix: str) -> errors.OpaqueTypeError:
     return errors.OpaqueTypeError(
-        f"{subject(cls)}.{name} must be a tensor (declared in tensor_attrs), got {describe_type(value)}. "
-        f"Fix: pass a tensor for {name}, e.g. {name}=torch.as_tensor(value) for a list or number"
+        f"{subject(cls)}.{name} must be {what} (declared in {group}), got {describe_type(value)}. Fix: {fix}"
     )
+
+
+def not_a_tensor(cls: type, name: str, value: object) -> errors.OpaqueTypeError:
+    fix = f"pass a tensor for {name}, e.g. {name}=torch.as_tensor(value) for a list or number"
+    return _must_be(cls, name, "a tensor", "tensor_attrs", value, fix)
 
 
 def wrong_opaque(cls: type, name: str, expected: type, value: object) -> errors.OpaqueTypeError:
-    return errors.OpaqueTypeError(
-        f"{subject(cls)}.{name} must be a {qualified_name(expected)} (declared in opaque_attrs), got "
-        f"{describe_type(value)}. Fix: pass the {expected.__qualname__} object itself."
-    )
+    fix = f"pass the {expected.__qualname__} object itself."
+    return _must_be(cls, name, f"a {qualified_name(expected)}", "opaque_attrs", value, fix)
 
 
 def wrap_like_mismatch(cls: Any, tensors: Mapping[str, Any]) -> errors.OpaqueSubclassError:
