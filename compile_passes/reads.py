@@ -201,9 +201,7 @@ def traced_reads(named: Sequence[tuple[str, Any]], records: Iterable[MemberRead]
     the library's member fix; by default those of the compilation in progress,
     taken from the record), as :class:`BakedRead` s. Reads made by torch's own
     code (their innermost traced frame is in torch) are left out."""
-    if records is None:
-        context = RECORDER.compilation()
-        records = [] if context is None else RECORDER.take("member_reads", context)
+    records = RECORDER.take("member_reads") if records is None else list(records)
     if not records:
         return []
     owners = {path: owner for path, _, owner in _opaque_inputs(named)}

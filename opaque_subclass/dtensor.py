@@ -247,8 +247,7 @@ def refuse_rank_positions(graph: torch.fx.Graph) -> None:
     Where the uses are not recorded (no fix row writes them on this torch) but
     AOTAutograd's cache would still hand the entry to other ranks, every graph
     with a mesh input is refused: nothing could tell a safe one."""
-    context = RECORDER.compilation()
-    uses = {} if context is None else RECORDER.by_object("position_uses", context)
+    uses = RECORDER.by_object("position_uses")
     unobserved = RECORDER.unobserved("position_uses")
     if unobserved is not None and RECORDER.installed(_MESH_KEYED_CACHE) and _mesh_inputs(graph):
         raise ShareCompilesError(

@@ -147,15 +147,19 @@ class Recorder:
                 records = self._by_stream[stream][key] = {}
             records[entry] = value
 
-    def get(self, stream: str, key: object) -> Any:
-        """A copy of the records under ``key`` (empty when there are none)."""
+    def get(self, stream: str, key: object | None = None) -> Any:
+        """A copy of the records under ``key`` (default: the compilation in
+        progress on this thread); empty when there are none."""
+        key = self.compilation() if key is None else key
+        if key is None:
+            return self._new(stream)
         with self._lock:
             records = self._by_stream[stream].get(key)
             return self._new(stream) if records is None else records.copy()
 
-    def by_object(self, stream: str, key: object) -> dict[int, frozenset[str]]:
-        """A set stream of ``(id(object), ..., member name)`` entries under ``key``,
-        grouped: ``id(object)`` -> the names recorded for it."""
+    def by_object(self, stream: str, key: object | None = None) -> dict[int, frozenset[str]]:
+        """A set stream of ``(id(object), ..., member name)`` entries under ``key``
+        (as :meth:`get`), grouped: ``id(object)`` -> the names recorded for it."""
         found: dict[int, set[str]] = {}
         for entry in self.get(stream, key):
             found.setdefault(entry[0], set()).add(entry[-1])
@@ -167,8 +171,12 @@ class Recorder:
         records = self._by_stream[stream].get(key)
         return None if records is None else records.get(entry)
 
-    def take(self, stream: str, key: object) -> Any:
-        """The records under ``key``, taken out (the next reader gets only later ones)."""
+    def take(self, stream: str, key: object | None = None) -> Any:
+        """The records under ``key`` (as :meth:`get`), taken out: the next reader
+        gets only later ones."""
+        key = self.compilation() if key is None else key
+        if key is None:
+            return self._new(stream)
         with self._lock:
             records = self._by_stream[stream].pop(key, None)
             return self._new(stream) if records is None else records

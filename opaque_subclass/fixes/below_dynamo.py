@@ -70,11 +70,10 @@ POSITION_MEMBERS = frozenset(
 def reads_of(context: object | None = None) -> dict[int, Read]:
     """Members read below Dynamo by the compilation ``context`` (default: this
     thread's), by ``id()`` of the real object."""
-    context = RECORDER.compilation() if context is None else context
-    if context is None:
-        return {}
-    classes = {key: cls for key, cls, _ in RECORDER.get("below_dynamo_reads", context)}
-    return {key: (classes[key], names) for key, names in RECORDER.by_object("below_dynamo_reads", context).items()}
+    found: dict[int, tuple[type, set[str]]] = {}
+    for key, cls, name in RECORDER.get("below_dynamo_reads", context):
+        found.setdefault(key, (cls, set()))[1].add(name)
+    return {key: (cls, frozenset(names)) for key, (cls, names) in found.items()}
 
 
 def _note_use(context: object, real: object, name: str) -> None:

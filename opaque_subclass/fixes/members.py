@@ -116,8 +116,7 @@ def _record(read: MemberRead) -> None:
 def take_member_reads(context: object | None = None) -> list[MemberRead]:
     """Take the member values recorded for ``context`` (default: this thread's
     compilation), in tracing order; the next graph gets only its own."""
-    context = RECORDER.compilation() if context is None else context
-    return [] if context is None else list(RECORDER.take("member_reads", context))
+    return list(RECORDER.take("member_reads", context))
 
 
 def _member_type(cls: type, name: str) -> Member | None:
