@@ -43,6 +43,7 @@ import torch._dynamo.testing
 
 import opaque_subclass
 from opaque_subclass import Member, OpaqueBase, OpaqueSubclass, OpaqueSubclassError
+from opaque_subclass.testing import warm
 
 REFERENCE = Path(__file__).with_name("conformance_reference.json")
 
@@ -1473,6 +1474,7 @@ def _compile_after_thread_exit() -> Observation:
     in a child process: a crash there is the observation)."""
     import subprocess
 
+    # a new interpreter, not a served one: torch 2.11's crash (listed) needs one
     proc = subprocess.run(
         [sys.executable, "-c", _THREAD_EXIT_PROGRAM], capture_output=True, text=True, timeout=300, check=False
     )
@@ -1527,20 +1529,12 @@ def _another_package() -> Observation:
     library on every release), imported before and after the library, in child
     processes: what runs, what ``support()`` says, what ``disable()`` leaves."""
     import os
-    import subprocess
 
     here = os.path.dirname(os.path.abspath(__file__))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")])}
     seen = {}
     for order in ("first", "after"):
-        proc = subprocess.run(
-            [sys.executable, "-c", _OTHER_PATCHER_PROGRAM, order],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-            env=env,
-        )
+        proc = warm.run([sys.executable, "-c", _OTHER_PATCHER_PROGRAM, order], timeout=300, env=env)
         lines = proc.stdout.strip().splitlines()
         seen[f"imported {order}"] = json.loads(lines[-1]) if proc.returncode == 0 and lines else proc.stderr[-300:]
     return seen

@@ -7,7 +7,6 @@ when just that patch is suspended.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 import types
@@ -56,6 +55,7 @@ from upstream_scenarios import MADE_WHILE_TRACING_FAILURE, reference_opaque_made
 
 import opaque_subclass
 from opaque_subclass.patching import Patch, PatchRefused, PatchSet, fingerprint
+from opaque_subclass.testing import warm
 
 BACKPORT = opaque_subclass.support().mode == "backport"
 needs_backport = pytest.mark.skipif(not BACKPORT, reason="backport mode only (torch 2.11)")
@@ -435,7 +435,7 @@ def test_unexpected_torch_build_is_refused_whole():
         print("REFUSED")
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = warm.run([sys.executable, "-c", code], timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "REFUSED" in out.stdout
 
@@ -980,7 +980,7 @@ def test_disable_restores_torch_modules_imported_after_enable():
         print("RESTORED")
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = warm.run([sys.executable, "-c", code], timeout=300)
     assert out.returncode == 0 and "RESTORED" in out.stdout, out.stdout + out.stderr[-3000:]
 
 

@@ -27,7 +27,7 @@ from scenarios import (
 from subclasses import registered_mesh_world_of_one
 
 import opaque_subclass
-from opaque_subclass.testing import run_local_workers
+from opaque_subclass.testing import run_local_workers, warm
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available in this build")
 
@@ -42,12 +42,11 @@ def test_outputs_on_the_mesh_passed_in(backend):
     compilation (as torch 2.13 measures). In a fresh process, so that no
     earlier DTensor program has filled DTensor's sharding cache (later
     programs: test_later_programs_get_their_own_meshes)."""
-    import subprocess
     import sys
 
     code = f"from scenarios import dtensor_outputs_on_runtime_mesh as s; s({backend!r}); print('OK')"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), *sys.path])}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    out = warm.run([sys.executable, "-c", code], timeout=300, env=env)
     assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
 
 
@@ -143,7 +142,6 @@ def _runtime_meshes_in_fresh_process(arguments: str) -> list[dict[str, int]]:
     process (DTensor's sharding cache empty) with an empty compile cache."""
     import json
     import shutil
-    import subprocess
     import sys
     import tempfile
 
@@ -156,7 +154,7 @@ def _runtime_meshes_in_fresh_process(arguments: str) -> list[dict[str, int]]:
         "TORCHINDUCTOR_CACHE_DIR": cache,
     }
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        out = warm.run([sys.executable, "-c", code], timeout=300, env=env)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     assert out.returncode == 0, out.stderr[-3000:]

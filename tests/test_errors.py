@@ -1,7 +1,6 @@
 """Every bad input gets an error naming the subclass, the attribute path, the type
 found and a fix; fixes that are code are executed as written."""
 
-import subprocess
 import sys
 import textwrap
 from typing import Any
@@ -12,6 +11,7 @@ from subclasses import Config, Mesh, MeshTensor, NotRegistered, ReturnsPlain, ne
 
 import opaque_subclass as osc
 from opaque_subclass.core.walk import leaves as walk_leaves
+from opaque_subclass.testing import warm
 
 
 def _broken(value):
@@ -59,7 +59,7 @@ def test_unregistered_fix_runs_as_written():
         print("FIXED", fix)
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = warm.run([sys.executable, "-c", code], timeout=120)
     assert out.returncode == 0, out.stderr
     assert (
         "FIXED import opaque_subclass; from subclasses import Handle; opaque_subclass.register_opaque(Handle"
@@ -275,7 +275,6 @@ def test_compile_names_an_unflatten_that_changes_the_dtype():
 def test_inductor_gets_the_named_error_instead_of_a_crash(tmp_path):
     """Stock torch (2.11 and 2.13 measured) kills the process with SIGSEGV here."""
     import os
-    import subprocess
     import sys
     import textwrap
     from pathlib import Path
@@ -296,7 +295,7 @@ def test_inductor_gets_the_named_error_instead_of_a_crash(tmp_path):
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "tests")]), TORCHINDUCTOR_CACHE_DIR=str(tmp_path)
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    out = warm.run([sys.executable, "-c", code], timeout=300, env=env)
     assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
     assert out.stdout.strip().splitlines()[-1] == "NAMED", out.stdout
 

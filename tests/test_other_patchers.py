@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 import pytest
 
 import opaque_subclass as osc
+from opaque_subclass.testing import warm
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = "torch._functorch._aot_autograd.runtime_wrappers.AOTDispatchAutograd.process_runtime_tangent"
@@ -70,13 +70,7 @@ def _run(code: str, tmp_path: Path) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor-cache")
-    out = subprocess.run(
-        [sys.executable, "-c", CHAIN + textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    out = warm.run([sys.executable, "-c", CHAIN + textwrap.dedent(code)], timeout=300, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 

@@ -104,7 +104,7 @@ def test_import_twice_changes_nothing():
         "import importlib, opaque_subclass as a; s1 = a.support(); "
         "import opaque_subclass as b; assert a is b and b.support() == s1; print(s1.mode)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = warm.run([sys.executable, "-c", code], timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() in ("native", "backport")
 

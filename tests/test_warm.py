@@ -68,6 +68,24 @@ def test_a_served_process_is_the_interpreter_asked_for(interpreters, tmp_path):
     assert started < 120
 
 
+def test_inductors_machine_probe_is_served_with_the_answer_this_process_computes(interpreters, tmp_path):
+    """The preload's functions ran in the server: a served process with a new inductor cache directory
+    has the CPU's vector ISA memoized (no g++ build there) and it is the one this process found itself."""
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    code = (
+        "import json, os; from torch._inductor import cpu_vec_isa as c; memo = c.valid_vec_isa_list.cache_info().currsize; "
+        "isa = [str(i) for i in c.valid_vec_isa_list()]; "
+        "print(json.dumps({'memo': memo, 'isa': isa, 'files': os.listdir(os.environ['TORCHINDUCTOR_CACHE_DIR'])}))"
+    )
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    ran = interpreters.run([sys.executable, "-c", code], env=_env(TORCHINDUCTOR_CACHE_DIR=str(cache)), timeout=120)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    got = json.loads(ran.stdout)
+    assert got == {"memo": 1, "isa": [str(i) for i in valid_vec_isa_list()], "files": []}, got
+
+
 def test_a_module_and_a_script_run_as_main(interpreters, tmp_path):
     script = tmp_path / "probe_script.py"
     script.write_text(PROBE)

@@ -3,7 +3,9 @@ script (``python _warm_server.py FD MODULE...``), never imported: importing it
 as ``opaque_subclass.testing._warm_server`` would import the library, and every
 process forked from the server would start with the library imported.
 
-It imports the preload modules (torch, Dynamo, Inductor, ...), then serves
+It imports the preload modules (torch, Dynamo, Inductor, ...) and calls the
+preload functions (``module:function``: facts of the machine torch memoizes),
+then serves
 requests read as JSON lines from the socket ``FD``: each request forks a child
 that becomes the interpreter the request describes (``-c CODE``, ``-m MODULE``
 or ``SCRIPT``, with its arguments, environment, working directory and output
@@ -143,8 +145,11 @@ def main() -> None:
     fd, *modules = sys.argv[1:]
     import importlib
 
-    for name in modules:
-        importlib.import_module(name)
+    for entry in modules:  # "module", or "module:function" to call once imported
+        name, _, call = entry.partition(":")
+        module = importlib.import_module(name)
+        if call:
+            getattr(module, call)()
     sys.stdout.flush()
     serve(int(fd))
 

@@ -15,7 +15,8 @@ becomes the interpreter asked for (``python -c CODE``, ``-m MODULE`` or
         run_local_workers("my_module:train", world_size=4)
 
 A served process differs from a fresh one only in the preloaded
-``sys.modules``. What torch read at import must match: an environment differing
+``sys.modules`` and what the preload's functions memoized (see
+:data:`DEFAULT_PRELOAD`). What torch read at import must match: an environment differing
 beyond :data:`PER_PROCESS_ENV` gets a server of its own (see
 :class:`WarmInterpreters` for the limit).
 """
@@ -40,8 +41,20 @@ from typing import Any
 
 __all__ = ["DEFAULT_PRELOAD", "PER_PROCESS_ENV", "WarmInterpreters", "WarmProcess"]
 
-#: What a server imports before it forks: what a process that compiles imports first.
-DEFAULT_PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx", "torch.distributed")
+#: What a server imports before it forks: what a process that compiles imports first. An entry
+#: ``module:function`` also calls the function once: inductor's probe of the CPU's vector ISA (a
+#: g++ build and a ``dlopen`` in a child per candidate, paid again by every process whose
+#: ``TORCHINDUCTOR_CACHE_DIR`` is new) and its pattern tables, each memoized by torch and the
+#: same in every process of one environment.
+DEFAULT_PRELOAD = (
+    "torch",
+    "torch._dynamo",
+    "torch._inductor.compile_fx",
+    "torch.distributed",
+    "torch._inductor.cpu_vec_isa:valid_vec_isa_list",
+    "torch._inductor.fx_passes.joint_graph:lazy_init",
+    "torch._inductor.fx_passes.post_grad:lazy_init",
+)
 
 #: Variables a served process may set differently from its server: read by torch on use,
 #: not import (the cache directory), or by Python at start (rebuilt by the served process).
