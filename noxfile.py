@@ -11,7 +11,8 @@ one gets):
 
 Each leg has its own virtualenv. torch is installed first, pinned, and pinned
 again next to the project so pip never swaps it for another build. Each leg runs
-the self-check ``python -m opaque_subclass`` and then ``python -m pytest -v``
+the self-check ``python -m opaque_subclass --no-demo`` (the demo runs in the
+suite: tests/test_demo.py, tests/test_torchrun.py) and then ``python -m pytest -v``
 (extra arguments after ``--`` go to pytest: ``python -m nox -- -k flatten``).
 
 Progress shows as it happens: pip's output for the torch install is not
@@ -149,8 +150,11 @@ def tests(session: nox.Session, torch: str) -> None:
     _install_torch(session, torch)
     _install_project(session, torch)
     session.run("python", "-c", "import torch; print('torch', torch.__version__)")
+    # The self-check's checks; its demo (2 gloo ranks training under torch.compile) runs in the
+    # suite below, as tests/test_demo.py and under torchrun (tests/test_torchrun.py): run here too,
+    # it cost each leg about 25 s more for nothing the suite does not check.
     with _fresh_inductor_cache() as env:
-        session.run("python", "-m", "opaque_subclass", env=env)
+        session.run("python", "-m", "opaque_subclass", "--no-demo", env=env)
     # -v: one line per test as it finishes (the default prints a dot per test,
     # and one long file can go minutes without a new line); the summary line
     # "N passed ... in X.XXs" is the same. Arguments after -- come after it
@@ -247,11 +251,12 @@ def docs(session: nox.Session) -> None:
     )
 
 
-# Files a wheel must carry beyond the packages' modules: the PEP 561 markers
-# (package data), the top-level module outside both packages, the version module
-# pyproject.toml reads.
+# Files a wheel must carry beyond the packages' modules: the PEP 561 markers and the
+# release table's recorded source digests (package data), the top-level module
+# outside both packages, the version module pyproject.toml reads.
 _WHEEL_FILES = (
     "opaque_subclass/py.typed",
+    "opaque_subclass/releases/sources.json",
     "compile_passes/py.typed",
     "_opaque_subclass_pickle.py",
     "opaque_subclass/_version.py",

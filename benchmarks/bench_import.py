@@ -8,7 +8,7 @@ what the import-cost target is held against (at most 1.10, or 0.15 s added);
 and which of the heavy torch subsystems the library's import pulled in (none is
 expected: the patches and fixes wait for their modules; see docs/backport.md,
 "Safety rules"), and how many torch source files it parsed (none while the
-release row's recorded ``SOURCES`` are unchanged: tools/record_sources.py).
+release row's recorded sources (``releases/sources.json``) are unchanged: tools/record_sources.py).
 
 Usage::
 

@@ -19,6 +19,8 @@
   logs its findings before torch's first warning or error of a call, leaving
   torch's records as they are.
 * :func:`explain_flat_inputs` (``inputs.py``) - the flat inputs of an argument list.
+* ``messages.py`` - the texts of the findings, fixes and recompile reasons, one
+  constructor per situation; the lints decide which applies.
 
 This package depends on :mod:`opaque_subclass`; the reverse never holds.
 """

@@ -34,6 +34,7 @@ from opaque_subclass.core.checks import require_module
 from opaque_subclass.core.errors import qualified_name
 from opaque_subclass.fixes.autograd_cache import sharing_across_ranks
 
+from . import messages
 from .baked import baked_findings, baked_objects
 from .collectives import BakedGroup, baked_groups, group_findings, with_reads
 from .context import context_findings, subclass_levels
@@ -163,9 +164,7 @@ def checking_backend(
         ``on_check`` receives them all, after it.
     """
     if on_finding not in _ON_FINDING:
-        raise ValueError(
-            f"checking_backend: on_finding={on_finding!r}; expected one of {', '.join(map(repr, _ON_FINDING))}."
-        )
+        raise messages.unknown_on_finding(on_finding, _ON_FINDING)
     count = [0]
     said: set[tuple[str, str]] = set()  # one report per finding, not one per graph (recompilations, backward)
     said_lock = threading.Lock()

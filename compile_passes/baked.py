@@ -22,9 +22,10 @@ import torch
 from torch.utils import _pytree as pytree
 
 from opaque_subclass.core.checks import require_module
-from opaque_subclass.core.errors import import_fix, qualified_name
+from opaque_subclass.core.errors import qualified_name
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 
+from . import messages
 from .context import PLAIN_TYPES, reference_reason
 from .findings import Finding, make
 
@@ -92,7 +93,7 @@ def node_origin(node: torch.fx.Node) -> str:
     frame = _user_frame(node)
     if frame is None:
         return f"node {node.name!r}"
-    return f"{frame['file']}:{frame['line']} in {frame['func']}: {frame['code'].strip()}"
+    return messages.origin(frame["file"], int(frame["line"]), frame["func"], frame["code"].strip())
 
 
 def origin_site(origin: str) -> str:
@@ -237,15 +238,8 @@ def _closure_fix(baked: BakedObject) -> str | None:
     call = call_text(baked.code, name)
     if match is None or call is None:
         return None
-    params = match["params"]
-    old_def = f"def {name}({params})"
-    new_def = f"def {name}({params}{', ' if params.strip() else ''}{baked.variable})"
-    new_call = call[:-1].rstrip() + (", " if not call[:-1].rstrip().endswith("(") else "") + f"{baked.variable})"
-    return (
-        f"pass it to {name} as an argument instead of capturing it: at {file}:{line} replace `{old_def}` with "
-        f"`{new_def}`, and at {origin_site(baked.origin)} replace `{call}` with `{new_call}` (with "
-        f"`{baked.variable}` an argument or a global of the compiled function, so that the graph takes it as an "
-        "input)"
+    return messages.closure_as_argument(
+        name, match["params"], baked.variable, f"{file}:{line}", origin_site(baked.origin), call
     )
 
 
@@ -255,32 +249,8 @@ def baked_findings(baked_list: Iterable[BakedObject], graph_name: str = "graph")
     for baked in baked_list:
         if baked.reason is None:
             continue
-        cls = opaque_type_of(baked.obj)
-        register = ""
-        if opaque_kind(baked.obj) is None:
-            register = (
-                "register its class as a reference opaque, "
-                + import_fix(cls, "opaque_subclass.register_opaque({cls})")
-                + ", and "
-            )
-        fix = f"make it a graph input: {register}" + (
-            _closure_fix(baked)
-            or "pass it as an argument of the compiled function, or as an opaque attribute of a subclass argument, "
-            "rather than from a closure, a global or a flatten context"
-        )
-        what = {
-            "attribute": "holds it as an attribute",
-            "argument": "passes it as a constant argument",
-            "closure": "calls a function that captured it",
-        }[baked.how]
-        findings.append(
-            make(
-                "OSC002",
-                None,
-                f"{graph_name}:{baked.node}",
-                f"the graph {what} ({baked.origin}): a {baked.type_name}, {baked.reason}. It was fixed when the graph "
-                "was compiled, so every later call that passes the guards uses this object, not the caller's.",
-                fix,
-            )
-        )
+        unregistered = opaque_type_of(baked.obj) if opaque_kind(baked.obj) is None else None
+        message = messages.baked_message(baked.how, baked.origin, baked.type_name, baked.reason)
+        fix = messages.baked_fix(unregistered, _closure_fix(baked))
+        findings.append(make("OSC002", None, f"{graph_name}:{baked.node}", message, fix))
     return findings

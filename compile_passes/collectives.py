@@ -39,6 +39,7 @@ import torch.fx.traceback as fx_traceback
 
 from opaque_subclass.core.checks import require_module
 
+from . import messages
 from .baked import call_text, node_code, node_origin, origin_site, trace_frame
 from .findings import Finding, Severity, make
 
@@ -55,8 +56,6 @@ __all__ = [
 
 #: The namespaces of torch's functional collectives (forward, and the autograd variants).
 _NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
-
-_RECIPE = "docs/distributed.md, 'Recipe: your own collective, as a custom op that takes the opaque'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +202,7 @@ def dynamo_group_guards() -> dict[str, tuple[str, str]] | None:
         name = getattr(group, "group_name", None)
         if isinstance(name, str):
             path = _source_name(base)
-            found.setdefault(name, (path, f"{path}.group_name == {name!r}"))
+            found.setdefault(name, (path, messages.attribute_guard(path, "group_name", name)))
     return found
 
 
@@ -264,15 +263,6 @@ def with_reads(groups: Iterable[BakedGroup], reads: Iterable[Any]) -> tuple[list
 _REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 
 
-_HEADER = [
-    "import torch",
-    "import torch.distributed as dist",
-    "from torch.distributed.distributed_c10d import ProcessGroup",
-    "",
-    "",
-]
-
-
 def _parsed_call(code: str, name: str) -> tuple[str, list[str], dict[str, str], list[ast.expr]] | None:
     """``(call text, positional argument texts, keyword argument texts, positional nodes)``
     of the first call of ``name`` in the line ``code``."""
@@ -310,20 +300,7 @@ def _all_reduce_fix(baked: BakedGroup) -> tuple[list[str], str, str, str] | None
     group = _argument(args, keywords, 2, "group")
     if tensor is None or group is None:
         return None
-    op = f"all_reduce_{baked.reduce_op}"
-    code = [
-        f'@torch.library.custom_op("opaque_fix::{op}", mutates_args=())',
-        f"def {op}(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:",
-        "    out = x.clone()",
-        f"    dist.all_reduce(out, op=dist.ReduceOp.{baked.reduce_op.upper()}, group=group)  # this call's group",
-        "    return out",
-        "",
-        "",
-        f"@{op}.register_fake",
-        "def _(x, group):",
-        "    return torch.empty_like(x)",
-    ]
-    replacement = f"{op}({tensor}, {group})" if functional else f"{tensor}.copy_({op}({tensor}, {group}))"
+    code, replacement = messages.all_reduce_op(baked.reduce_op, tensor, group, functional)
     return code, call, replacement, group
 
 
@@ -339,21 +316,8 @@ def _all_gather_fix(baked: BakedGroup) -> tuple[list[str], str, str, str] | None
     group = _argument(args, keywords, 2, "group")
     if tensor is None or dim is None or group is None:
         return None
-    code = [
-        '@torch.library.custom_op("opaque_fix::all_gather_tensor", mutates_args=())',
-        "def all_gather_tensor(x: torch.Tensor, gather_dim: int, group: ProcessGroup, size: int) -> torch.Tensor:",
-        "    out = x.new_empty((size * x.shape[0], *x.shape[1:]))",
-        "    dist.all_gather_into_tensor(out, x.contiguous(), group=group)  # this call's group",
-        "    return torch.cat(out.chunk(size), dim=gather_dim) if gather_dim != 0 else out",
-        "",
-        "",
-        "@all_gather_tensor.register_fake",
-        "def _(x, gather_dim, group, size):",
-        "    shape = list(x.shape)",
-        "    shape[gather_dim] *= size",
-        "    return x.new_empty(shape)",
-    ]
-    return code, call, f"all_gather_tensor({tensor}, {dim}, {group}, {group}.size())", group
+    code, replacement = messages.all_gather_op(tensor, dim, group)
+    return code, call, replacement, group
 
 
 def _reduce_scatter_fix(baked: BakedGroup) -> tuple[list[str], str, str, str] | None:
@@ -369,24 +333,8 @@ def _reduce_scatter_fix(baked: BakedGroup) -> tuple[list[str], str, str, str] | 
     group = _argument(args, keywords, 3, "group")
     if tensor is None or reduce_op not in _REDUCE_OPS or dim is None or group is None:
         return None
-    op = f"reduce_scatter_{reduce_op}"
-    code = [
-        f'@torch.library.custom_op("opaque_fix::{op}", mutates_args=())',
-        f"def {op}(x: torch.Tensor, scatter_dim: int, group: ProcessGroup, size: int) -> torch.Tensor:",
-        "    chunks = x.chunk(size, dim=scatter_dim)",
-        "    out = torch.empty_like(chunks[0])",
-        f"    dist.reduce_scatter_tensor(out, torch.cat(chunks).contiguous(), op=dist.ReduceOp.{reduce_op.upper()}, "
-        "group=group)",
-        "    return out",
-        "",
-        "",
-        f"@{op}.register_fake",
-        "def _(x, scatter_dim, group, size):",
-        "    shape = list(x.shape)",
-        "    shape[scatter_dim] //= size",
-        "    return x.new_empty(shape)",
-    ]
-    return code, call, f"{op}({tensor}, {dim}, {group}, {group}.size())", group
+    code, replacement = messages.reduce_scatter_op(reduce_op, tensor, dim, group)
+    return code, call, replacement, group
 
 
 def _collective_fix(baked: BakedGroup) -> str | None:
@@ -401,12 +349,7 @@ def _collective_fix(baked: BakedGroup) -> str | None:
     else:
         return None
     code, call, replacement, group = made
-    return (
-        "issue the collective through a custom op that takes the group as an opaque input, so one graph serves "
-        f"every group ({_RECIPE}):\n```\n" + "\n".join([*_HEADER, *code]) + "\n```\n"
-        f"and at {baked.call_site} replace `{call}` with `{replacement}` ({group} must be a "
-        "ProcessGroup; for a DeviceMesh, take `mesh: DeviceMesh` in the op and call `mesh.get_group()` in its body)."
-    )
+    return messages.collective_fix(baked.call_site, code, call, replacement, group)
 
 
 def lint_collectives(gm: torch.fx.GraphModule, graph_name: str = "graph") -> list[Finding]:
@@ -415,35 +358,13 @@ def lint_collectives(gm: torch.fx.GraphModule, graph_name: str = "graph") -> lis
     return group_findings(baked_groups(gm), graph_name)
 
 
-def _groups_text(groups: Sequence[BakedGroup]) -> str:
-    named = []
-    for g in groups:
-        ranks = f" (ranks {list(g.ranks)} here)" if g.ranks is not None else ""
-        named.append(f"{g.group_name!r}{ranks}")
-    return ("process group " if len(named) == 1 else "process groups ") + ", ".join(named)
-
-
 def _consequence(first: BakedGroup, groups: Sequence[BakedGroup]) -> str:
     """What a call with another group does, from what guards the group."""
-    source = f"`{first.source}`" if first.source else "the group"
     if first.guarded:
-        return (
-            f"The group comes from {source}, and Dynamo guards its name (`{first.guard}`): a call with another group "
-            "compiles again, one compilation per group"
-            + (f" ({len(groups)} so far)" if len(groups) > 1 else "")
-            + ", and ranks in other groups compile graphs of their own, so no compile cache entry is shared across "
-            "them."
-        )
+        return messages.group_guarded(first.source, first.guard, len(groups))
     if first.guarded is False and first.source:
-        return (
-            f"The group comes from {source}, and nothing guards it: a later call whose {first.source} is another "
-            f"group runs this graph on {first.group_name!r} (a collective on the wrong group, with no recompilation)."
-        )
-    return (
-        "The graph is that group's program: another group gets a compilation of its own only where a guard "
-        "compares it, and ranks in other groups compile graphs of their own, so no compile cache entry is shared "
-        "across them."
-    )
+        return messages.group_unguarded(first.source, first.group_name)
+    return messages.GROUP_OF_UNKNOWN_SOURCE
 
 
 def group_findings(groups: Iterable[BakedGroup], graph_name: str = "graph") -> list[Finding]:
@@ -457,39 +378,18 @@ def group_findings(groups: Iterable[BakedGroup], graph_name: str = "graph") -> l
     for site, found in by_site.items():
         first = found[0]
         unique = list({g.group_name: g for g in found}.values())
+        named = [(g.group_name, g.ranks) for g in unique]
         if first.stage == "dynamo":
-            where = (
-                f"the graph runs {first.op} on {_groups_text(unique)}, named by a constant of the graph "
-                f"({first.origin})."
-            )
-            fix = _collective_fix(first) or (
-                "issue the collective through a custom op whose schema takes the group (or its DeviceMesh) as an "
-                "opaque input, and pass the subclass's group attribute to it, so one graph serves every group: "
-                f"see {_RECIPE}."
-            )
+            where = messages.collective_in_graph(first.op, named, first.origin)
+            fix = _collective_fix(first) or messages.collective_op_fix(in_graph=True)
         else:
-            issued = f"{first.issuer} ({first.call_site})" if first.call_site else first.issuer
-            where = (
-                f"the graph runs {first.op} on {_groups_text(unique)}, issued below Dynamo by {issued} while "
-                f"AOTAutograd traced {first.origin}, and named by a constant of the graph it compiled."
-            )
+            where = messages.collective_below(first.op, named, first.issuer, first.call_site, first.origin)
             if (first.issuer or "").startswith("torch.distributed.tensor"):
-                fix = (
-                    "compile and make the first call inside `with opaque_subclass.dtensor.share_compiles():` "
-                    "(torch 2.12 - 2.15; docs/large_jobs.md): DTensor's collectives then take their group from "
-                    "the mesh graph input when they run, and one graph serves every group and rank."
-                )
+                fix = messages.DTENSOR_SHARE_FIX
             elif (first.issuer or "").startswith("torch."):
-                fix = (
-                    f"the collective is torch's ({first.issuer}): a sharded tensor whose collectives are custom ops "
-                    "taking the group (the library's opaque_subclass.sharded.ShardedTensor) has none of these "
-                    f"constants; see {_RECIPE}."
-                )
+                fix = messages.torch_collective_fix(first.issuer)
             else:
-                fix = _collective_fix(first) or (
-                    "issue the collective through a custom op whose schema takes the group (or its DeviceMesh) as "
-                    f"an opaque input, so one graph serves every group (see {_RECIPE})."
-                )
+                fix = _collective_fix(first) or messages.collective_op_fix(in_graph=False)
         severity: Severity | None = "error" if first.guarded is False and first.source else None
         path = first.source or f"{graph_name}:{first.node}"
         findings.append(
@@ -537,11 +437,13 @@ def collective_below(frame: types.FrameType) -> BakedGroup | None:
     if issuer_frame is not None and not os.path.abspath(issuer_frame.f_code.co_filename).startswith(_TORCH_DIR):
         # the program's own code issued it (a subclass's __torch_dispatch__): its line is the one to rewrite
         file, line = issuer_frame.f_code.co_filename, issuer_frame.f_lineno
-        call_site = f"{file}:{line} in {issuer_frame.f_code.co_name}"
+        call_site = messages.site(file, line, issuer_frame.f_code.co_name)
         call_code = linecache.getline(file, line).strip()
     meta = fx_traceback.get_current_meta() or {}
     user = trace_frame(str(meta.get("stack_trace") or ""))
-    origin = f"{user['file']}:{user['line']} in {user['func']}: {user['code'].strip()}" if user else "the graph"
+    origin = "the graph"
+    if user:
+        origin = messages.origin(user["file"], int(user["line"]), user["func"], user["code"].strip())
     reduce_op = args[1] if op.endswith(".all_reduce") and len(args) > 1 else None
     return BakedGroup(
         op,

@@ -35,10 +35,11 @@ from typing import Any
 
 from opaque_subclass import OpaqueSubclass
 from opaque_subclass.core.context import PLAIN_TYPES, attribute_name, holding_attribute, is_plain, walk_context
-from opaque_subclass.core.errors import adopt_fix, describe_type, import_fix, qualified_name
+from opaque_subclass.core.errors import qualified_name
 from opaque_subclass.core.registry import opaque_kind, opaque_type_of
 from opaque_subclass.core.walk import Level, walk
 
+from . import messages
 from .findings import Finding, make
 
 __all__ = [
@@ -57,13 +58,13 @@ def _distributed_types() -> tuple[tuple[type, str], ...]:
     try:
         from torch.distributed.device_mesh import DeviceMesh
 
-        found.append((DeviceMesh, "a DeviceMesh (its == compares the mesh's shape and ranks, not its process groups)"))
+        found.append((DeviceMesh, messages.DEVICE_MESH))
     except ImportError:  # pragma: no cover - a torch built without distributed
         pass
     try:
         from torch.distributed import ProcessGroup
 
-        found.append((ProcessGroup, "a ProcessGroup (a communicator of this job)"))
+        found.append((ProcessGroup, messages.PROCESS_GROUP))
     except ImportError:  # pragma: no cover - a torch built without distributed
         pass
     return tuple(found)
@@ -82,11 +83,11 @@ def reference_reason(obj: object) -> str | None:
         if isinstance(obj, cls):
             return why
     if kind == "reference":
-        return "a registered reference opaque (it stands for this very object)"
+        return messages.REFERENCE_OPAQUE
     if isinstance(obj, (tuple, list, dict, set, frozenset)):
         return None
     if type(obj).__eq__ is object.__eq__:
-        return "compared by identity (its class defines no __eq__)"
+        return messages.BY_IDENTITY
     return None
 
 
@@ -135,29 +136,15 @@ def _listed_names(owner: object) -> list[str] | None:
 
 def _fix(cls: type, item: ContextItem, attr: str | None, owner: object) -> str:
     obj_type = opaque_type_of(item.obj)
-    register = ""
-    if opaque_kind(item.obj) is None:
-        register = " Register its class first: " + import_fix(obj_type, "opaque_subclass.register_opaque({cls})") + "."
+    register = messages.register_first(obj_type) if opaque_kind(item.obj) is None else ""
     holder = _holder_name(owner, item.obj)
     if isinstance(cls, type) and issubclass(cls, OpaqueSubclass) and attr is not None:
         if item.path.count("[") == 1 and item.path.endswith("]"):  # the metadata attribute itself
-            return (
-                f"declare {attr!r} in {cls.__qualname__}.opaque_attrs = {{{attr!r}: {obj_type.__qualname__}}} "
-                f"instead of meta_attrs, so that it is a graph input guarded by identity.{register}"
-            )
-        return (
-            f"take the {obj_type.__qualname__} out of the metadata attribute {attr!r}: declare it as an opaque "
-            f"attribute of its own, {cls.__qualname__}.opaque_attrs = {{{holder!r}: {obj_type.__qualname__}}}, and "
-            f"keep only values in {attr!r}, so that it is a graph input guarded by identity.{register}"
-        )
+            return messages.declare_opaque_attr(cls, attr, obj_type, register)
+        return messages.take_out_of_meta(cls, attr, holder, obj_type, register)
     listed = _listed_names(owner)
     names = [*listed, holder] if listed is not None and holder not in listed else (listed or ["_data", holder])
-    return (
-        f"list it among the attributes: hold it as self.{holder}, return {names!r} from "
-        f"{cls.__qualname__}.__tensor_flatten__ with a context that no longer holds it "
-        f"(`return {names!r}, ctx_without_it`), and read inner_tensors[{holder!r}] in __tensor_unflatten__, so "
-        f"that it is a graph input guarded by identity; {adopt_fix(cls, holder, item.path, obj_type)}.{register}"
-    )
+    return messages.list_among_attributes(cls, holder, names, item.path, obj_type, register)
 
 
 def _meta_attr(cls: type, suffix: str) -> str | None:
@@ -184,31 +171,8 @@ def context_findings(levels: Iterable[tuple[str, object, Any]]) -> list[Finding]
     for path, owner, ctx in levels:
         cls = type(owner)
         for item in _scan(ctx):
-            attr = _meta_attr(cls, item.path)
             where = f"{path}.<context>{item.path}"
-            inside = (
-                f", inside a {describe_type(item.holder)} whose == decides the guard" if item.holder is not None else ""
-            )
-            if "identity" in item.reason:
-                consequence = (
-                    "torch.compile guards the context by comparing it with a deep copy, which for this object "
-                    "is never equal: the library refuses such an input where Dynamo meets it (stock torch "
-                    "fails after tracing with AssertionError: Guard failed on the same frame it was created)"
-                )
-            else:
-                consequence = (
-                    "torch.compile guards the context by equality and bakes it into the compiled graph, so a later "
-                    "call with an equal but different object passes the guard and runs with the first call's object "
-                    "(outputs carry a stale one)"
-                )
-            findings.append(
-                make(
-                    "OSC001",
-                    qualified_name(cls),
-                    where,
-                    f"the flatten context of {path!r} ({qualified_name(cls)}) holds {describe_type(item.obj)}, "
-                    f"{item.reason}{inside}; {consequence}.",
-                    _fix(cls, item, attr, owner),
-                )
-            )
+            message = messages.context_holds(path, cls, item.obj, item.reason, item.holder)
+            fix = _fix(cls, item, _meta_attr(cls, item.path), owner)
+            findings.append(make("OSC001", qualified_name(cls), where, message, fix))
     return findings

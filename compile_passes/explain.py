@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from . import messages
 from .backend import GraphCheck, checking_backend
 from .collectives import group_findings
 from .context import lint_contexts
@@ -104,7 +105,7 @@ class Explanation:
         first = FindingsFirst(
             lambda: [f for graph in self.graphs[graphs_before:] for f in graph.findings],
             _log,
-            f"compile_passes.explain: findings on the compilation of {name}, before what torch says about it:",
+            messages.findings_first_header(name),
         )
         try:
             with first:

@@ -15,6 +15,7 @@ from typing import Any
 
 from opaque_subclass.core.errors import qualified_name
 
+from . import messages
 from .findings import Finding, make
 from .inputs import InputReport, explain_flat_inputs
 
@@ -51,18 +52,8 @@ def lint_sharing(report: InputReport, parameters: frozenset[str] = frozenset()) 
         for a, b in itertools.combinations(paths, 2):
             if _under(a, parameters) and _under(b, parameters):
                 continue
-            findings.append(
-                make(
-                    "OSC003",
-                    None,
-                    f"{a}, {b}",
-                    f"inputs {a} and {b} hold one {type_name} object; the graph is compiled for that sharing and "
-                    f"guarded on it ({a} is {b}): a call where they hold different objects recompiles.",
-                    f"nothing, if the sharing is intended: each sharing pattern gets one graph, so calls where {a} "
-                    f"and {b} sometimes hold one object and sometimes two compile twice in all, not once per call. "
-                    + _own_object_fix(b, first.value_type if first is not None else None),
-                )
-            )
+            own_object = _own_object_fix(b, first.value_type if first is not None else None)
+            findings.append(make("OSC003", None, f"{a}, {b}", *messages.shared_opaque(a, b, type_name, own_object)))
     return findings
 
 
@@ -73,18 +64,13 @@ _ASSIGNABLE = re.compile(r"[A-Za-z_]\w*(?:\[\d+\])*(?:\.[A-Za-z_]\w*)+")
 def _own_object_fix(path: str, cls: type | None) -> str:
     """How to give ``path`` an object of its own, in code where the type allows:
     a new communicator over the same ranks, or a default ``copy.copy``."""
-    root = path.split(".", 1)[0].split("[", 1)[0]
     if cls is None or not _ASSIGNABLE.fullmatch(path):
-        return f"If {path} should be an object of its own, pass it one."
+        return messages.own_object_unknown(path)
     if qualified_name(cls) == "torch.distributed.distributed_c10d.ProcessGroup":
-        code = f"import torch.distributed as dist; {path} = dist.new_group(dist.get_process_group_ranks({path}))"
-        note = " (a new communicator over the same ranks: every rank of the group runs it)"
-    elif _default_copy(cls):
-        code = f"import copy; {path} = copy.copy({path})"
-        note = ""
-    else:
-        return f"If {path} should be an object of its own, build it with a {cls.__qualname__} of its own."
-    return f"If {path} should be an object of its own, give it one before the call: `{code}`{note} ({root}: the argument passed as {root})."
+        return messages.own_group(path)
+    if _default_copy(cls):
+        return messages.own_copy(path)
+    return messages.own_object_build(path, cls)
 
 
 def _default_copy(cls: type) -> bool:
@@ -125,36 +111,17 @@ def translate_guard(reason: str) -> str:
     text = graph_input_name(text)
     match = _SHARE.match(text)
     if match:
-        a, b = match["a"], match["b"]
-        if match["not"]:
-            return f"inputs `{a}` and `{b}` now share one object (the graph was compiled for distinct objects)"
-        return f"inputs `{a}` and `{b}` no longer share one object (the graph was compiled for one shared object)"
+        return messages.sharing_changed(match["a"], match["b"], now_shared=bool(match["not"]))
     match = _OBJ_ID.search(text)
     if match:
-        return (
-            f"`{match['a'].strip()}` is not the object the graph was compiled with (it is guarded by identity: "
-            "a constant of the graph)"
-        )
+        return messages.not_the_compiled_object(match["a"].strip())
     if _METADATA.search(text):
-        return (
-            "a subclass input's flatten context differs (by ==) from the one the graph was compiled with: the "
-            "context is a constant of the graph"
-        )
+        return messages.CONTEXT_DIFFERS
     member = _MEMBER_CALL.match(text) or _MEMBER_GETATTRIBUTE.match(text) or _MEMBER_ATTR.match(text)
     if member:
         obj, name, value = member["obj"], member["member"], member["value"].strip()
-        read = f"{obj}.{name}()" if member.re is _MEMBER_CALL else f"{obj}.{name}"
-        said = (
-            f"`{read}` is no longer {value}: the graph was compiled with that value (read on the object at "
-            "compile time and guarded)"
-        )
-        if name == "group_name":
-            said += (
-                f"; `{obj}` is another process group than the graph's, whose name a collective in the graph "
-                "names as a constant (one compilation per group)"
-            )
-        return said
+        return messages.member_changed(obj, name, member.re is _MEMBER_CALL, value, group=name == "group_name")
     inputs = list(dict.fromkeys(graph_input_name(m) for m in _INPUT.findall(reason.split("\n", 1)[0])))
     if inputs:
-        return f"{text} (a guard on input {', '.join(f'`{i}`' for i in inputs)})"
+        return messages.input_guard(text, inputs)
     return text

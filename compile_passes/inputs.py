@@ -34,6 +34,8 @@ from opaque_subclass import (
 from opaque_subclass.core.errors import qualified_name
 from opaque_subclass.core.registry import opaque_type_of
 
+from . import messages
+
 __all__ = ["FlatInput", "InputReport", "explain_flat_inputs"]
 
 InputKind = Literal["tensor", "opaque", "symint", "value"]
@@ -105,10 +107,7 @@ def explain_flat_inputs(args: Sequence[Any], names: Sequence[str] | None = None)
     if names is None:
         names = [f"args[{i}]" for i in range(len(args))]
     elif len(names) != len(args):
-        raise ValueError(
-            f"explain_flat_inputs: {len(names)} names for {len(args)} arguments. Fix: give one "
-            "name per argument, or names=None for args[0], args[1], ..."
-        )
+        raise messages.names_count(len(names), len(args))
     metas = describe_args(args, count_symints=False)
     flat = unwrap_args(list(args), is_joint_structure=False, subclass_metas=metas)
     pattern = opaque_alias_pattern(flat)

@@ -48,7 +48,7 @@ import types
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import torch
 
@@ -59,6 +59,7 @@ from opaque_subclass.core.registry import opaque_kind, real_object
 from opaque_subclass.core.walk import Attr, Level, is_wrapper_subclass, walk
 from opaque_subclass.fixes.members import MemberRead, member_guard_text
 
+from . import messages
 from .collectives import BakedGroup, collective_below, packet_call_code
 from .findings import Finding, make
 from .guards import graph_input_name
@@ -71,8 +72,6 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 #: Where a read happened: in the compiled function as Dynamo traced it, or below Dynamo.
 Stage = Literal["dynamo", "below dynamo"]
-
-_RECIPE = "docs/distributed.md, 'Recipe: your own collective, as a custom op that takes the opaque'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,14 +138,26 @@ class BakedRead:
     @property
     def origin(self) -> str:
         """``file:line in function: code``, as the other lints name a line."""
-        return f"{self.file}:{self.line} in {self.function}: {self.code}"
+        return messages.origin(self.file, self.line, self.function, self.code)
 
     def __str__(self) -> str:
-        where = "in the compiled function" if self.stage == "dynamo" else "below Dynamo"
-        value = repr(self.value) if self.known else "its result"
-        at = f" ({self.path})" if self.path is not None and self.path != self.receiver else ""
-        guard = f"guarded: {self.guard}" if self.guarded else "not guarded"
-        return f"{self.expression}{at} -> {value}, read {where} at {self.origin}; {guard}"
+        value, aside = messages.read_value(self.value, self.known), messages.input_aside(self.path, self.receiver)
+        in_dynamo = self.stage == "dynamo"
+        return messages.read_line(self.expression, aside, value, in_dynamo, self.origin, self.guarded, self.guard)
+
+
+class _Place(TypedDict):
+    """Where a member is used: a :class:`BakedRead`'s ``file``, ``line``, ``function`` and ``code``."""
+
+    file: str
+    line: int
+    function: str
+    code: str
+
+
+def _place(file: str, line: int, function: str) -> _Place:
+    """The line ``line`` of ``file``, in ``function``, with its source."""
+    return _Place(file=file, line=line, function=function, code=linecache.getline(file, line).strip())
 
 
 # ------------------------------------------------------------------ the graph's opaque inputs
@@ -220,9 +231,9 @@ def traced_reads(named: Sequence[tuple[str, Any]], records: Iterable[MemberRead]
             guard = (
                 member_guard_text(path, record.member, record.args, kwargs, record.value)
                 if record.call
-                else f"{path}.{record.member} == {record.value!r}"
+                else messages.attribute_guard(path, record.member, record.value)
             )
-        code = linecache.getline(file, line).strip()
+        place = _place(file, line, function)
         reads.append(
             BakedRead(
                 stage="dynamo",
@@ -233,12 +244,9 @@ def traced_reads(named: Sequence[tuple[str, Any]], records: Iterable[MemberRead]
                 value=record.value,
                 known=record.known,
                 path=path,
-                receiver=_receiver(code, record.member, path) or path,
+                receiver=_receiver(place["code"], record.member, path) or path,
                 subclass=owners.get(path) if path is not None else None,
-                file=file,
-                line=line,
-                function=function,
-                code=code,
+                **place,
                 guarded=record.guarded,
                 guard=guard,
             )
@@ -258,15 +266,7 @@ def unobserved_reads(named: Sequence[tuple[str, Any]], graph_name: str = "graph"
     if reason is None or first is None:
         return []
     path, _, owner = first
-    message = (
-        f"{graph_name} takes opaques ({path}, ...), but {reason}: values compiled code read from them "
-        "while Dynamo traced (lint OSC004) cannot be seen here."
-    )
-    fix = (
-        "run the check on a torch release the library supports in full (python -m opaque_subclass lists the fixes "
-        "on), with opaque_subclass enabled (opaque_subclass.enable())"
-    )
-    return [make("OSC006", owner, path, message, fix, site="member_reads")]
+    return [make("OSC006", owner, path, *messages.unobserved_reads(graph_name, path, reason), site="member_reads")]
 
 
 def _receivers(code: str, member: str) -> list[str]:
@@ -438,10 +438,7 @@ class ReadWatcher:
 
     def __enter__(self) -> ReadWatcher:
         if sys.getprofile() is not None:
-            _log.info(
-                "compile_passes: another profiler is active; reads (OSC004) and collectives (OSC005) below Dynamo are not "
-                "watched"
-            )
+            _log.info("%s", messages.PROFILER_ACTIVE)
             return self
         sys.setprofile(self._make_profile())
         self.watching = True
@@ -533,7 +530,8 @@ class ReadWatcher:
         if key in self._seen:
             return
         self._seen.add(key)
-        text = linecache.getline(file, line).strip()
+        place = _place(file, line, code.co_name)
+        text = place["code"]
         candidates = _receivers(text, member)
         receiver = candidates[0] if len(candidates) == 1 and _uses(text, member) == 1 else None
         for candidate in candidates:  # the one naming this object (or one of its type, for a C method)
@@ -563,12 +561,9 @@ class ReadWatcher:
                 path=path,
                 receiver=receiver,
                 subclass=subclass,
-                file=file,
-                line=line,
-                function=code.co_name,
-                code=text,
+                **place,
                 guarded=guarded,
-                guard=f"{cls.__name__}'s registered guard" if guarded else None,
+                guard=messages.registered_guard(cls) if guarded else None,
             )
         )
 
@@ -580,78 +575,24 @@ def _op_name(read: BakedRead) -> str:
     return re.sub(r"\W", "_", f"{read.owner.__name__.lower()}_{read.member.strip('_')}")
 
 
-def _class_import(cls: type) -> str:
-    """The import that puts ``cls`` in scope, or a comment saying it must be."""
-    module, qualname = cls.__module__, cls.__qualname__
-    if "<locals>" in qualname or module in ("__main__", "builtins"):
-        return f"# with {cls.__name__} in scope"
-    top = qualname.split(".", 1)[0]
-    return f"from {module} import {top}"
-
-
 def read_fix(read: BakedRead) -> str:
     """The fix of a baked read, with the program's names: for an opaque the
     graph takes as an input, a custom op that reads the member when the graph
     runs and the expression it replaces (where the value is a number); for an
     opaque made inside the graph, making it an input; else where to read it."""
-    where = f"{read.function} ({read.file}:{read.line})"
+    owner, where = read.owner.__name__, messages.code_place(read.function, read.file, read.line)
     receiver = read.receiver or read.on_input
     if read.stage == "dynamo" and not read.guarded:
-        made = read.receiver or f"the {read.owner.__name__}"
-        return (
-            f"make {made} an input: compute it before the call and pass it to the compiled function as an "
-            f"argument (or hold it as an opaque attribute of the subclass), and read `.{read.member}` on that "
-            f"argument in {where}: Dynamo then guards the value (one compilation per distinct value)."
-        )
+        return messages.read_made_inside_fix(read.receiver, owner, read.member, where)
     numeric = read.known and isinstance(read.value, (bool, int, float)) and not read.args
     if numeric and receiver is not None:
-        dtype = (
-            "torch.bool"
-            if isinstance(read.value, bool)
-            else "torch.int64"
-            if isinstance(read.value, int)
-            else "torch.float64"
-        )
-        op = _op_name(read)
-        use = f"obj.{read.member}()" if read.call else f"obj.{read.member}"
-        code = "\n".join(
-            [
-                "import torch",
-                _class_import(read.owner),
-                "",
-                "",
-                f'@torch.library.custom_op("opaque_fix::{op}", mutates_args=())',
-                f"def {op}(obj: {read.owner.__qualname__}) -> torch.Tensor:",
-                f"    return torch.tensor({use}, dtype={dtype})  # read when the graph runs, on this call's object",
-                "",
-                "",
-                f"@{op}.register_fake",
-                "def _(obj):",
-                f"    return torch.empty((), dtype={dtype})",
-            ]
-        )
-        number = (
-            f"read `{read.on_input}` in the compiled function instead, where it is guarded"
-            if read.stage == "below dynamo" and read.on_input is not None
-            else "keep the guarded read"
-        )
-        return (
-            f"read it when the graph runs, through a custom op that takes the {read.owner.__name__} ({_RECIPE}):\n"
-            f"```\n{code}\n```\n"
-            f"and in {where} replace `{read.expression}` with `{op}({receiver})`: a 0-d tensor holding the value, "
-            f"for where it meets tensors (`x / n`); where a Python number is needed, such as a shape, {number}."
+        guarded = read.on_input if read.stage == "below dynamo" else None  # where a Python number is needed
+        return messages.read_through_op_fix(
+            read.owner, read.member, read.call, read.value, read.expression, where, _op_name(read), receiver, guarded
         )
     if read.stage == "below dynamo":
-        return (
-            f"read `{read.on_input or read.member}` in the compiled function, where Dynamo guards it, and pass the "
-            f"value to {where} (as an argument or a tensor), or compute with the {read.owner.__name__} inside a "
-            f"custom op that takes it ({_RECIPE}), so that the value is read when the graph runs."
-        )
-    return (
-        f"nothing, if `{read.expression}` takes few values across calls (one compilation each); else compute with "
-        f"the {read.owner.__name__} inside a custom op that takes it ({_RECIPE}), so that the value is read when "
-        "the graph runs."
-    )
+        return messages.read_below_dynamo_fix(read.on_input or read.member, where, owner)
+    return messages.read_few_values_fix(read.expression, owner)
 
 
 def lint_reads(reads: Iterable[BakedRead], graph_name: str = "graph") -> list[Finding]:
@@ -662,34 +603,21 @@ def lint_reads(reads: Iterable[BakedRead], graph_name: str = "graph") -> list[Fi
     findings = []
     for read in reads:
         owner = read.owner.__name__
-        value = repr(read.value) if read.known else "its result"
-        at = f" ({read.path})" if read.path is not None and read.path != read.receiver else ""
+        value, aside = messages.read_value(read.value, read.known), messages.input_aside(read.path, read.receiver)
         path = read.on_input or f"{graph_name}:{owner}.{read.member}" + ("()" if read.call else "")
         if read.stage == "dynamo" and read.guarded:
             severity: Literal["error", "info"] = "info"
-            message = (
-                f"`{read.expression}`{at} is evaluated on the real {owner} while Dynamo traces the compiled function "
-                f"({read.origin}) and compiled in as {value}; a guard protects it ({read.guard}): a call where it "
-                "differs compiles again, one compilation per distinct value."
-            )
+            message = messages.read_guarded(read.expression, aside, owner, read.origin, value, read.guard)
         elif read.stage == "dynamo":
             severity = "error"
-            message = (
-                f"`{read.expression}` is evaluated on the real {owner} while Dynamo traces the compiled function "
-                f"({read.origin}) and compiled in as {value} with no guard of its own: the {owner} was made inside "
-                "the graph, so Dynamo has no source to guard it by, and a later call where it differs reuses "
-                f"{value} (a wrong result) unless a guard on what it was made from fails first."
-            )
+            message = messages.read_made_inside(read.expression, owner, read.origin, value)
         elif read.guarded:
             continue
         else:
             severity = "error"
-            input_note = "" if read.path is not None else f" (a {owner} that is not an input of the graph)"
-            message = (
-                f"`{read.expression}`{at}{input_note} is evaluated on the real {owner} while the graph is traced "
-                f"below Dynamo (AOTAutograd running {read.function}, {read.origin}), and {value} is compiled into "
-                f"the graph with no guard: the compiled graph serves every later call, whatever that call's {owner} "
-                "returns (a wrong result)."
+            an_input = read.path is not None
+            message = messages.read_below_dynamo(
+                read.expression, aside, an_input, owner, read.function, read.origin, value
             )
         site = f"{read.expression}@{read.file}:{read.line}"
         findings.append(make("OSC004", read.subclass, path, message, read_fix(read), severity=severity, site=site))

@@ -58,6 +58,7 @@ from opaque_subclass._version import __version__
 from opaque_subclass.core.errors import OpaqueSubclassError
 from opaque_subclass.core.recorder import RECORDER
 from opaque_subclass.core.registry import real_object, register_opaque
+from opaque_subclass.sharded import messages
 from opaque_subclass.sharded.collectives import note_collective
 
 __all__ = [
@@ -73,25 +74,30 @@ __all__ = [
 #: The library namespace of the ops the pass puts in place of collectives.
 NAMESPACE = "opaque_subclass"
 
-# The collectives that name their group by a string, each's arguments before
-# the group (the group is the last argument of all of them), and its result.
-_COLLECTIVES: dict[tuple[str, str], tuple[str, str]] = {
-    ("_c10d_functional", "all_reduce"): ("Tensor input, str reduce_op", "Tensor"),
-    ("_c10d_functional", "all_gather_into_tensor"): ("Tensor input, int group_size", "Tensor"),
-    ("_c10d_functional", "reduce_scatter_tensor"): ("Tensor input, str reduce_op, int group_size", "Tensor"),
-    ("_c10d_functional", "all_to_all_single"): (
-        "Tensor input, SymInt[] output_split_sizes, SymInt[] input_split_sizes",
-        "Tensor",
-    ),
-    ("_c10d_functional", "broadcast"): ("Tensor input, int src", "Tensor"),
-    ("_c10d_functional", "all_reduce_coalesced"): ("Tensor[] inputs, str reduce_op", "Tensor[]"),
-    ("_c10d_functional", "all_gather_into_tensor_coalesced"): ("Tensor[] inputs, int group_size", "Tensor[]"),
-    ("_c10d_functional", "reduce_scatter_tensor_coalesced"): (
-        "Tensor[] inputs, str reduce_op, int group_size",
-        "Tensor[]",
-    ),
-    ("_dtensor", "shard_dim_alltoall"): ("Tensor input, int gather_dim, int shard_dim", "Tensor"),
-}
+# The collectives that name their group by a string, as torch's schemas read without the
+# group (the last argument of all of them): the arguments before it, and the result.
+_SCHEMAS = (
+    "_c10d_functional::all_reduce(Tensor input, str reduce_op) -> Tensor",
+    "_c10d_functional::all_gather_into_tensor(Tensor input, int group_size) -> Tensor",
+    "_c10d_functional::reduce_scatter_tensor(Tensor input, str reduce_op, int group_size) -> Tensor",
+    "_c10d_functional::all_to_all_single(Tensor input, SymInt[] output_split_sizes, SymInt[] input_split_sizes) -> Tensor",
+    "_c10d_functional::broadcast(Tensor input, int src) -> Tensor",
+    "_c10d_functional::all_reduce_coalesced(Tensor[] inputs, str reduce_op) -> Tensor[]",
+    "_c10d_functional::all_gather_into_tensor_coalesced(Tensor[] inputs, int group_size) -> Tensor[]",
+    "_c10d_functional::reduce_scatter_tensor_coalesced(Tensor[] inputs, str reduce_op, int group_size) -> Tensor[]",
+    "_dtensor::shard_dim_alltoall(Tensor input, int gather_dim, int shard_dim) -> Tensor",
+)
+
+
+def _parsed(schema: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    """``((namespace, name), (the arguments before the group, the result))`` of a schema."""
+    qualified, _, rest = schema.partition("(")
+    namespace, _, name = qualified.partition("::")
+    leading, _, result = rest.partition(") -> ")
+    return (namespace, name), (leading, result)
+
+
+_COLLECTIVES: dict[tuple[str, str], tuple[str, str]] = dict(map(_parsed, _SCHEMAS))
 
 
 class ShareCompilesError(OpaqueSubclassError):
@@ -250,24 +256,11 @@ def refuse_rank_positions(graph: torch.fx.Graph) -> None:
     uses = RECORDER.by_object("position_uses")
     unobserved = RECORDER.unobserved("position_uses")
     if unobserved is not None and RECORDER.installed(_MESH_KEYED_CACHE) and _mesh_inputs(graph):
-        raise ShareCompilesError(
-            f"share_compiles cannot tell whether this graph computes this rank's part: {unobserved}. "
-            "AOTAutograd's cache would serve it to every rank of the job. Fix: compile this function outside "
-            "share_compiles() on this torch, or install a torch release the library supports in full "
-            "(python -m opaque_subclass says which)."
-        )
+        raise messages.positions_unobserved(ShareCompilesError, unobserved)
     for node, mesh in _mesh_inputs(graph):
         used = uses.get(id(mesh))
         if used:
-            raise ShareCompilesError(
-                f"share_compiles: while the graph was traced, code below torch.compile's frame (DTensor's "
-                f"sharding and redistribution, a subclass's dispatch) used this rank's position in the DeviceMesh "
-                f"input {node.name} ({mesh!r}): {', '.join(sorted(used))}. The graph computes this rank's part "
-                "(a Replicate -> Shard redistribution picks this rank's chunk; an uneven shard or a random op "
-                "depends on the coordinate), so another rank loading it would compute the wrong part. Fix: "
-                "compile this function outside share_compiles(), or keep the rank-dependent step (e.g. "
-                "distribute_tensor / redistribute to Shard) out of the compiled function."
-            )
+            raise messages.positions_used(ShareCompilesError, node.name, mesh, used)
 
 
 def _mesh_inputs(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, DeviceMesh]]:
@@ -309,13 +302,7 @@ def rewrite_collectives(graph: torch.fx.Graph) -> int:
     for node, mesh in _constant_meshes(graph):
         replacement = _input_for_constant(mesh, inputs)
         if replacement is None:
-            raise ShareCompilesError(
-                f"share_compiles: the compiled graph holds the DeviceMesh {mesh!r} as a constant "
-                f"({node.target!r}), and no DeviceMesh input of the graph is that mesh: the graph "
-                "would run on this rank's mesh on every rank. Fix: pass the mesh to the compiled "
-                "function (as the mesh of a DTensor input or as an argument), or compile this "
-                "function outside share_compiles()."
-            )
+            raise messages.mesh_constant(ShareCompilesError, mesh, node.target)
         node.replace_all_uses_with(replacement)
         graph.erase_node(node)
     by_group: dict[str, tuple[torch.fx.Node, int]] = {}
@@ -332,15 +319,8 @@ def rewrite_collectives(graph: torch.fx.Graph) -> int:
             continue
         group = node.args[-1]
         if group not in by_group:
-            have = ", ".join(f"{n.name}: {_group_names(m)}" for n, m in inputs) or "none"
-            raise ShareCompilesError(
-                f"share_compiles: the compiled graph runs {key[0]}.{key[1]} on process group "
-                f"{group!r} ({_group_ranks(group)}), which is the group of no DeviceMesh input of "
-                f"the graph (mesh inputs and their groups per dimension: {have}): shared with "
-                "another rank, the graph would run it on this rank's group. Fix: give the "
-                "collective a DeviceMesh the compiled function receives (DTensor's "
-                "redistribute does), or compile this function outside share_compiles()."
-            )
+            have = [(n.name, _group_names(m)) for n, m in inputs]
+            raise messages.group_of_no_input(ShareCompilesError, key, group, _group_ranks(group), have)
         ops = ops if ops is not None else mesh_ops()
         mesh_node, dim = by_group[group]
         with graph.inserting_before(node):

@@ -223,7 +223,7 @@ class Patch:
         module, _, name = self.make.partition(":")
         found = getattr(importlib.import_module(module), name)
         if not callable(found):
-            raise TypeError(f"{self.make} is not callable")
+            raise _not_callable(self.make)
         return found  # type: ignore[no-any-return]  # a factory by convention
 
     @property
@@ -267,7 +267,7 @@ def _resolve(target: str) -> tuple[Any, str, Any]:
         for name in parts[cut:-1]:
             owner = getattr(owner, name)
         return owner, parts[-1], getattr(owner, parts[-1])
-    raise ImportError(f"cannot import any module prefix of {target!r}")
+    raise _no_module_prefix(target)
 
 
 def _torch_root() -> str | None:
@@ -415,7 +415,7 @@ def record_sources(patches: Iterable[Patch]) -> tuple[tuple[str, str], ...]:
                 continue  # not a torch source file: always checked on the live object
             found = source_fingerprint(*located, read=read)
             if found != expected:
-                raise PatchRefused(f"{target}: source fingerprint {found}, expected {expected}; nothing recorded")
+                raise _not_recorded(target, found, expected)
     files = sorted({os.path.relpath(f, root) for f in read})
     return ((_FINGERPRINTS, _fingerprints_digest(patches)), *((f, file_digest(os.path.join(root, f))) for f in files))
 
@@ -464,7 +464,7 @@ def _cache(name: str) -> Any:
     """The ``functools`` cache or torch-filled dict named ``name``."""
     cached = _function(_raw(*_resolve(name)[:2]))
     if not isinstance(cached, dict) and not callable(getattr(cached, "cache_clear", None)):
-        raise TypeError(f"{name} is not a functools cache (nor a dict)")
+        raise _not_a_cache(name)
     return cached
 
 
@@ -523,7 +523,7 @@ class PatchSet:
         seen: set[str] = set()
         for p in self.patches:
             if p.target in seen:
-                raise AssertionError(f"patch target {p.target} listed twice")
+                raise _listed_twice(p.target)
             seen.add(p.target)
 
     @property
@@ -576,16 +576,16 @@ class PatchSet:
         unchanged = _unchanged_files(self.sources, self.patches)  # the files the recorded fingerprints were read from
         for p in self.patches:
             for target, expected in p.fingerprinted:
-                label = target if target == p.target else f"{target} (relied on by the patch of {p.target})"
+                label = target if target == p.target else _relied_on(target, p.target)
                 try:
                     found, module, current = self._fingerprint_of(target, expected, unchanged)
                 except (ImportError, AttributeError, OSError, TypeError, SyntaxError) as e:
-                    problems.append(f"{label}: cannot be resolved ({e})")
+                    problems.append(_unresolved(label, e))
                     continue
                 if found != expected:
                     other = other_patch(target, current, expected) if current is not None else None
                     if other is None:
-                        problems.append(f"{label}: source fingerprint {found}, expected {expected}")
+                        problems.append(_fingerprint_differs(label, found, expected))
                     elif target == p.target and other.wraps_original and p.composes:
                         composed[p.target] = other
                     else:
@@ -595,38 +595,19 @@ class PatchSet:
             try:
                 p.factory()
             except (ImportError, AttributeError, TypeError) as e:
-                problems.append(f"{p.target}: the replacement {p.make!r} cannot be loaded ({e})")
+                problems.append(_unloadable(p.target, p.make, e))
             for name in p.caches:
                 if p.target in waits:
                     continue  # checked when its module is imported, before the patch applies
                 try:
                     _cache(name)
                 except (ImportError, AttributeError, TypeError) as e:
-                    problems.append(f"{name} (a cache of {p.target}): cannot be resolved ({e})")
+                    problems.append(_unresolved(_cache_of(name, p.target), e))
         return problems, waits, composed, blocked
-
-    def _why_blocked(self, target: str, other: OtherPatch) -> str:
-        if other.target != target:
-            return f"the patch of {target} relies on that function, and another package changed it"
-        if not other.wraps_original:
-            return (
-                "it does not call the torch function this patch was written against (no function with "
-                "its fingerprint is its __wrapped__ or in its closure), so a patch built over it could "
-                "not be checked"
-            )
-        # wraps torch's original, so the patch is blocked because it does not compose (else it was composed)
-        return "this patch rewrites torch's function rather than wrapping it, so it cannot be built over another's"
 
     def blocked_text(self, blocked: dict[str, OtherPatch] | None = None) -> str:
         """Why each blocked target (default :attr:`blocked`) is blocked, and the fix."""
-        blocked = self.blocked if blocked is None else blocked
-        parts = [f"{other} before opaque_subclass: {self._why_blocked(t, other)}" for t, other in blocked.items()]
-        packages = sorted({o.package for o in blocked.values()})
-        return (
-            "; ".join(parts)
-            + f". Fix: import opaque_subclass before {', '.join(packages)} (that package's patch is then "
-            "built over ours)"
-        )
+        return _blocked_text(self.blocked if blocked is None else blocked)
 
     def check(self) -> list[str]:
         """Problems that would refuse the set (a blocked target only if not independent)."""
@@ -653,14 +634,19 @@ class PatchSet:
                 composed.pop(target, None)
             self.composed, self.blocked, self.held, self._held_records = composed, blocked, {}, {}
             deferred: dict[str, list[Patch]] = {}
+            now = []
+            for p in self.patches:
+                if p.target in blocked or any(a.patch is p for a in applied):
+                    continue
+                if p.target in waits:
+                    deferred.setdefault(waits[p.target], []).append(p)
+                else:
+                    now.append(p)
             try:
-                for p in self.patches:
-                    if p.target in blocked or any(a.patch is p for a in applied):
-                        continue
-                    if p.target in waits:
-                        deferred.setdefault(waits[p.target], []).append(p)
-                        continue
-                    applied.append(self._apply(p))
+                # where torch's modules hold each original by name: one pass over them for all patches
+                holding = _torch_globals_holding(_raw(*_resolve(p.target)[:2]) for p in now if p.scope == "everywhere")
+                for p in now:
+                    applied.append(self._apply(p, holding))
             except BaseException:
                 self._uninstall(applied)
                 raise
@@ -690,7 +676,7 @@ class PatchSet:
                     continue
             del self._held_records[target]
 
-    def _apply(self, p: Patch) -> _Applied:
+    def _apply(self, p: Patch, holding: _Holding | None = None) -> _Applied:
         owner, attr, _ = _resolve(p.target)
         original = _raw(owner, attr)
         function = p.factory()(_function(original))
@@ -700,7 +686,7 @@ class PatchSet:
         )
         record = _Applied(p, original, replacement)
         try:
-            self._install(record, owner, attr)
+            self._install(record, owner, attr, holding)
             _clear_caches(p)
         except BaseException:
             self._uninstall([record])
@@ -716,18 +702,12 @@ class PatchSet:
             try:
                 for p in patches:
                     if attribute_fingerprint(*_resolve(p.target)[:2]) != p.fingerprint:
-                        raise PatchRefused(f"{p.target}: the imported definition differs from its source file")
+                        raise _definition_differs(p.target)
                     self._applied.append(self._apply(p))
             except BaseException as e:  # never leave a half-patched torch behind
                 self._disable_locked()
-                self.removed = f"patching {module_name} on import failed ({type(e).__name__}: {e})"
-                warnings.warn(
-                    f"opaque_subclass: {self.removed}; every "
-                    "patch of the set is removed and torch runs stock. Fix: install the official "
-                    "torch release the patches were written for.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                self.removed = _import_failed(module_name, e)
+                warnings.warn(_removed_warning(self.removed), RuntimeWarning, stacklevel=2)
                 if self._on_removed is not None:
                     self._on_removed(self.removed)
             if not self._deferred:
@@ -758,11 +738,11 @@ class PatchSet:
         with self._lock:
             record = next((a for a in self._applied if a.patch.target == target), None)
             if record is None:
-                raise KeyError(f"{target} is not patched")
+                raise _not_patched(target)
             places = list(record.places)
             if record.patch.scope == "everywhere" and not isinstance(record.replacement, (staticmethod, classmethod)):
                 # torch modules imported after the patch took the replacement by name
-                places += [(ns, key) for _, ns, key in _torch_namespaces_holding(record.replacement)]
+                places += _torch_globals_holding([record.replacement])[id(record.replacement)]
             for d, k in places:
                 d[k] = record.original
             _clear_caches(record.patch)
@@ -775,7 +755,7 @@ class PatchSet:
                 _clear_caches(record.patch)
 
     @staticmethod
-    def _install(record: _Applied, owner: Any, attr: str) -> None:
+    def _install(record: _Applied, owner: Any, attr: str, holding: _Holding | None = None) -> None:
         if isinstance(owner, type):
             record.places.append((_ClassAttr(owner), attr))
             setattr(owner, attr, record.replacement)
@@ -784,17 +764,25 @@ class PatchSet:
             record.places.append((vars(owner), attr))
             vars(owner)[attr] = record.replacement
             return
-        for _, namespace, key in _torch_namespaces_holding(record.original):
+        if holding is None or id(record.original) not in holding:
+            holding = _torch_globals_holding([record.original])
+        for namespace, key in holding[id(record.original)]:
             namespace[key] = record.replacement
             record.places.append((namespace, key))
         if not record.places:
-            raise AssertionError(f"{record.patch.target}: original not found in any torch module")
+            raise _original_not_found(record.patch.target)
 
     @staticmethod
     def _uninstall(applied: list[_Applied]) -> dict[str, OtherPatch]:
         """Put originals back where ours still are; return targets another package
         has since covered (left: removing ours would remove theirs)."""
         held: dict[str, OtherPatch] = {}
+        everywhere = [
+            r
+            for r in applied
+            if r.patch.scope == "everywhere" and not isinstance(r.replacement, (staticmethod, classmethod))
+        ]
+        holding = _torch_globals_holding(r.replacement for r in everywhere)  # one pass for all
         for record in reversed(applied):
             kept = []
             for d, k in record.places:
@@ -808,10 +796,11 @@ class PatchSet:
                     held[record.patch.target] = other
                     kept.append((d, k))
             record.places[:] = kept
-            if record.patch.scope == "everywhere" and not isinstance(record.replacement, (staticmethod, classmethod)):
+            if id(record.replacement) in holding:
                 # modules imported meanwhile took the replacement by name: restore those too
-                for _, namespace, key in _torch_namespaces_holding(record.replacement):
-                    namespace[key] = record.original
+                for namespace, key in holding[id(record.replacement)]:
+                    if namespace.get(key) is record.replacement:
+                        namespace[key] = record.original
             with suppress(ImportError, AttributeError, TypeError):  # checked when applied
                 _clear_caches(record.patch)
         return held
@@ -880,9 +869,18 @@ class _PatchingLoader(importlib.abc.Loader):
         return getattr(self.loader, name)
 
 
-def _torch_namespaces_holding(obj: Any) -> list[tuple[str, dict[str, Any], str]]:
-    """``(module name, namespace, key)`` of every torch module global that is ``obj``."""
-    found = []
+#: Per object (by ``id``, the object kept alive by the caller), the ``(namespace, key)`` of every
+#: torch module global that is it.
+_Holding = dict[int, list[tuple[dict[str, Any], str]]]
+
+
+def _torch_globals_holding(objs: Iterable[Any]) -> _Holding:
+    """Where torch's modules hold each of ``objs`` as a global, in one pass over them all
+    (a pass reads some 2,500 module namespaces: per patch, it was most of enable/disable)."""
+    wanted = {id(o): o for o in objs}
+    found: _Holding = {i: [] for i in wanted}
+    if not wanted:
+        return found
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "torch" or name.startswith("torch.")):
             continue
@@ -890,8 +888,9 @@ def _torch_namespaces_holding(obj: Any) -> list[tuple[str, dict[str, Any], str]]
         if not namespace:
             continue
         for key, value in list(namespace.items()):
-            if value is obj:
-                found.append((name, namespace, key))
+            i = id(value)
+            if i in wanted and wanted[i] is value:
+                found[i].append((namespace, key))
     return found
 
 
@@ -913,3 +912,91 @@ class _ClassAttr:
                 delattr(self.cls, key)
             return
         setattr(self.cls, key, value)
+
+
+# ---------------------------------------------------------------------- messages
+# The errors and problems of this module, one constructor per situation (layer 0:
+# nothing of the library's own messages is imported here).
+
+
+def _not_callable(make: object) -> TypeError:
+    return TypeError(f"{make} is not callable")
+
+
+def _no_module_prefix(target: str) -> ImportError:
+    return ImportError(f"cannot import any module prefix of {target!r}")
+
+
+def _fingerprint_differs(label: str, found: str | None, expected: str) -> str:
+    return f"{label}: source fingerprint {found}, expected {expected}"
+
+
+def _not_recorded(target: str, found: str | None, expected: str) -> PatchRefused:
+    return PatchRefused(_fingerprint_differs(target, found, expected) + "; nothing recorded")
+
+
+def _not_a_cache(name: str) -> TypeError:
+    return TypeError(f"{name} is not a functools cache (nor a dict)")
+
+
+def _listed_twice(target: str) -> AssertionError:
+    return AssertionError(f"patch target {target} listed twice")
+
+
+def _relied_on(target: str, patched: str) -> str:
+    return f"{target} (relied on by the patch of {patched})"
+
+
+def _cache_of(name: str, patched: str) -> str:
+    return f"{name} (a cache of {patched})"
+
+
+def _unresolved(label: str, error: Exception) -> str:
+    return f"{label}: cannot be resolved ({error})"
+
+
+def _unloadable(target: str, make: object, error: Exception) -> str:
+    return f"{target}: the replacement {make!r} cannot be loaded ({error})"
+
+
+def _why_blocked(target: str, other: OtherPatch) -> str:
+    if other.target != target:
+        return f"the patch of {target} relies on that function, and another package changed it"
+    if not other.wraps_original:
+        return (
+            "it does not call the torch function this patch was written against (no function with "
+            "its fingerprint is its __wrapped__ or in its closure), so a patch built over it could "
+            "not be checked"
+        )
+    # wraps torch's original, so the patch is blocked because it does not compose (else it was composed)
+    return "this patch rewrites torch's function rather than wrapping it, so it cannot be built over another's"
+
+
+def _blocked_text(blocked: dict[str, OtherPatch]) -> str:
+    parts = [f"{other} before opaque_subclass: {_why_blocked(t, other)}" for t, other in blocked.items()]
+    packages = sorted({o.package for o in blocked.values()})
+    fix = f"import opaque_subclass before {', '.join(packages)} (that package's patch is then built over ours)"
+    return "; ".join(parts) + ". Fix: " + fix
+
+
+def _definition_differs(target: str) -> PatchRefused:
+    return PatchRefused(f"{target}: the imported definition differs from its source file")
+
+
+def _import_failed(module_name: str, error: BaseException) -> str:
+    return f"patching {module_name} on import failed ({type(error).__name__}: {error})"
+
+
+def _removed_warning(removed: str) -> str:
+    return (
+        f"opaque_subclass: {removed}; every patch of the set is removed and torch runs stock. Fix: install the "
+        "official torch release the patches were written for."
+    )
+
+
+def _not_patched(target: str) -> KeyError:
+    return KeyError(f"{target} is not patched")
+
+
+def _original_not_found(target: str) -> AssertionError:
+    return AssertionError(f"{target}: original not found in any torch module")

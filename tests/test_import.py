@@ -262,7 +262,7 @@ def test_a_changed_source_refuses_the_set_before_its_module_is_imported(tmp_path
 
 
 def test_the_recorded_sources_are_this_torchs():
-    """The release row's ``SOURCES`` are what ``tools/record_sources.py``
+    """The release row's ``sources`` are what ``tools/record_sources.py``
     records on this torch: a patch added or a fingerprint changed without
     recording again fails here (and, at import, only costs the parsing)."""
     from opaque_subclass.patching import record_sources
@@ -272,9 +272,41 @@ def test_the_recorded_sources_are_this_torchs():
     patches = row.patches or row.fixes
     assert patches, "a supported release without patches or fixes"
     assert row.sources == record_sources(patches), (
-        f"stale SOURCES in opaque_subclass/releases/v{row.release[0]}_{row.release[1]}.py: "
+        f"stale entry {row.label!r} in opaque_subclass/releases/sources.json: "
         "run `python tools/record_sources.py` with this torch"
     )
+
+
+def test_every_release_with_patches_reads_its_recorded_sources():
+    """Each row with patches or fixes takes its ``sources`` from its own entry of
+    ``releases/sources.json`` (written by ``tools/record_sources.py``), which the
+    package ships as data."""
+    import importlib.resources
+
+    from opaque_subclass.releases import RELEASES
+    from opaque_subclass.releases.sources import FILE, recorded_sources
+
+    assert importlib.resources.files("opaque_subclass.releases").joinpath(FILE).is_file()
+    for release, row in RELEASES.items():
+        if row.patches or row.fixes:
+            assert row.sources, f"torch {row.label}: nothing recorded in releases/sources.json"
+            assert row.sources == recorded_sources(release), f"releases/v2_{release[1]}.py reads another entry"
+            assert row.sources[0][0] == "<fingerprints>"
+
+
+def test_record_sources_writes_one_entry_and_keeps_the_others():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import record_sources
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    text = (ROOT / "opaque_subclass" / "releases" / "sources.json").read_text(encoding="utf-8")
+    table = json.loads(text)
+    entry = table["2.13"]
+    assert record_sources.updated(table, "2.13", entry["torch"], tuple(entry["files"].items())) == text
+    added = json.loads(record_sources.updated(table, "2.9", "2.9.0", (("<fingerprints>", "0" * 16),)))
+    assert [k for k in added if k[0].isdigit()] == ["2.9", *(k for k in table if k[0].isdigit())]
+    assert {k: v for k, v in added.items() if k != "2.9"} == table
 
 
 def test_import_parses_no_torch_source_while_the_recorded_files_are_unchanged(tmp_path):

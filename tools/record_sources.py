@@ -1,5 +1,7 @@
-"""Record, in the running torch release's row, the digests of the torch source
-files its patch or fix fingerprints are read from (``ReleaseSupport.sources``).
+"""Record, for the running torch release, the digests of the torch source files its patch or
+fix fingerprints are read from (``ReleaseSupport.sources``), in the release's entry of
+``opaque_subclass/releases/sources.json`` (the release module reads it:
+``sources=recorded_sources((2, NN))``).
 
 With them, ``import opaque_subclass`` checks that those files are unchanged by
 hashing them instead of parsing them (parsing was most of the import's cost);
@@ -10,31 +12,34 @@ gets nothing recorded.
 
 Usage (one torch release at a time, each leg's interpreter)::
 
-    python tools/record_sources.py           # rewrite SOURCES in opaque_subclass/releases/v2_NN.py
-    python tools/record_sources.py --check   # exit 1 when the recorded SOURCES differ
+    python tools/record_sources.py           # rewrite this release's entry of opaque_subclass/releases/sources.json
+    python tools/record_sources.py --check   # exit 1 when the recorded entry differs
 """
 
 from __future__ import annotations
 
 import argparse
-import re
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-_BLOCK = re.compile(r"^SOURCES = \(\n.*?^\)\n", re.S | re.M)
+FILE = ROOT / "opaque_subclass" / "releases" / "sources.json"
 
 
-def render(sources: tuple[tuple[str, str], ...], torch_version: str) -> str:
-    lines = [f'    ("{f}", "{d}"),\n' for f, d in sources]
-    return (
-        "SOURCES = (\n"
-        f"    # recorded on torch {torch_version} by tools/record_sources.py: do not edit by hand\n"
-        + "".join(lines)
-        + ")\n"
-    )
+def _order(key: str) -> tuple[int, ...]:
+    """Releases in order (``"2.9"`` before ``"2.13"``), after any other key."""
+    return tuple(int(part) for part in key.split(".")) if key.replace(".", "").isdigit() else ()
+
+
+def updated(table: dict[str, Any], label: str, torch_version: str, sources: tuple[tuple[str, str], ...]) -> str:
+    """The text of ``sources.json`` with the entry of release ``label`` (``"2.13"``) recorded on
+    ``torch_version``, the releases in order."""
+    entries = {**table, label: {"torch": torch_version, "files": dict(sources)}}
+    return json.dumps({key: entries[key] for key in sorted(entries, key=_order)}, indent=2) + "\n"
 
 
 def main() -> int:
@@ -53,19 +58,21 @@ def main() -> int:
         print(f"torch {row.label}: no patches or fixes, nothing to record")
         return 0
     sources = record_sources(patches)
-    file = ROOT / "opaque_subclass" / "releases" / f"v{row.release[0]}_{row.release[1]}.py"
-    text = file.read_text()
-    if not _BLOCK.search(text):
-        print(f"{file.relative_to(ROOT)} has no SOURCES block to rewrite", file=sys.stderr)
+    module = ROOT / "opaque_subclass" / "releases" / f"v{row.release[0]}_{row.release[1]}.py"
+    reads = f"recorded_sources(({row.release[0]}, {row.release[1]}))"
+    if reads not in module.read_text():
+        print(f"{module.relative_to(ROOT)} does not read its entry: sources={reads}", file=sys.stderr)
         return 2
+    where = f"{FILE.relative_to(ROOT)} ({row.label})"
     if args.check:
         if row.sources != sources:
-            print(f"{file.relative_to(ROOT)}: SOURCES are stale for torch {torch.__version__}; rerun without --check")
+            print(f"{where}: the recorded sources are stale for torch {torch.__version__}; rerun without --check")
             return 1
-        print(f"{file.relative_to(ROOT)}: SOURCES up to date ({len(sources) - 1} files)")
+        print(f"{where}: recorded sources up to date ({len(sources) - 1} files)")
         return 0
-    file.write_text(_BLOCK.sub(lambda _: render(sources, torch.__version__), text, count=1))
-    print(f"{file.relative_to(ROOT)}: {len(sources) - 1} files recorded on torch {torch.__version__}")
+    table = json.loads(FILE.read_text(encoding="utf-8")) if FILE.exists() else {}
+    FILE.write_text(updated(table, row.label, torch.__version__, sources), encoding="utf-8")
+    print(f"{where}: {len(sources) - 1} files recorded on torch {torch.__version__}")
     return 0
 
 

@@ -177,11 +177,7 @@ class Adoption:
                 return
             for name in sorted(self._installed, key=_removal_order):
                 if self.cls.__dict__.get(name) is not self._installed[name]:
-                    log.warning(
-                        "%s.%s was replaced by someone else after it was adopted; left as it is",
-                        qualified_name(self.cls),
-                        name,
-                    )
+                    log.warning(messages.REPLACED_AFTER_ADOPTION, qualified_name(self.cls), name)
                     continue
                 before = self._before[name]
                 if before is _ABSENT:
@@ -247,11 +243,11 @@ def _check_slot(cls: type, name: object, decl: object) -> _Slot:
     if not isinstance(decl, ContextOpaque):
         raise messages.bad_declaration(cls, name, decl)
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-        raise messages.bad_name(cls, name, "is not an attribute name")
+        raise messages.name_not_identifier(cls, name)
     if name in _TENSOR_NAMES:
-        raise messages.bad_name(cls, name, f"would shadow torch.Tensor.{name}")
+        raise messages.name_shadows_tensor(cls, name)
     if hasattr(cls, name):
-        raise messages.bad_name(cls, name, f"is an attribute of {cls.__qualname__} already")
+        raise messages.name_on_class(cls, name)
     opaque_cls = decl.cls
     if not isinstance(opaque_cls, type):
         raise messages.unregistered_type(cls, name, decl.path, opaque_cls, None)
@@ -273,7 +269,7 @@ def _check_example(cls: type, slots: tuple[_Slot, ...], example: object) -> None
     names, ctx = _raw(cls, _FLATTEN).__get__(example, type(example))()
     for slot in slots:
         if slot.name in names:
-            raise messages.bad_name(cls, slot.name, "is listed by its __tensor_flatten__ already")
+            raise messages.name_flattened(cls, slot.name)
         slot.check(ctx, slot.read(ctx))
 
 
@@ -382,7 +378,7 @@ def adopt(cls: type, opaques: Mapping[str, ContextOpaque], *, example: object = 
         paths = [slot.path for slot in slots]
         for slot in slots:
             if paths.count(slot.path) > 1:
-                raise messages.bad_name(cls, slot.name, f"shares its path {slot.path.text!r} with another declaration")
+                raise messages.path_shared(cls, slot.name, slot.path.text)
         if example is not None:
             _check_example(cls, slots, example)
         flatten, unflatten, coerce = _raw(cls, _FLATTEN), _raw(cls, _UNFLATTEN), _raw(cls, _COERCE)

@@ -18,20 +18,28 @@ from opaque_subclass.core.errors import (
 from opaque_subclass.core.registry import is_torch_handled_type, opaque_kind, opaque_type_of
 
 __all__ = [
+    "REPLACED_AFTER_ADOPTION",
     "adopt_while_compiling",
     "adopted_elsewhere",
     "bad_declaration",
-    "bad_name",
     "bad_path",
     "missing_opaque",
+    "name_flattened",
+    "name_not_identifier",
+    "name_on_class",
+    "name_shadows_tensor",
     "not_a_subclass",
     "path_not_found",
+    "path_shared",
     "set_adopted",
     "unregistered_type",
     "wrong_example",
     "wrong_type_at_path",
     "wrong_type_in_slot",
 ]
+
+#: The warning (a ``logging`` format: class, method) when a method adopt installed was replaced since.
+REPLACED_AFTER_ADOPTION = "%s.%s was replaced by someone else after it was adopted; left as it is"
 
 
 def _adopt_call(cls: type, name: str, path: str, opaque_cls: type | str) -> str:
@@ -67,12 +75,32 @@ def bad_declaration(cls: type, name: object, value: object) -> OpaqueTypeError:
     )
 
 
-def bad_name(cls: type, name: object, why: str) -> OpaqueValueError:
+def _bad_name(cls: type, name: object, why: str) -> OpaqueValueError:
     fixed = "_adopted_" + "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in str(name)).strip("_")
     return OpaqueValueError(
         f"{subject(cls)}: adopt's attribute name {name!r} {why}; it becomes an attribute of "
         f"{cls.__qualname__} listed by __tensor_flatten__. Fix: name it e.g. {fixed!r}."
     )
+
+
+def name_not_identifier(cls: type, name: object) -> OpaqueValueError:
+    return _bad_name(cls, name, "is not an attribute name")
+
+
+def name_shadows_tensor(cls: type, name: str) -> OpaqueValueError:
+    return _bad_name(cls, name, f"would shadow torch.Tensor.{name}")
+
+
+def name_on_class(cls: type, name: str) -> OpaqueValueError:
+    return _bad_name(cls, name, f"is an attribute of {cls.__qualname__} already")
+
+
+def name_flattened(cls: type, name: str) -> OpaqueValueError:
+    return _bad_name(cls, name, "is listed by its __tensor_flatten__ already")
+
+
+def path_shared(cls: type, name: str, path: str) -> OpaqueValueError:
+    return _bad_name(cls, name, f"shares its path {path!r} with another declaration")
 
 
 def bad_path(cls: type, name: str, path: object, opaque_cls: type) -> OpaqueValueError:

@@ -179,6 +179,29 @@ def _check_opaque(
     return kind is not None
 
 
+class _FromInner(torch.autograd.Function):
+    """A construction differentiable with respect to the inner tensors: the
+    gradient's matching inner tensors flow back to them."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, cls: Any, others: dict[str, Any], outer_size: Any, outer_stride: Any, *tensors: torch.Tensor
+    ) -> Any:
+        named = dict(zip(cls.tensor_attrs, (t.detach() for t in tensors), strict=True))
+        named.update(others)
+        ctx.tensor_attrs = cls.tensor_attrs
+        return cls(outer_size=outer_size, outer_stride=outer_stride, **named)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        grads = (
+            tuple(getattr(grad, n) for n in ctx.tensor_attrs)
+            if isinstance(grad, OpaqueSubclass)
+            else (grad,) * len(ctx.tensor_attrs)
+        )
+        return (None, None, None, None, *grads)
+
+
 class OpaqueSubclass(torch.Tensor):
     """Base class for wrapper tensor subclasses with opaque attributes.
 
@@ -220,6 +243,16 @@ class OpaqueSubclass(torch.Tensor):
     _value_names: ClassVar[tuple[str, ...]] = ()
     _opaque_classes: ClassVar[Mapping[str, type]] = {}
     _op_table: ClassVar[dict[Any, Callable[..., Any]]] = {}
+
+    #: The autograd function of a construction from inner tensors that require grad,
+    #: applied as ``(cls, others, outer_size, outer_stride, *tensors)``; a subclass
+    #: whose gradient must first take the instance's form (a sharded tensor's
+    #: placement) names its own.
+    _from_inner_function: ClassVar[type[torch.autograd.Function]] = _FromInner
+    #: ``(bound values, outer_stride) -> (outer size, outer stride)`` where the caller gives no
+    #: outer size, for a subclass whose outer shape is not its first inner tensor's (a sharded
+    #: tensor's global shape; an outer size ``None`` keeps that default); ``None``: none.
+    _default_outer_shape: ClassVar[Callable[[dict[str, Any], Sequence[int] | None], tuple[Any, Any]] | None] = None
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # plain-tensor autograd semantics
 
@@ -266,8 +299,10 @@ class OpaqueSubclass(torch.Tensor):
                     raise messages.leaf_of_grad_tensor(cls, differentiable[0])
                 others = {n: bound[n] for n in cls._value_names if n not in cls.tensor_attrs}
                 tensors = [bound[n] for n in cls.tensor_attrs]
-                return _FromInner.apply(cls, others, outer_size, outer_stride, *tensors)
+                return cls._from_inner_function.apply(cls, others, outer_size, outer_stride, *tensors)
         first = bound[cls.tensor_attrs[0]]
+        if outer_size is None and cls._default_outer_shape is not None:
+            outer_size, outer_stride = cls._default_outer_shape(bound, outer_stride)
         size = tuple(first.shape) if outer_size is None else tuple(outer_size)
         if outer_stride is None:
             outer_stride = first.stride() if outer_size is None else _contiguous_strides(size)
@@ -331,7 +366,7 @@ class OpaqueSubclass(torch.Tensor):
         bound = cls._bind(values, named)
         tensors = [bound[n] for n in cls.tensor_attrs]
         others = {n: bound[n] for n in cls._value_names if n not in cls.tensor_attrs}
-        return _FromInner.apply(cls, others, outer_size, outer_stride, *tensors)
+        return cls._from_inner_function.apply(cls, others, outer_size, outer_stride, *tensors)
 
     # ------------------------------------------------------------------ flatten protocol
 
@@ -489,23 +524,3 @@ def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(running)
         running *= max(int(s), 1)
     return tuple(reversed(strides))
-
-
-class _FromInner(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any, cls: Any, others: dict[str, Any], outer_size: Any, outer_stride: Any, *tensors: torch.Tensor
-    ) -> Any:
-        named = dict(zip(cls.tensor_attrs, (t.detach() for t in tensors), strict=True))
-        named.update(others)
-        ctx.tensor_attrs = cls.tensor_attrs
-        return cls(outer_size=outer_size, outer_stride=outer_stride, **named)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:
-        grads = (
-            tuple(getattr(grad, n) for n in ctx.tensor_attrs)
-            if isinstance(grad, OpaqueSubclass)
-            else (grad,) * len(ctx.tensor_attrs)
-        )
-        return (None, None, None, None, *grads)

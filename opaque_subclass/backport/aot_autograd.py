@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from opaque_subclass.backport.hiding import skip_opaque_leaves, split_attrs, tensor_leaves
+from opaque_subclass.backport import messages
+from opaque_subclass.backport.hiding import skip_opaque_leaves, tensor_attrs_decide, tensor_leaves
 from opaque_subclass.core.flatten import is_wrapper_subclass
 from opaque_subclass.core.registry import opaque_kind, real_object
 from opaque_subclass.fixes import autograd_cache as _native_autograd_cache
@@ -116,18 +117,7 @@ def make_is_fun(original: Callable[..., Any]) -> Callable[..., Any]:
     decide. Unnecessary since torch 2.12 (pytorch/pytorch#176457).
     """
 
-    def is_fun(t: object) -> bool:
-        tensors, opaques = split_attrs(t)
-        if not opaques:
-            return bool(original(t))
-        flags = [is_fun(x) for _, x in tensors]
-        if any(flags) != all(flags):
-            raise AssertionError(
-                f"mixed functional/non-functional inner tensors: any_fun={any(flags)}, all_fun={all(flags)}"
-            )
-        return any(flags)
-
-    return is_fun
+    return tensor_attrs_decide(original, any, messages.mixed_functional)
 
 
 def make_skip_opaque(original: Callable[..., Any]) -> Callable[..., Any]:

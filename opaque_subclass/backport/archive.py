@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from opaque_subclass.core.errors import OpaqueTypeError, describe_type
+from opaque_subclass.backport import messages
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
 from opaque_subclass.core.registry import opaque_kind
 from opaque_subclass.core.spec import OpaqueSlot, iter_slots
@@ -62,14 +62,7 @@ def _write_opaque_constants(original: Callable[..., Any], refuse_reference: bool
                 fqn: c for fqn, c in opaques.items() if opaque_kind(c) == "reference" and not isinstance(c, OpaqueName)
             }
             if unnamed:
-                fqn, obj = next(iter(unnamed.items()))
-                raise OpaqueTypeError(
-                    f"torch.export.save: the program holds the reference opaque constant {fqn!r} "
-                    f"({describe_type(obj)}); saving it would pickle the object by value, and another process "
-                    "would load a copy instead of its own object. Fix: "
-                    "`import opaque_subclass.export; opaque_subclass.export.save(ep, f)`, which stores it by name, "
-                    "and load with opaque_subclass.export.load(f, opaques={...})."
-                )
+                raise messages.reference_constant_saved(*next(iter(unnamed.items())))
         rest = copy.copy(exported_program)
         rest._constants = {fqn: c for fqn, c in exported_program.constants.items() if fqn not in opaques}
         config = original(model_name, rest, archive_writer, *args, **kwargs)
@@ -141,14 +134,7 @@ def make_save_pickled_tensors(original: Callable[..., Any]) -> Callable[..., Any
         for fqn, tensor in items:
             held = _held_reference_opaque(tensor, fqn)
             if held is not None:
-                path, obj = held
-                raise OpaqueTypeError(
-                    f"torch.export.save: the program's tensor {fqn!r} holds the reference opaque {path!r} "
-                    f"({describe_type(obj)}); saving it would pickle the object by value, and another process "
-                    "would load a copy instead of its own object. Fix: "
-                    "`import opaque_subclass.export; opaque_subclass.export.save(ep, f)`, which stores it by name, "
-                    "and load with opaque_subclass.export.load(f, opaques={...})."
-                )
+                raise messages.reference_in_tensor_saved(fqn, *held)
         return original(items, *args, **kwargs)
 
     return _save_pickled_tensors

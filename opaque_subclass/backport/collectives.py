@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from opaque_subclass.backport import messages
 from opaque_subclass.core.checks import source_name
-from opaque_subclass.core.errors import import_fix, qualified_name
 from opaque_subclass.core.registry import is_torch_own_opaque_type, opaque_kind, real_object
 from opaque_subclass.fixes import members
 
@@ -128,16 +128,5 @@ def _check_value_member_declared(variable: Any, tx: Any, name: str) -> None:
         return
     if not hasattr(real, name):
         return
-    cls = type(real)
-    where = f"at {source_name(variable.source)}.{name}, " if variable.source is not None else ""
-    fix = import_fix(
-        cls,
-        f'opaque_subclass.register_opaque({{cls}}, kind="value", members={{{{"{name}": opaque_subclass.Member.USE_REAL}}}})',
-    )
-    raise members.undeclared_member_error()(
-        f"{members.TORCH_SENTENCE}: compiled code reads {name!r} of the value opaque {qualified_name(cls)} "
-        f"({where}{members.user_line(tx)}), a member its registration does not declare. torch 2.11 "
-        f"compiles a member of a value opaque only when it is declared (torch 2.12+ reads it as a constant). "
-        f"Fix: declare it where the class is registered (the first registration), {fix} (USE_REAL reads it "
-        f"while tracing; the value opaque's equality guard covers it)."
-    )
+    source = source_name(variable.source) if variable.source is not None else None
+    raise messages.value_member_undeclared(type(real), name, source, members.user_line(tx))

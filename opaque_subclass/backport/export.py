@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from opaque_subclass.backport import messages
 from opaque_subclass.backport.aot_autograd import fake_opaque_always
 from opaque_subclass.core.checks import source_name, validate_input
 from opaque_subclass.core.flatten import is_wrapper_subclass
@@ -144,10 +145,7 @@ def _attach_captured_opaques(out: Any) -> None:
     gm = backend.graph_module
     placeholders = gm.graph.find_nodes(op="placeholder")
     if len(placeholders) != len(backend.example_inputs) or set(sources) != set(range(len(placeholders))):
-        raise AssertionError(
-            f"export capture: {len(placeholders)} placeholders, {len(backend.example_inputs)} example "
-            f"inputs and input sources for {sorted(sources)} do not line up"
-        )
+        raise messages.capture_out_of_line(len(placeholders), len(backend.example_inputs), sources)
     kept_sources: dict[int, Any] = {}
     kept_inputs: list[Any] = []
     for index, (node, value) in enumerate(zip(placeholders, backend.example_inputs, strict=True)):

@@ -12,7 +12,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from opaque_subclass.backport.hiding import is_opaque_leaf, opaque_attrs, split_attrs
+from opaque_subclass.backport import messages
+from opaque_subclass.backport.hiding import is_opaque_leaf, opaque_attrs, split_attrs, tensor_attrs_decide
 
 __all__ = ["make_describe_tensor", "make_is_fake", "make_maybe_get_fake_mode"]
 
@@ -98,16 +99,7 @@ def make_is_fake(original: Callable[..., Any]) -> Callable[..., Any]:
     since torch 2.12 (pytorch/pytorch#176457).
     """
 
-    def is_fake(x: object) -> bool:
-        tensors, opaques = split_attrs(x)
-        if not opaques:
-            return bool(original(x))
-        flags = [is_fake(inner) for _, inner in tensors]
-        if any(flags) != all(flags):
-            raise AssertionError("got mixed fake and real tensors!")
-        return all(flags)
-
-    return is_fake
+    return tensor_attrs_decide(original, all, messages.mixed_fake)
 
 
 def make_maybe_get_fake_mode(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -10,6 +10,7 @@ torch walks:
   (one ``__tensor_flatten__`` call per level) for computing over tensors only;
 * :func:`skip_opaque_leaves` wraps a helper recursing through its module-level
   name, answering a neutral value for an opaque leaf;
+* :func:`tensor_attrs_decide` asks a yes/no helper of a subclass's tensor attributes only;
 * :func:`hide_in_fake_args` shows tensor-only flatten results for *fake*
   instances, private to one compilation in the compiling thread; a user's
   tensor is never touched (Note [No writes to user objects]).
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -48,6 +49,7 @@ __all__ = [
     "skip_opaque_leaves",
     "split_attrs",
     "tensor_attrs",
+    "tensor_attrs_decide",
     "tensor_leaves",
 ]
 
@@ -91,6 +93,27 @@ def skip_opaque_leaves(original: F, *, result: Any = None) -> F:
         return original(t, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]  # same signature as original
+
+
+def tensor_attrs_decide(
+    original: Callable[[object], object],
+    combine: Callable[[Iterable[bool]], bool],
+    mixed: Callable[[bool, bool], BaseException],
+) -> Callable[[object], bool]:
+    """``original(t)``, a yes/no question torch asks of every attribute of a subclass (``is_fun``,
+    ``is_fake``), asked instead of the tensor attributes of a level with opaques, through the
+    returned function: they must agree (else ``mixed(any, all)``), ``combine`` gives the answer."""
+
+    def decide(t: object) -> bool:
+        tensors, opaques = split_attrs(t)
+        if not opaques:
+            return bool(original(t))
+        flags = [decide(x) for _, x in tensors]
+        if any(flags) != all(flags):
+            raise mixed(any(flags), all(flags))
+        return combine(flags)
+
+    return decide
 
 
 def _fake_levels_with_opaques(level: Level, out: list[Level]) -> bool:

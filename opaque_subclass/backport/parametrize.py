@@ -24,30 +24,14 @@ from typing import Any
 
 import torch
 
-from opaque_subclass.core.errors import OpaqueValueError, describe_type, import_fix, subject
+from opaque_subclass.backport import messages
+from opaque_subclass.core.errors import OpaqueValueError, subject
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
-from opaque_subclass.core.registry import opaque_kind, opaque_type_of, stored_opaque_leaves
+from opaque_subclass.core.registry import opaque_kind, stored_opaque_leaves
 from opaque_subclass.core.spec import Layout, OpaqueSlot, SubclassLayout, TensorSlot
 from opaque_subclass.core.walk import ValueOpaqueListedError
 
 __all__ = ["make_init", "make_right_inverse", "make_unwrap_forward", "make_unwrap_right_inverse"]
-
-
-def _opaque_error(plist_owner: str, i: int, value: object, kind: str | None) -> ValueError:
-    if kind == "value":
-        return OpaqueValueError(
-            f"parametrization of {plist_owner}: right_inverse returned a value-type opaque "
-            f"({describe_type(value)}) as element {i}. Only tensors and reference opaques can be "
-            "stored; a value opaque is a constant. Fix: keep it on the parametrization module "
-            "(self.config = ...) and use it in forward, or register its class as a reference opaque."
-        )
-    return OpaqueValueError(
-        f"parametrization of {plist_owner}: right_inverse returned element {i} of type "
-        f"{describe_type(value)}, which is neither a tensor nor a registered reference opaque. "
-        "Fix: return tensors and reference opaques only, registering the class: "
-        + import_fix(opaque_type_of(value), 'opaque_subclass.register_opaque({cls}, kind="reference")')
-        + "."
-    )
 
 
 def _split(result: Any, owner: str) -> tuple[Any, dict[int, Any]]:
@@ -61,7 +45,7 @@ def _split(result: Any, owner: str) -> tuple[Any, dict[int, Any]]:
             continue
         kind = opaque_kind(value)
         if kind == "value":
-            raise _opaque_error(owner, i, value, kind)
+            raise messages.value_opaque_returned(owner, i, value)
         if kind is None:
             continue  # not ours: torch's own check reports it, with torch's message
         opaques[i] = value
@@ -136,12 +120,7 @@ def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
         if not unsafe:
             rebuilt = self()
             if not isinstance(rebuilt, torch.Tensor) or rebuilt.dtype != dtype or rebuilt.shape != shape:
-                raise OpaqueValueError(
-                    f"parametrization of {owner}: forward(right_inverse(x)) gave "
-                    f"{describe_type(rebuilt)} with shape {getattr(rebuilt, 'shape', None)} and dtype "
-                    f"{getattr(rebuilt, 'dtype', None)}; expected shape {tuple(shape)} and dtype {dtype}. "
-                    "Fix: make forward rebuild the original tensor, or pass unsafe=True."
-                )
+                raise messages.rebuilt_differs(owner, rebuilt, shape, dtype)
 
     return __init__
 
@@ -164,29 +143,21 @@ def make_right_inverse(original: Callable[..., Any]) -> Callable[..., Any]:
         with torch.no_grad():
             for module in reversed(self):
                 if not hasattr(module, "right_inverse"):
-                    raise RuntimeError(f"parametrization {type(module).__name__} does not implement right_inverse.")
+                    raise messages.no_right_inverse(module)
                 value = module.right_inverse(value)
             if not isinstance(value, Sequence) or len(value) != self.ntensors:
-                raise OpaqueValueError(
-                    f"parametrization of {owner}: right_inverse must return a sequence of "
-                    f"{self.ntensors} elements, got {describe_type(value)}"
-                    + (f" of length {len(value)}" if isinstance(value, Sequence) else "")
-                    + ". Fix: return one element per stored original."
-                )
+                raise messages.right_inverse_length(owner, self.ntensors, value)
             for i, item in enumerate(value):
                 if i in slots:
                     if isinstance(item, torch.Tensor) or opaque_kind(item) != "reference":
-                        raise _opaque_error(owner, i, item, opaque_kind(item))
+                        if opaque_kind(item) == "value":
+                            raise messages.value_opaque_returned(owner, i, item)
+                        raise messages.unstorable_returned(owner, i, item)
                     object.__setattr__(self, f"original{i}", item)
                     continue
                 stored = getattr(self, f"original{i}")
                 if not isinstance(item, torch.Tensor) or item.dtype != stored.dtype:
-                    raise OpaqueValueError(
-                        f"parametrization of {owner}: element {i} returned by right_inverse is "
-                        f"{describe_type(item)} ({getattr(item, 'dtype', None)}) while original{i} is a "
-                        f"tensor of dtype {stored.dtype}. Fix: return the same kinds and dtypes as at "
-                        "registration."
-                    )
+                    raise messages.element_differs(owner, i, item, stored.dtype)
                 _maybe_set(stored, item)
 
     return right_inverse

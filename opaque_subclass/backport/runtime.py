@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from opaque_subclass.backport import messages
 from opaque_subclass.core.codegen import ArgumentsPlan
-from opaque_subclass.core.errors import OpaqueSubclassError
 from opaque_subclass.core.spec import Layout, OpaqueSlot, SubclassLayout, TensorSlot
 
 __all__ = ["make_subclass_wrapper_post_compile", "plan_for", "translate"]
@@ -52,10 +52,7 @@ def translate(torch_meta: Any, start: int | None = None, attr: str | None = None
         included_subclass_symints=torch_meta.included_subclass_symints,
     ).runtime_safe()
     if result.arg_count != torch_meta.arg_count:
-        raise AssertionError(
-            f"translated meta of {cls.__qualname__} takes {result.arg_count} slots, torch's takes "
-            f"{torch_meta.arg_count}"
-        )
+        raise messages.translated_width(cls, result.arg_count, torch_meta.arg_count)
     return result
 
 
@@ -127,10 +124,7 @@ def make_subclass_wrapper_post_compile(original: Callable[..., Any]) -> Callable
             outs = compiled_fn(flat)
             extra = saved or 0
             if len(outs) != width + extra:
-                raise OpaqueSubclassError(
-                    f"compiled graph returned {len(outs)} flat values; its output metadata "
-                    f"describes {width} plus {extra} saved activations"
-                )
+                raise messages.compiled_width(len(outs), width, extra)
             wrapped = wrap(outs)
             if saved is None:
                 return wrapped

@@ -31,9 +31,9 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from opaque_subclass.testing.workers import WorkersFailed, run_local_workers
 
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
     from torch.distributed import ProcessGroup
+    from typing_extensions import Unpack
 
     from opaque_subclass.sharded.tensor import ShardedTensor
 
@@ -284,16 +285,36 @@ def _report(
     return report
 
 
-def run_demo(
-    steps: int = 5,
-    world_size: int = 2,
-    *,
-    backend: str = "aot_eager",
-    lr: float = 0.1,
-    seed: int = 0,
-    tolerance: float = 1e-5,
-    timeout: float = 100.0,
-) -> DemoReport:
+class _Options(TypedDict, total=False):
+    """The demo's keywords besides ``timeout`` (:func:`run_demo`'s and :func:`run_rank`'s)."""
+
+    backend: str
+    lr: float
+    seed: int
+    tolerance: float
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One run of the demo: its settings (the defaults of :class:`_Options`) and when it started."""
+
+    steps: int
+    backend: str = "aot_eager"
+    lr: float = 0.1
+    seed: int = 0
+    tolerance: float = 1e-5
+    started: float = field(init=False, default_factory=time.perf_counter)
+
+    def payload(self) -> dict[str, Any]:
+        """What each rank's :func:`train_worker` gets."""
+        return {"steps": self.steps, "backend": self.backend, "lr": self.lr, "seed": self.seed}
+
+    def report(self, results: Sequence[Mapping[str, Any]]) -> DemoReport:
+        seconds = time.perf_counter() - self.started
+        return _report(results, steps=self.steps, backend=self.backend, tolerance=self.tolerance, seconds=seconds)
+
+
+def run_demo(steps: int = 5, world_size: int = 2, *, timeout: float = 100.0, **options: Unpack[_Options]) -> DemoReport:
     """Run the sharded-MLP demo in ``world_size`` local processes; see the module docstring.
 
     Parameters
@@ -302,14 +323,14 @@ def run_demo(
         Training steps on each of the two meshes.
     world_size
         Number of processes; 32 and 8 (the layer widths) must divide by it.
-    backend
-        The torch.compile backend, ``"aot_eager"`` (fast to compile) or ``"inductor"``.
-    lr, seed
-        SGD learning rate and the seed of the weights and data.
-    tolerance
-        Largest accepted absolute difference from the unsharded reference.
     timeout
         Seconds for the whole run.
+    backend
+        The torch.compile backend, ``"aot_eager"`` (default, fast to compile) or ``"inductor"``.
+    lr, seed
+        SGD learning rate (default 0.1) and the seed of the weights and data (default 0).
+    tolerance
+        Largest accepted absolute difference from the unsharded reference (default 1e-5).
 
     Returns
     -------
@@ -321,15 +342,14 @@ def run_demo(
         If a rank failed or timed out, or the report breaks a requirement (then in its ``report``).
     """
     _check_arguments("run_demo", steps, world_size)
-    t0 = time.perf_counter()
-    payload = {"steps": steps, "backend": backend, "lr": lr, "seed": seed}
+    run = _Run(steps, **options)
     try:
         results = run_local_workers(
-            "opaque_subclass.cli.demo:train_worker", world_size, payload=payload, timeout=timeout
+            "opaque_subclass.cli.demo:train_worker", world_size, payload=run.payload(), timeout=timeout
         )
     except WorkersFailed as e:
         raise DemoError(f"demo failed: {e}") from e
-    return _report(results, steps=steps, backend=backend, tolerance=tolerance, seconds=time.perf_counter() - t0)
+    return run.report(results)
 
 
 #: The variables of an env:// rendezvous; torchrun sets them in every rank.
@@ -340,15 +360,7 @@ def _launched_by_torchrun() -> bool:
     return all(name in os.environ for name in RENDEZVOUS_ENV)
 
 
-def run_rank(
-    steps: int = 5,
-    *,
-    backend: str = "aot_eager",
-    lr: float = 0.1,
-    seed: int = 0,
-    tolerance: float = 1e-5,
-    timeout: float = 60.0,
-) -> DemoReport | None:
+def run_rank(steps: int = 5, *, timeout: float = 60.0, **options: Unpack[_Options]) -> DemoReport | None:
     """Run this process's rank of the demo under torchrun (or a launcher setting ``RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``).
 
@@ -379,8 +391,8 @@ def run_rank(
         raise RuntimeError(f"run_rank: {', '.join(missing)} not set; launch with torchrun (or use run_demo)")
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _check_arguments("run_rank", steps, world_size)
-    t0 = time.perf_counter()
-    payload = {"steps": steps, "backend": backend, "lr": lr, "seed": seed}
+    run = _Run(steps, **options)
+    payload = run.payload()
     dist.init_process_group(
         "gloo", init_method="env://", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout)
     )
@@ -397,7 +409,7 @@ def run_rank(
         dist.destroy_process_group()
     if results is None:
         return None
-    return _report(results, steps=steps, backend=backend, tolerance=tolerance, seconds=time.perf_counter() - t0)
+    return run.report(results)
 
 
 def _print_report(report: DemoReport) -> None:

@@ -35,8 +35,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from opaque_subclass.core.errors import OpaqueSubclassError, describe_type, qualified_name
+from opaque_subclass.core.errors import qualified_name
 from opaque_subclass.core.registry import opaque_kind
+from opaque_subclass.export import messages
 from opaque_subclass.export.manifest import ConstructionRecord, import_qualified
 
 __all__ = ["decode", "default_names", "encode"]
@@ -46,13 +47,7 @@ _OP_NAME = "opaque_subclass::stored_construction"
 
 @torch.library.custom_op(_OP_NAME, mutates_args=())
 def _stored_construction(key: str, tensors: list[torch.Tensor]) -> torch.Tensor:
-    raise OpaqueSubclassError(
-        f"the subclass construction {key!r} of a program saved by opaque_subclass.export.save ran without being "
-        "restored: the program was loaded with torch.export.load, which cannot bind its reference opaques. "
-        "Fix: load it with `opaque_subclass.export.load(f, opaques=objects)`, where f is the saved archive and "
-        "objects maps each name of `[r.name for r in opaque_subclass.export.read_manifest(f).opaques]` to your "
-        "object of that name (the manifest also says each one's type and where the program holds it)."
-    )
+    raise messages.construction_not_restored(key)
 
 
 def _stored_op() -> Any:
@@ -155,13 +150,7 @@ def _encode_arg(
         if isinstance(value.meta.get("val"), torch.Tensor):
             tensors.append(value)
             return ("tensor", len(tensors) - 1)
-        raise OpaqueSubclassError(
-            f"opaque_subclass.export.save: {where} takes the graph value {value.name!r} "
-            f"({describe_type(value.meta.get('val'))}), which the library cannot store in a construction (it "
-            "stores tensors, lifted opaques and constants). Fix: export with static shapes, or export the "
-            "subclass parameter itself instead of unwrapping it: "
-            "torch.nn.utils.parametrize.remove_parametrizations(module, name)."
-        )
+        raise messages.graph_value_in_construction(where, value.name, value.meta.get("val"))
     if value is None or isinstance(value, (bool, int, float, str)):
         return ("const", value)
     if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
@@ -173,12 +162,7 @@ def _encode_arg(
     try:
         return ("pickle", base64.b64encode(pickle.dumps(value)).decode("ascii"))
     except Exception as error:
-        raise OpaqueSubclassError(
-            f"opaque_subclass.export.save: {where} takes the constant {describe_type(value)}, which cannot be "
-            f"pickled ({type(error).__name__}: {error}). Constants other than scalars, dtypes and devices (a value "
-            "opaque, for one) are stored with their own pickling. Fix: make the class picklable (define it at module "
-            "level, or give it __reduce__)."
-        ) from error
+        raise messages.constant_not_picklable(where, value, error) from error
 
 
 def encode(
@@ -204,11 +188,7 @@ def encode(
         try:
             spec_text = pytree.treespec_dumps(in_spec)
         except Exception as error:
-            raise OpaqueSubclassError(
-                f"opaque_subclass.export.save: {where} has an argument structure torch cannot serialize "
-                f"({type(error).__name__}: {error}). Fix: pass the class's constructor arguments as tensors, opaques "
-                "and plain constants, in tuples and dicts."
-            ) from error
+            raise messages.spec_not_serializable(where, error) from error
         tensors: list[torch.fx.Node] = []
         keys = _keys(in_spec, len(node.args) - 2)
         args = tuple(
@@ -232,7 +212,7 @@ def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
     new = copy.deepcopy(graph)  # node for node, in order
     for node, twin in zip(graph.nodes, new.nodes, strict=True):
         if twin.op != node.op:
-            raise AssertionError(f"graph copy out of step at {node.name!r}")
+            raise messages.graph_copy_out_of_step(node.name)
         twin.name = node.name
     return new
 
@@ -244,10 +224,7 @@ def _describe_func(func: Any) -> str:
 def _importable_name(func: Any, where: str) -> str:
     name = qualified_name(func) if callable(func) else None
     if name is None or "<locals>" in name or import_qualified(name) is not func:
-        raise OpaqueSubclassError(
-            f"opaque_subclass.export.save: {where} calls {func!r}, which a loading process cannot import by "
-            "name. Fix: define the subclass at module level, so `import` finds it."
-        )
+        raise messages.construction_not_importable(where, func)
     return name
 
 
@@ -268,12 +245,7 @@ def decode(ep: Any, records: tuple[ConstructionRecord, ...], objects: Mapping[st
         record = by_key.get(key)
         func = import_qualified(record.func) if record is not None else None
         if record is None or func is None:
-            raise OpaqueSubclassError(
-                f"opaque_subclass.export.load: the program in {source} constructs "
-                f"{record.func if record else repr(key)} and this process cannot "
-                f"{'import it' if record else 'find its record in the manifest'}. Fix: import the module that "
-                "defines the subclass before loading, or load with the opaque-subclass release that saved it."
-            )
+            raise messages.construction_unresolved(source, key, None if record is None else record.func)
         flat: list[Any] = []
         for kind, value in record.args:
             if kind == "tensor":
@@ -291,10 +263,7 @@ def decode(ep: Any, records: tuple[ConstructionRecord, ...], objects: Mapping[st
             elif kind == "name":
                 flat.append(objects[value])
             else:
-                raise OpaqueSubclassError(
-                    f"opaque_subclass.export.load: the program in {source} has a construction argument of kind "
-                    f"{kind!r}, written by a newer opaque-subclass. Fix: upgrade opaque-subclass."
-                )
+                raise messages.argument_kind_unknown(source, kind)
         func_attr, spec_attr = f"_opaque_subclass_func_{index}", f"_opaque_subclass_in_spec_{index}"
         setattr(gm, func_attr, func_to_graphable(func)[1])
         setattr(gm, spec_attr, pytree.treespec_loads(record.in_spec))

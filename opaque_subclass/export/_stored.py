@@ -25,9 +25,10 @@ from typing import Any
 
 import torch
 
-from opaque_subclass.core.errors import OpaqueSubclassError, qualified_name
+from opaque_subclass.core.errors import qualified_name
 from opaque_subclass.core.flatten import unflatten_subclass
 from opaque_subclass.core.spec import Layout, OpaqueSlot, SubclassLayout, TensorSlot, iter_slots
+from opaque_subclass.export import messages
 
 __all__ = ["FORMAT_VERSION", "StoredSubclass", "restore_stored", "spec_from_tree", "spec_tree"]
 
@@ -72,23 +73,19 @@ def spec_from_tree(tree: Tree, start: int = 0, attr: str | None = None) -> Layou
         case "tensor":
             return TensorSlot(start, attr)
         case _:
-            raise OpaqueSubclassError(
-                f"a saved subclass structure has an unknown node {tree[0]!r}: the archive was written by a "
-                "newer opaque-subclass. Fix: load it with the opaque-subclass release that saved it, or newer."
-            )
+            raise messages.tree_node_unknown(tree[0])
 
 
 class StoredSubclass(torch.Tensor):
-    """Placeholder for a subclass tensor with reference opaques inside a saved program.
+    """Placeholder for a subclass tensor with reference opaques inside a saved program,
+    made by :func:`restore_stored` only.
 
-    Parameters
+    Attributes
     ----------
-    tree, leaves, names
+    _tree, _leaves, _names
         The payload described in the module docstring.
-    path
+    _path
         The name of the tensor in the program (``"w"``), for messages.
-    size, stride, dtype, device, requires_grad
-        Those of the subclass instance it stands for.
     """
 
     _tree: Tree
@@ -97,29 +94,6 @@ class StoredSubclass(torch.Tensor):
     _path: str
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # torch's idiom; the stub types the unbound C function
-
-    @staticmethod
-    def __new__(
-        cls,
-        tree: Tree,
-        leaves: Sequence[Any],
-        names: Sequence[str],
-        *,
-        path: str,
-        size: Sequence[int],
-        stride: Sequence[int],
-        dtype: torch.dtype,
-        device: torch.device,
-        requires_grad: bool = False,
-    ) -> StoredSubclass:
-        t = torch.Tensor._make_wrapper_subclass(
-            cls, tuple(size), strides=tuple(stride), dtype=dtype, device=device, requires_grad=requires_grad
-        )
-        t._tree, t._leaves, t._names, t._path = tree, tuple(leaves), tuple(names), path
-        return t
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
 
     def __repr__(self) -> str:  # type: ignore[override]  # data-free on purpose
         return f"StoredSubclass({self._path!r}, {qualified_name(self.subclass_type)}, shape={tuple(self.shape)})"
@@ -169,14 +143,9 @@ class StoredSubclass(torch.Tensor):
         if func is torch.ops.aten.detach.default:  # nn.Parameter(placeholder) detaches
             return args[0].copy_like(requires_grad=False)
         stored = next(a for a in args if isinstance(a, StoredSubclass))
-        raise OpaqueSubclassError(
-            f"{func} was called on the saved placeholder of {qualified_name(stored.subclass_type)} at "
-            f"{stored._path!r}: this program was saved by opaque_subclass.export.save, which stores reference "
-            "opaques by name and never by value, and it was loaded without binding them. Fix: load it with "
-            f"`opaque_subclass.export.load(f, opaques={_binding(stored)})`, where f is the saved archive and "
-            f"{_variables(stored)} (opaque_subclass.export.read_manifest(f).opaques lists every name the "
-            "program needs)."
-        )
+        slots = iter_slots(spec_from_tree(stored._tree))
+        types = [slot.opaque_type for _, slot in slots if isinstance(slot, OpaqueSlot)]
+        raise messages.placeholder_used(func, stored.subclass_type, stored._path, stored._names, types)
 
 
 def restore_stored(
@@ -192,39 +161,17 @@ def restore_stored(
     requires_grad: bool,
     is_param: bool,
 ) -> torch.Tensor:
-    """Unpickle a :class:`StoredSubclass` (a parameter's as a ``torch.nn.Parameter``)."""
+    """Unpickle (or make) a :class:`StoredSubclass` with the size, stride, dtype, device and
+    ``requires_grad`` of the subclass instance it stands for (a parameter's as a ``torch.nn.Parameter``)."""
     if version > FORMAT_VERSION:
-        raise OpaqueSubclassError(
-            f"the saved subclass at {path!r} has payload format {version}; this opaque-subclass reads "
-            f"format {FORMAT_VERSION} and older. Fix: upgrade opaque-subclass to the release that saved it."
-        )
-    stored = StoredSubclass(
-        tree,
-        leaves,
-        names,
-        path=path,
-        size=size,
-        stride=stride,
+        raise messages.stored_format_newer(path, version, FORMAT_VERSION)
+    stored: StoredSubclass = torch.Tensor._make_wrapper_subclass(
+        StoredSubclass,
+        tuple(size),
+        strides=tuple(stride),
         dtype=dtype,
         device=torch.device(device),
         requires_grad=requires_grad and not is_param,
     )
+    stored._tree, stored._leaves, stored._names, stored._path = tree, tuple(leaves), tuple(names), path
     return torch.nn.Parameter(stored, requires_grad=requires_grad) if is_param else stored
-
-
-def _variable(name: str) -> str:
-    """A Python variable name for the object stored under ``name`` (``'w._mesh'`` -> ``mesh``)."""
-    last = name.rsplit(".", 1)[-1].strip("_[]'\"")
-    return last if last.isidentifier() else "obj"
-
-
-def _binding(stored: StoredSubclass) -> str:
-    """The ``opaques=`` mapping, as code, for the names ``stored`` needs."""
-    return "{" + ", ".join(f"{n!r}: {_variable(n)}" for n in stored._names) + "}"
-
-
-def _variables(stored: StoredSubclass) -> str:
-    """What each variable of :func:`_binding` must hold."""
-    types = [slot.opaque_type for _, slot in iter_slots(spec_from_tree(stored._tree)) if isinstance(slot, OpaqueSlot)]
-    parts = [f"{_variable(n)} is your {qualified_name(t)} for {n!r}" for n, t in zip(stored._names, types, strict=True)]
-    return ", ".join(parts) if parts else "opaques maps each saved name to your object"

@@ -38,16 +38,11 @@ from typing import IO, Any
 import torch
 from torch.utils import _pytree as pytree
 
-from opaque_subclass.core.errors import (
-    OpaqueSubclassError,
-    OpaqueTypeError,
-    OpaqueValueError,
-    describe_type,
-    qualified_name,
-)
+from opaque_subclass.core.errors import OpaqueSubclassError, OpaqueTypeError, qualified_name
 from opaque_subclass.core.flatten import flatten_subclass, is_wrapper_subclass
 from opaque_subclass.core.registry import OpaqueBase, opaque_kind, register_opaque
 from opaque_subclass.core.spec import OpaqueSlot, iter_slots
+from opaque_subclass.export import messages
 from opaque_subclass.export._constructions import decode, default_names, encode
 from opaque_subclass.export._stored import FORMAT_VERSION, StoredSubclass, restore_stored, spec_tree
 from opaque_subclass.export.manifest import MANIFEST_NAME, ConstructionRecord, ExportManifest, OpaqueRecord
@@ -100,15 +95,9 @@ class _Plan:
         self._user: dict[int, str] = {}
         for name, obj in user_names.items():
             if not isinstance(name, str) or not name:
-                raise OpaqueTypeError(
-                    f"opaque_subclass.export.save: opaque names must be non-empty strings, got {name!r}. "
-                    "Fix: opaques={'mesh': mesh}"
-                )
+                raise messages.name_not_a_string(name)
             if id(obj) in self._user:
-                raise OpaqueValueError(
-                    f"opaque_subclass.export.save: one {describe_type(obj)} is named both "
-                    f"{self._user[id(obj)]!r} and {name!r}. Fix: give each object one name."
-                )
+                raise messages.named_twice(obj, self._user[id(obj)], name)
             self._user[id(obj)] = name
         self._user_objects = dict(user_names)
         self.dropped_example_inputs = False
@@ -156,19 +145,10 @@ class _Plan:
         for found in self.found.values():
             other = by_name.setdefault(found.name, found)
             if other is not found:
-                raise OpaqueValueError(
-                    f"opaque_subclass.export.save: the name {found.name!r} would stand for two different objects "
-                    f"({describe_type(other.obj)} at {', '.join(other.sites)} and {describe_type(found.obj)} at "
-                    f"{', '.join(found.sites)}). Fix: name them apart, "
-                    f"opaque_subclass.export.save(ep, f, opaques={{'first': obj1, 'second': obj2}})."
-                )
+                raise messages.name_for_two_objects(found.name, other.obj, other.sites, found.obj, found.sites)
         unused = [name for name, obj in self._user_objects.items() if id(obj) not in self.found]
         if unused:
-            held = ", ".join(f"{f.name!r} ({describe_type(f.obj)})" for f in self.found.values()) or "none"
-            raise OpaqueValueError(
-                f"opaque_subclass.export.save: opaques={{...}} names {unused}, which the program does not hold "
-                f"(it holds: {held}). Fix: name only objects of the program, or drop those names."
-            )
+            raise messages.names_not_held(unused, [(f.name, f.obj) for f in self.found.values()])
 
         records = tuple(OpaqueRecord(f.name, qualified_name(type(f.obj)), tuple(f.sites)) for f in self.found.values())
         return ExportManifest(torch.__version__, LIBRARY_VERSION, records, self.dropped_example_inputs, constructions)
@@ -238,16 +218,10 @@ def save(
         Each name, its type and where the program holds it.
     """
     if not isinstance(ep, torch.export.ExportedProgram):
-        raise OpaqueTypeError(
-            f"opaque_subclass.export.save expects a torch.export.ExportedProgram, got {describe_type(ep)}. "
-            "Fix: opaque_subclass.export.save(torch.export.export(model, args), f)"
-        )
+        raise messages.not_an_exported_program(ep)
     files = dict(extra_files or {})
     if MANIFEST_NAME in files:
-        raise OpaqueValueError(
-            f"opaque_subclass.export.save: extra file name {MANIFEST_NAME!r} is reserved for the manifest. "
-            "Fix: rename that extra file."
-        )
+        raise messages.extra_file_reserved(MANIFEST_NAME)
     plan = _Plan(opaques or {})
     stripped, constructions = _strip(ep, plan)
     manifest = plan.manifest(constructions)
@@ -304,24 +278,9 @@ def _bind(manifest: ExportManifest, opaques: Mapping[str, object] | Resolver | N
             if opaque_kind(obj) is None:
                 register_opaque(type(obj), kind="reference")
         return objects
-    problems = []
-    if missing:
-        problems.append("no object for " + ", ".join(repr(r.name) for r in missing))
-    for record, obj in wrong:
-        if opaque_kind(obj) == "value":
-            problems.append(f"{record.name!r} is a {describe_type(obj)}, registered as a value opaque in this process")
-        else:
-            problems.append(f"{record.name!r} is a {describe_type(obj)}, not a {record.type_name}")
-    if unknown:
-        problems.append(f"names the program does not have: {', '.join(map(repr, unknown))}")
-    example = ", ".join(f"{r.name!r}: ..." for r in manifest.opaques)
-    message = (
-        f"opaque_subclass.export.load: {'; '.join(problems)}. The program in {source} holds reference opaques, "
-        f"which are saved by name and never by value; it needs:\n{manifest.describe()}\n"
-        f"Fix: pass this process's objects, opaque_subclass.export.load(f, opaques={{{example}}}), "
-        "or a resolver opaques=lambda name, cls: ... returning one for each name."
-    )
-    raise (OpaqueTypeError(message) if wrong and not missing else OpaqueBindingError(message))
+    given = [(record, obj, opaque_kind(obj) == "value") for record, obj in wrong]
+    error = OpaqueTypeError if wrong and not missing else OpaqueBindingError
+    raise messages.unbound(error, manifest, source, missing, given, unknown)
 
 
 _MISSING = object()
@@ -385,21 +344,14 @@ def load(
         except Exception:
             manifest = None
         if manifest is not None and manifest.torch_version != torch.__version__:
-            raise OpaqueSubclassError(
-                f"torch {torch.__version__} cannot load the program in {source}, saved with torch "
-                f"{manifest.torch_version} ({type(error).__name__}: {error}). Fix: load it with torch=="
-                f"{manifest.torch_version.split('+')[0]}, or export and save it again with this torch."
-            ) from error
+            raise messages.torch_cannot_load(source, manifest.torch_version, error) from error
         raise
     text = files.pop(MANIFEST_NAME)
     if extra_files is not None:
         extra_files.update(files)
     if not text:
         if opaques:
-            raise OpaqueBindingError(
-                f"opaque_subclass.export.load: the program in {source} was not saved by opaque_subclass.export.save "
-                f"and binds no opaques, but opaques={{...}} was given. Fix: load it without opaques=."
-            )
+            raise messages.opaques_for_plain_archive(OpaqueBindingError, source)
         return ep
     manifest = ExportManifest.from_json(text, source=source)
     objects = _bind(manifest, opaques, source)

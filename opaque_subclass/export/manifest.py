@@ -27,7 +27,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from opaque_subclass.core.errors import OpaqueSubclassError, OpaqueValueError, qualified_name
+from opaque_subclass.core.errors import OpaqueSubclassError, qualified_name
+from opaque_subclass.export import messages
 
 __all__ = ["MANIFEST_NAME", "ConstructionRecord", "ExportManifest", "OpaqueRecord", "import_qualified"]
 
@@ -157,12 +158,9 @@ class ExportManifest:
         try:
             data = json.loads(text)
             if data.get("format") != _FORMAT:
-                raise ValueError(f"format {data.get('format')!r}")
+                raise messages.manifest_format_unknown(data.get("format"))
             if int(data["version"]) > _VERSION:
-                raise OpaqueSubclassError(
-                    f"{source} was saved by a newer opaque-subclass (manifest version {data['version']}, this "
-                    f"release reads {_VERSION}). Fix: python -m pip install -U opaque-subclass"
-                )
+                raise messages.manifest_newer(source, data["version"], _VERSION)
             records = tuple(OpaqueRecord(str(o["name"]), str(o["type"]), tuple(o["sites"])) for o in data["opaques"])
             constructions = tuple(ConstructionRecord.from_json(c) for c in data.get("constructions", ()))
             return cls(
@@ -175,10 +173,7 @@ class ExportManifest:
         except OpaqueSubclassError:
             raise
         except (ValueError, KeyError, TypeError) as e:
-            raise OpaqueValueError(
-                f"{source} has an extra file {MANIFEST_NAME!r} that is not an opaque-subclass manifest ({e}). "
-                "Fix: load it with torch.export.load, or re-save the program with opaque_subclass.export.save."
-            ) from None
+            raise messages.not_a_manifest(source, MANIFEST_NAME, e) from None
 
     def describe(self) -> str:
         """One line per name: ``'w._mesh' (torch...DeviceMesh) at state_dict['w']._mesh``."""

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._library.fake_class_registry import FakeScriptObject
 
 from opaque_subclass.core.recorder import RECORDER
 from opaque_subclass.fixes.autograd_cache import sharing_across_ranks
@@ -132,30 +133,12 @@ def _watched(value: Any, name: str, on_use: Callable[[], None]) -> Any:
     return value
 
 
-#: torch's ``FakeScriptObject.__getattribute__`` (or another package's), set by
-#: :func:`make_fake_object_getattribute`. A global, not a closure: Dynamo inlines
-#: the replacement and can guard a global, not a closure read through ``object``.
-_TORCH_GETATTRIBUTE: Callable[..., Any] = object.__getattribute__
-
-
-def _fake_object_getattribute(self: Any, name: str) -> Any:
-    """torch's ``FakeScriptObject.__getattribute__``, recording reads below
-    Dynamo (:func:`reads_of`). A Python function like torch's, so Dynamo
-    inlines it as stock (2.12 names the input ``object_getattribute_L_..._``);
-    under Dynamo it is torch's alone (Dynamo guards the value)."""
-    if torch.compiler.is_dynamo_compiling():
-        return _TORCH_GETATTRIBUTE(self, name)
-    value = _TORCH_GETATTRIBUTE(self, name)
-    if name in _OWN:
-        return value
-    context = RECORDER.compilation()
-    if context is None:
-        return value
-    real = object.__getattribute__(self, "real_obj")
-    RECORDER.add("below_dynamo_reads", context, (id(real), type(real), name))
-    if name in POSITION_MEMBERS and sharing_across_ranks():
-        return _watched(value, name, functools.partial(_note_use, context, real, name))
-    return value
+#: The function at torch's ``FakeScriptObject.__getattribute__`` when this module is
+#: imported (torch's, or that of a package imported before the library), which the
+#: replacement is built over: what it calls under Dynamo, which inlines the replacement
+#: and guards a global it reads (a closure cell, read through the real object's
+#: ``__getattribute__``, has no source a guard can evaluate).
+_TORCH_GETATTRIBUTE: Callable[..., Any] = vars(FakeScriptObject).get("__getattribute__", object.__getattribute__)
 
 
 @composes
@@ -169,8 +152,27 @@ def make_fake_object_getattribute(original: Callable[..., Any]) -> Any:
     unchanged and each member it answers while compiling is recorded
     (:func:`reads_of`); graphs and guards stay stock torch's, input names included.
     """
-    global _TORCH_GETATTRIBUTE
-    _TORCH_GETATTRIBUTE = original
+
+    def _fake_object_getattribute(self: Any, name: str) -> Any:
+        """``original``, recording reads below Dynamo (:func:`reads_of`). A Python function
+        like torch's, so Dynamo inlines it as stock (2.12 names the input
+        ``object_getattribute_L_..._``); under Dynamo it is :data:`_TORCH_GETATTRIBUTE`
+        alone (Dynamo guards the value), which ``original`` is unless a package replaced
+        torch's method after this module was imported."""
+        if torch.compiler.is_dynamo_compiling():
+            return _TORCH_GETATTRIBUTE(self, name)
+        value = original(self, name)
+        if name in _OWN:
+            return value
+        context = RECORDER.compilation()
+        if context is None:
+            return value
+        real = object.__getattribute__(self, "real_obj")
+        RECORDER.add("below_dynamo_reads", context, (id(real), type(real), name))
+        if name in POSITION_MEMBERS and sharing_across_ranks():
+            return _watched(value, name, functools.partial(_note_use, context, real, name))
+        return value
+
     return _fake_object_getattribute
 
 

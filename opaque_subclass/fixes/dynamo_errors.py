@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opaque_subclass.core.errors import OpaqueSubclassError
+from opaque_subclass.fixes import messages
 from opaque_subclass.patching import composes
 
 __all__ = ["make_compile", "ours_under"]
@@ -28,8 +29,6 @@ __all__ = ["make_compile", "ours_under"]
 #: How many wrappers deep to look (torch 2.15 puts five between ``TorchRuntimeError``
 #: and an error raised in ``__torch_dispatch__``).
 _MAX_DEPTH = 12
-
-_NOTE = "torch.compile raised it while tracing this user code:\n"
 
 #: The start of the ``RuntimeError`` Dynamo's ``run_node`` (``torch._dynamo.utils``) raises
 #: from an operation failing on fake tensors (torch 2.11 - 2.15).
@@ -94,7 +93,7 @@ def _note_user_code(ours: BaseException, wrapper: BaseException) -> None:
         frames = "".join(traceback.format_list(stack)).rstrip("\n")
     except Exception:  # a note must never hide the error
         return
-    note = _NOTE + frames
+    note = messages.user_code_note(frames)
     add_note = getattr(ours, "add_note", None)  # Python 3.11+; 3.10 exceptions carry no notes
     if add_note is not None and note not in getattr(ours, "__notes__", ()):
         add_note(note)

@@ -35,16 +35,17 @@ nothing in what Dynamo traces or guards.
 
 from __future__ import annotations
 
-import functools
 import linecache
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from opaque_subclass.core.checks import source_name
-from opaque_subclass.core.errors import OpaqueMemberError, import_fix, qualified_name
 from opaque_subclass.core.recorder import RECORDER
 from opaque_subclass.core.registry import Member, is_opaque, opaque_kind, real_object
+from opaque_subclass.fixes import messages
+from opaque_subclass.fixes.messages import TORCH_SENTENCE as TORCH_SENTENCE
+from opaque_subclass.fixes.messages import undeclared_member_error as undeclared_member_error
 from opaque_subclass.patching import composes
 
 __all__ = [
@@ -142,25 +143,6 @@ def _real(variable: Any) -> object | None:
     return None if value is None else real_object(value)
 
 
-#: How torch's ``UnsafeScriptObjectError`` starts here (2.12 - 2.15); ours starts so too.
-TORCH_SENTENCE = "Attempted to access unregistered member on an OpaqueObject"
-
-
-@functools.cache
-def undeclared_member_error() -> type[OpaqueMemberError]:
-    """The error class for an undeclared member in compiled code, both
-    ``OpaqueMemberError`` and torch's ``UnsafeScriptObjectError``; made on
-    first use (Dynamo is imported late)."""
-    from torch._dynamo.exc import UnsafeScriptObjectError
-
-    class UndeclaredMemberError(OpaqueMemberError, UnsafeScriptObjectError):
-        """An undeclared opaque member used in compiled code (printed as ``OpaqueMemberError``)."""
-
-    UndeclaredMemberError.__module__ = OpaqueMemberError.__module__
-    UndeclaredMemberError.__name__ = UndeclaredMemberError.__qualname__ = OpaqueMemberError.__name__
-    return UndeclaredMemberError
-
-
 def check_declared(variable: Any, tx: Any, name: str) -> None:
     """Raise when compiled code uses an existing but undeclared member of a reference opaque."""
     if name.startswith("__"):
@@ -170,34 +152,9 @@ def check_declared(variable: Any, tx: Any, name: str) -> None:
         return
     if not hasattr(obj, name):
         return
-    cls = type(obj)
-    path = source_name(variable.source) if variable.source is not None else "an opaque made in the graph"
+    path = source_name(variable.source) if variable.source is not None else None
     method = callable(getattr(obj, name))
-    how = (
-        " (USE_REAL calls it on the real object while tracing and guards the result compiled in; "
-        "Member.INLINED traces the call instead)"
-        if method
-        else " (USE_REAL reads it while tracing and guards the value compiled in)"
-    )
-    if cls.__module__.split(".")[0] == "torch":
-        fix = (
-            f"torch registers {cls.__qualname__} itself and its registration cannot be changed: read "
-            f"{name!r} outside the compiled function and pass the value in as an argument."
-        )
-    else:
-        fix = (
-            "declare it where the class is registered (the first registration), "
-            + import_fix(
-                cls,
-                f'opaque_subclass.register_opaque({{cls}}, members={{{{"{name}": opaque_subclass.Member.USE_REAL}}}})',
-            )
-            + how
-        )
-    raise undeclared_member_error()(
-        f"{TORCH_SENTENCE}: compiled code uses {name!r} of {qualified_name(cls)} (at {path}.{name}, {user_line(tx)}), a member "
-        f"its opaque registration does not declare, so torch.compile does not know whether to evaluate it "
-        f"on the real object or trace it. Fix: {fix}"
-    )
+    raise messages.undeclared_member(type(obj), name, path, user_line(tx), method)
 
 
 def note_subclass_made_opaque(node: object, attr: str) -> None:
@@ -228,16 +185,7 @@ def check_subclass_made_opaque(variable: Any, tx: Any, name: str) -> None:
     member = _member_type(type(obj), name)
     if member is None:
         return  # undeclared: check_declared's error
-    cls = type(obj)
-    use = f"x.{attr}[...]" if name == "__getitem__" else f"x.{attr}.{name}"
-    how = "read on the real object and guarded" if member == Member.USE_REAL else "traced"
-    raise OpaqueMemberError(
-        f"compiled code uses {name!r} ({member.name}) of {qualified_name(cls)} read from attribute {attr!r} of a "
-        f"tensor subclass computed inside the compiled function ({user_line(tx)}). torch 2.11 has no source "
-        f"for such an opaque: a USE_REAL member would be compiled in unguarded (the first call's value for every "
-        f"call) and an INLINED one cannot be traced. Fix: use the member of the input's attribute instead "
-        f"({use}, {how}), or pass the value in as an argument."
-    )
+    raise messages.subclass_made_opaque(type(obj), name, member, attr, user_line(tx))
 
 
 def member_guard_text(path: str, name: str, args: Iterable[object], kwargs: Mapping[str, object], value: object) -> str:

@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
-from opaque_subclass.core.errors import OpaqueSubclassError, qualified_name, subject, submodule_expression
+from opaque_subclass.core.errors import OpaqueSubclassError
 from opaque_subclass.core.registry import stored_opaque_leaves
 from opaque_subclass.core.spec import OpaqueSlot, SubclassLayout, iter_slots
+from opaque_subclass.fixes import messages
 from opaque_subclass.fixes.tangent_attributes import opaque_slot_types
 from opaque_subclass.patching import composes
 
@@ -98,24 +99,8 @@ def _deleted_leaf_error(plist: Any, missing: list[int]) -> OpaqueSubclassError |
     if not any(i in opaques for i in missing) and not stored_opaque_leaves(plist):
         return None
     i = next((i for i in missing if i in opaques), missing[0])
-    leaf = f"original{i}"
     path, cls, owner = opaques.get(i, (None, None, None))
-    if isinstance(full, str) and full:
-        holder, _, attr = full.rpartition(".")
-        where = f"{submodule_expression(holder)}.parametrizations.{attr}"
-        module = "the module unwrap_subclass_parameters was called on"
-    else:
-        where = f"module.parametrizations.{name}" if name else "module.parametrizations[name]"
-        module = "the module holding the parametrized tensor" + ("" if name else ", name: its name")
-    held = f"a {qualified_name(cls)} (a reference opaque)" if cls is not None else "the reference opaque stored there"
-    about = f"the parametrization rebuilding {subject(owner)}" if owner is not None else "a parametrization"
-    of = f", the opaque the subclass holds at {path}" if path is not None else ""
-    return OpaqueSubclassError(
-        f"{about}: {where}.{leaf}{of}, is missing (found: nothing; it was deleted), so the "
-        "parametrized tensor cannot be rebuilt. (torch would report the parametrized attribute itself as "
-        "missing, because the read fails inside its property.) "
-        f"Fix: store the opaque again, `{where}.{leaf} = value` (value: {held}; module: {module})."
-    )
+    return messages.deleted_leaf(f"original{i}", full if isinstance(full, str) else None, name, path, cls, owner)
 
 
 @composes
@@ -164,8 +149,7 @@ def _untraced_check() -> Callable[[Any], None]:
     failing read breaks the graph there and the error is raised by eager code."""
     return torch.compiler.disable(  # type: ignore[no-any-return,no-untyped-call]
         _raise_for_missing_leaf,
-        reason="a leaf of a parametrization is missing; the library names it in eager code "
-        "(opaque_subclass.fixes.parametrize_originals): call without fullgraph=True to read it",
+        reason=messages.MISSING_LEAF_REASON,
     )
 
 

@@ -27,9 +27,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from opaque_subclass.core.errors import OpaqueValueError, import_fix, subject
+from opaque_subclass.core.errors import OpaqueValueError
 from opaque_subclass.core.recorder import RECORDER
 from opaque_subclass.core.registry import is_torch_own_opaque_type, opaque_kind, real_object
+from opaque_subclass.fixes import messages
 from opaque_subclass.patching import composes
 
 __all__ = ["OpaqueCreatedWhileTracingError", "make_create_arg", "make_metaclass_call"]
@@ -97,20 +98,6 @@ def _reconstructible(cls: type) -> bool:
         return False
 
 
-def _message(obj: object) -> str:
-    cls = type(obj)
-    pass_in = import_fix(cls, 'opaque_subclass.register_opaque({cls}, kind="value")')
-    return (
-        f"a reference opaque {subject(cls)} was created while torch traced the program (in a tensor "
-        f"subclass's __torch_dispatch__, a fake kernel, or a forward under non-strict torch.export) and "
-        f"used by the graph: torch would compile "
-        f"that one object into the graph as a constant, shared by every call, where eager creates a new "
-        f"one per call (pytorch/pytorch#176044: silently wrong results). Fix: create it outside the "
-        f"compiled function and pass it in (an argument, or an attribute the subclass lists in "
-        f"__tensor_flatten__), or, if it never changes, register it as a value opaque: {pass_in}"
-    )
-
-
 @composes
 def make_create_arg(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replaces ``torch.fx.experimental.proxy_tensor.PythonKeyTracer.create_arg``
@@ -131,7 +118,7 @@ def make_create_arg(original: Callable[..., Any]) -> Callable[..., Any]:
             real = real_object(a)
             held = RECORDER.lookup("traced_objects", self, id(real))
             if held is not None and held() is real and not _reconstructible(type(real)):
-                raise OpaqueCreatedWhileTracingError(_message(real))
+                raise messages.created_while_tracing(OpaqueCreatedWhileTracingError, real)
         return original(self, a)
 
     return create_arg

@@ -54,6 +54,13 @@ class RegistryAPI:
         if set(self.kinds) != {"reference", "value"}:
             raise AssertionError(f"RegistryAPI.kinds must name both kinds, got {dict(self.kinds)}")
 
+    @classmethod
+    def named(cls, register: str, stem: str, *, reference: str, value: str) -> RegistryAPI:
+        """The API whose base class is ``torch._<stem>_base.<Stem>Base`` (metaclass
+        ``<Stem>BaseMeta``), as torch names them (``opaque``: ``OpaqueBase``)."""
+        base = stem.title().replace("_", "") + "Base"
+        return cls(register, {"reference": reference, "value": value}, f"torch._{stem}_base", base, base + "Meta")
+
     def torch_module(self) -> Any:
         """``torch._library.opaque_object``."""
         return importlib.import_module("torch._library.opaque_object")
@@ -116,22 +123,10 @@ class RegistryAPI:
 
 
 #: torch 2.11 - 2.13: ``register_opaque_type(cls, typ="reference" | "value")``.
-OPAQUE_OBJECT_API = RegistryAPI(
-    register="register_opaque_type",
-    kinds={"reference": "reference", "value": "value"},
-    base_module="torch._opaque_base",
-    base="OpaqueBase",
-    base_meta="OpaqueBaseMeta",
-)
+OPAQUE_OBJECT_API = RegistryAPI.named("register_opaque_type", "opaque", reference="reference", value="value")
 
 #: torch >= 2.14: ``register_custom_class(cls, typ="symbolic" | "constant")``.
-CUSTOM_CLASS_API = RegistryAPI(
-    register="register_custom_class",
-    kinds={"reference": "symbolic", "value": "constant"},
-    base_module="torch._custom_class_base",
-    base="CustomClassBase",
-    base_meta="CustomClassBaseMeta",
-)
+CUSTOM_CLASS_API = RegistryAPI.named("register_custom_class", "custom_class", reference="symbolic", value="constant")
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,42 +17,7 @@ from opaque_subclass.patching import Patch
 from opaque_subclass.releases.fix_table import fix_rows
 from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, Difference, ReleaseSupport
 from opaque_subclass.releases.shared import ATTRIBUTE_SOURCE_ENTRIES, ATTRIBUTE_SOURCE_TEXT, FOREIGN_ISINSTANCE
-
-#: The torch source files the fingerprints of this release's rows are read from, and their digests
-#: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
-SOURCES = (
-    # recorded on torch 2.11.0+cu130 by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "20563b20e78e852f"),
-    ("_dynamo/convert_frame.py", "83a2b7a0b709d79c"),
-    ("_dynamo/functional_export.py", "557d63f060bb5192"),
-    ("_dynamo/guards.py", "da50f73d94d9ef5f"),
-    ("_dynamo/variables/builder.py", "f9714c573735ac21"),
-    ("_dynamo/variables/builtin.py", "9ac22d634bb45205"),
-    ("_dynamo/variables/distributed.py", "979c7d560fbd250e"),
-    ("_dynamo/variables/script_object.py", "a10c6922918d5ce7"),
-    ("_dynamo/variables/tensor.py", "ac6ecfbfd22df849"),
-    ("_dynamo/variables/torch.py", "7721911c84f72513"),
-    ("_export/non_strict_utils.py", "f7e15e347cb59974"),
-    ("_export/passes/lift_constants_pass.py", "70a18458af22f644"),
-    ("_functorch/_aot_autograd/autograd_cache.py", "f9a60e7e8c6f85e7"),
-    ("_functorch/_aot_autograd/functional_utils.py", "914510caee608d02"),
-    ("_functorch/_aot_autograd/graph_capture_wrappers.py", "6d40cc277cf82544"),
-    ("_functorch/_aot_autograd/runtime_wrappers.py", "6101332cb8d6549c"),
-    ("_functorch/_aot_autograd/subclass_parametrization.py", "bf4b130207b18fe3"),
-    ("_functorch/_aot_autograd/subclass_utils.py", "c5cacbc8995b6d5c"),
-    ("_library/fake_class_registry.py", "544721a2f9e728db"),
-    ("_opaque_base.py", "33ed0b32c00622a9"),
-    ("_subclasses/fake_tensor.py", "8a0a123ea1f105c7"),
-    ("_subclasses/meta_utils.py", "df61ea372c75a0d4"),
-    ("distributed/_tools/common_utils.py", "5032b738e5757687"),
-    ("distributed/fsdp/_init_utils.py", "39f98b4109e16b7a"),
-    ("distributed/tensor/_api.py", "c5293f3738413ddc"),
-    ("export/pt2_archive/_package.py", "73c0db6e6976fb19"),
-    ("export/unflatten.py", "48c7cf23888cd8d9"),
-    ("fx/experimental/proxy_tensor.py", "0199b214d2324c8e"),
-    ("fx/experimental/symbolic_shapes.py", "33a4418b8192677a"),
-    ("nn/utils/parametrize.py", "9d8c2ac27d44a09e"),
-)
+from opaque_subclass.releases.sources import recorded_sources
 
 RELEASE = ReleaseSupport(
     (2, 11),
@@ -343,5 +308,5 @@ RELEASE = ReleaseSupport(
         ),
     ),
     limits=(FOREIGN_ISINSTANCE,),
-    sources=SOURCES,
+    sources=recorded_sources((2, 11)),  # digests of the torch files read: releases/sources.json
 )

@@ -16,30 +16,7 @@ from __future__ import annotations
 from opaque_subclass.releases.fix_table import fix_rows
 from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, Difference, ReleaseSupport
 from opaque_subclass.releases.shared import ATTRIBUTE_SOURCE_ENTRIES, ATTRIBUTE_SOURCE_TEXT, FOREIGN_ISINSTANCE
-
-#: The torch source files the fingerprints of this release's rows are read from, and their digests
-#: (ReleaseSupport.sources): unchanged files are hashed at import, not parsed.
-SOURCES = (
-    # recorded on torch 2.12.0+cu130 by tools/record_sources.py: do not edit by hand
-    ("<fingerprints>", "1e182dd2a9029599"),
-    ("_dynamo/convert_frame.py", "6ac6d2468a8471b1"),
-    ("_dynamo/guards.py", "82346f2141628052"),
-    ("_dynamo/variables/builder.py", "4078e9dd9b68e136"),
-    ("_dynamo/variables/script_object.py", "fb1c909fba18bd41"),
-    ("_dynamo/variables/tensor.py", "e73537540f5e52a8"),
-    ("_export/non_strict_utils.py", "a2b044daec08a3f3"),
-    ("_functorch/_aot_autograd/autograd_cache.py", "a2e517f85123a041"),
-    ("_functorch/_aot_autograd/runtime_wrappers.py", "b64a44fe5afc6b5e"),
-    ("_functorch/_aot_autograd/subclass_utils.py", "4870495de45b714f"),
-    ("_library/fake_class_registry.py", "4df93aef5bac991e"),
-    ("_opaque_base.py", "df542d181832f880"),
-    ("_subclasses/fake_tensor.py", "0e4139b0f63ee0a4"),
-    ("distributed/device_mesh.py", "cb5b063b6dc95ea9"),
-    ("export/pt2_archive/_package.py", "b306a564f3d37e53"),
-    ("export/unflatten.py", "2c8eb324ceb2a6c8"),
-    ("fx/experimental/proxy_tensor.py", "b5a4a7e22ff09bca"),
-    ("nn/utils/parametrize.py", "56a07942c8ee1125"),
-)
+from opaque_subclass.releases.sources import recorded_sources
 
 RELEASE = ReleaseSupport(
     (2, 12),
@@ -64,5 +41,5 @@ RELEASE = ReleaseSupport(
         "without an active exception', exit 134) after threads that compiled have exited, with or "
         "without the library (4 of 6 runs of a 3-thread program): compile from one long-lived thread",
     ),
-    sources=SOURCES,
+    sources=recorded_sources((2, 12)),  # digests of the torch files read: releases/sources.json
 )

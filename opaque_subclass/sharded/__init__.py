@@ -11,8 +11,6 @@ collective, or the first access to an op here, does.
 
 from __future__ import annotations
 
-from typing import Any
-
 from opaque_subclass.sharded import collectives as _collectives
 from opaque_subclass.sharded.collectives import CollectiveRecord, define_ops, record_collectives
 from opaque_subclass.sharded.plan import shard_module
@@ -30,8 +28,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # The collective ops are defined on first access (PEP 562), in collectives.
-    if name in _collectives._OP_NAMES:
-        return getattr(_collectives, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The collective ops are defined on first access (PEP 562), in collectives.
+__getattr__ = _collectives.reexporting(__name__)

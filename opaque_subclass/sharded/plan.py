@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from opaque_subclass.core.checks import require_module
+from opaque_subclass.sharded import messages
 from opaque_subclass.sharded.tensor import ShardedTensor
 
 if TYPE_CHECKING:
@@ -26,9 +27,7 @@ def shard_module(module: nn.Module, mesh: DeviceMesh, plan: Mapping[str, int | N
     names = dict(module.named_parameters())
     missing = sorted(set(plan) - set(names))
     if missing:
-        raise ValueError(
-            f"shard_module: the plan names {missing}, which are not parameters of {type(module).__qualname__}"
-        )
+        raise messages.plan_names_missing(missing, module)
     for name, dim in plan.items():
         value = names[name].detach()
         full = value.full_tensor() if isinstance(value, ShardedTensor) else value

@@ -60,7 +60,6 @@ op and the fix: ``x.redistribute(None)``, or ``@ShardedTensor.implements(op)``.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, cast
@@ -72,8 +71,8 @@ from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from opaque_subclass.authoring.base import OpaqueSubclass
 from opaque_subclass.authoring.dispatch import lookup
-from opaque_subclass.core.errors import OpaqueSubclassError, OpaqueTypeError, OpaqueValueError, describe_type, subject
 from opaque_subclass.core.registry import real_object
+from opaque_subclass.sharded import messages
 from opaque_subclass.sharded.collectives import CollectiveRecord, _ops, _resized, record_collectives
 
 from . import collectives as _collectives
@@ -87,15 +86,8 @@ __all__ = [  # noqa: F822 - the collective ops come from __getattr__
     "record_collectives",
 ]
 
-log = logging.getLogger(__name__)
-
-
-def __getattr__(name: str) -> Any:
-    # The collective ops are re-exported from opaque_subclass.sharded.collectives, where
-    # they are defined on first access (importing this module defines nothing).
-    if name in _collectives._OP_NAMES:
-        return getattr(_collectives, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The collective ops, re-exported: defined on first access (importing this module defines none).
+__getattr__ = _collectives.reexporting(__name__)
 
 
 aten = torch.ops.aten
@@ -105,10 +97,7 @@ aten = torch.ops.aten
 def _redistribute_op(x: torch.Tensor, shard_dim: Optional[int], num_shards: int) -> torch.Tensor:  # noqa: UP045 - custom_op schema inference wants Optional
     # Only reached for plain tensors; ShardedTensor handles it in its op table.
     if shard_dim is not None:
-        raise OpaqueTypeError(
-            f"redistribute(shard_dim={shard_dim}) got a plain tensor, which has no mesh. Fix: "
-            "shard it with ShardedTensor.from_full(tensor, mesh, shard_dim)."
-        )
+        raise messages.redistribute_plain(shard_dim)
     return x.clone()
 
 
@@ -149,6 +138,30 @@ def _dense_strides_like(size: Sequence[Any], like: Sequence[int]) -> tuple[Any, 
     return tuple(strides)
 
 
+class _FromLocal(torch.autograd.Function):
+    """ShardedTensor's construction from a shard that requires grad (applied as
+    :class:`OpaqueSubclass` applies its ``_from_inner_function``)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, cls: Any, others: dict[str, Any], outer_size: Any, outer_stride: Any, local: torch.Tensor
+    ) -> ShardedTensor:
+        mesh, dim = others["_mesh"], others["_shard_dim"]
+        out = ShardedTensor(local.detach(), mesh, dim, outer_size=outer_size, outer_stride=outer_stride)
+        ctx.mesh, ctx.dim, ctx.n = mesh, dim, _num_shards(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        if isinstance(grad, ShardedTensor):
+            if grad._shard_dim != ctx.dim:
+                grad = cast(ShardedTensor, _redistribute_op(grad, ctx.dim, ctx.n))
+            grad = grad._local
+        elif ctx.dim is not None:
+            grad = _ops().local_chunk(grad, ctx.mesh, ctx.dim, ctx.n)
+        return None, None, None, None, grad
+
+
 class ShardedTensor(OpaqueSubclass, register_opaques=True):
     """A shard of a global tensor on a 1-D ``DeviceMesh``; see Note [Sharding semantics].
 
@@ -179,59 +192,36 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
     _mesh: DeviceMesh
     _shard_dim: int | None
 
-    @staticmethod
-    def __new__(
-        cls,
-        *values: Any,
-        outer_size: Sequence[int] | None = None,
-        outer_stride: Sequence[int] | None = None,
-        requires_grad: bool = False,
-        _trusted: bool = False,
-        **named: Any,
-    ) -> ShardedTensor:
-        bound = cls._bind(values, named)
-        local, mesh, dim = bound["_local"], bound["_mesh"], bound["_shard_dim"]
-        _check_shard_dim(cls, local, dim)
-        if not _is_fake(mesh) and mesh.ndim != 1:
-            raise OpaqueValueError(
-                f"{subject(cls)}._mesh: a {mesh.ndim}-d DeviceMesh was given; ShardedTensor "
-                "shards over a 1-D mesh. Fix: pass a 1-D submesh, e.g. mesh['tp'] for a mesh with "
-                "mesh_dim_names=('dp', 'tp')."
-            )
-        if local.requires_grad and torch.is_grad_enabled() and not requires_grad and not _trusted:
-            # Differentiable construction (see OpaqueSubclass); the gradient is
-            # brought to this placement before its shard flows back to ``local``.
-            return cast(ShardedTensor, _FromLocal.apply(local, mesh, dim, outer_size, outer_stride))
-        if outer_size is None and dim is not None:
-            if _is_fake(mesh):
-                raise OpaqueSubclassError(
-                    f"{subject(cls)}: cannot compute the global size while tracing (the mesh "
-                    "is a fake). Fix: pass outer_size=, or build shards outside the compiled region."
-                )
-            outer_size = _resized(local, dim, local.shape[dim] * mesh.size())
-            outer_stride = _dense_strides_like(outer_size, local.stride())
-        return cast(
-            ShardedTensor,
-            OpaqueSubclass.__new__(
-                cls,
-                outer_size=outer_size,
-                outer_stride=outer_stride,
-                requires_grad=requires_grad,
-                _trusted=_trusted,
-                **bound,
-            ),
-        )
+    # Construction is OpaqueSubclass's, with the checks of a shard and its mesh, the
+    # global shape as the default outer shape, and a differentiable construction whose
+    # gradient is brought to this placement before its shard flows back to ``_local``.
+    _from_inner_function = _FromLocal
 
     @classmethod
-    def from_inner(
-        cls,
-        *values: Any,
-        outer_size: Sequence[int] | None = None,
-        outer_stride: Sequence[int] | None = None,
-        **named: Any,
-    ) -> Any:
+    def _bind(cls, values: tuple[Any, ...], named: dict[str, Any]) -> dict[str, Any]:
+        bound = super()._bind(values, named)
+        mesh = bound["_mesh"]
+        _check_shard_dim(cls, bound["_local"], bound["_shard_dim"])
+        if not _is_fake(mesh) and mesh.ndim != 1:
+            raise messages.mesh_not_1d(cls, mesh.ndim)
+        return bound
+
+    @classmethod
+    def _default_outer_shape(  # type: ignore[override]  # OpaqueSubclass declares the hook, None there
+        cls, bound: dict[str, Any], outer_stride: Sequence[int] | None
+    ) -> tuple[Any, Any]:
+        local, mesh, dim = bound["_local"], bound["_mesh"], bound["_shard_dim"]
+        if dim is None:
+            return None, outer_stride  # replicated: the shard's shape
+        if _is_fake(mesh):
+            raise messages.global_size_while_tracing(cls)
+        size = _resized(local, dim, local.shape[dim] * mesh.size())
+        return size, _dense_strides_like(size, local.stride())
+
+    @classmethod
+    def from_inner(cls, *values: Any, **options: Any) -> Any:
         """The constructor, differentiable with respect to ``_local`` (as the constructor is)."""
-        return cls(*values, outer_size=outer_size, outer_stride=outer_stride, **named)
+        return cls(*values, **options)
 
     # ------------------------------------------------------------ public helpers
 
@@ -249,11 +239,7 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
         _check_shard_dim(cls, full, shard_dim)
         n = mesh.size()
         if full.shape[shard_dim] % n != 0:
-            raise OpaqueValueError(
-                f"{subject(cls)}.from_full: size {full.shape[shard_dim]} of dim {shard_dim} "
-                f"does not split into {n} equal shards (the mesh has {n} ranks). Fix: pad dim "
-                f"{shard_dim} to a multiple of {n}, or shard another dim."
-            )
+            raise messages.from_full_not_divisible(cls, full.shape[shard_dim], shard_dim, n)
         return cls(_ops().local_chunk(full, mesh, shard_dim, n), mesh, shard_dim, requires_grad=requires_grad)
 
     @property
@@ -311,31 +297,7 @@ class ShardedTensor(OpaqueSubclass, register_opaques=True):
         mesh, dim, n = _common_placement(func, tree_flatten((args, kwargs))[0])
         if dim is None or torch.Tag.pointwise in func.tags or func.overloadpacket in _SHAPE_KEEPING:
             return _on_locals(func, args, kwargs, mesh, dim, n)
-        raise OpaqueSubclassError(
-            f"{subject(cls)} has no rule for {func} on a tensor sharded along dim {dim}. Fix: make it "
-            f"replicated first with x.redistribute(None), or register a rule with "
-            f"@ShardedTensor.implements(torch.ops.{func.namespace}.{func.__name__})."
-        )
-
-
-class _FromLocal(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any, local: torch.Tensor, mesh: DeviceMesh, dim: int | None, outer_size: Any, outer_stride: Any
-    ) -> ShardedTensor:
-        out = ShardedTensor(local.detach(), mesh, dim, outer_size=outer_size, outer_stride=outer_stride)
-        ctx.mesh, ctx.dim, ctx.n = mesh, dim, _num_shards(out)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        if isinstance(grad, ShardedTensor):
-            if grad._shard_dim != ctx.dim:
-                grad = cast(ShardedTensor, _redistribute_op(grad, ctx.dim, ctx.n))
-            grad = grad._local
-        elif ctx.dim is not None:
-            grad = _ops().local_chunk(grad, ctx.mesh, ctx.dim, ctx.n)
-        return grad, None, None, None, None
+        raise messages.no_rule(cls, func, dim)
 
 
 _SHAPE_KEEPING = frozenset(
@@ -361,24 +323,11 @@ def _check_shard_dim(cls: type, local: torch.Tensor, dim: object) -> None:
     if dim is None:
         return
     if not isinstance(dim, int) or isinstance(dim, bool):
-        raise OpaqueTypeError(
-            f"{subject(cls)}._shard_dim must be an int or None (replicated), got "
-            f"{describe_type(dim)}. Fix: pass the dim as an int, e.g. 0."
-        )
+        raise messages.shard_dim_not_int(cls, dim)
     if not 0 <= dim < local.dim():
-        fix = (
-            f"pass {dim % local.dim()}"
-            if local.dim() and -local.dim() <= dim < 0
-            else "pass a dim in range, or None for replicated"
-        )
-        raise OpaqueValueError(
-            f"{subject(cls)}._shard_dim is {dim}, outside [0, {local.dim()}) for a {local.dim()}-d shard. Fix: {fix}."
-        )
+        raise messages.shard_dim_out_of_range(cls, dim, local.dim())
     if local.shape[dim] == 0:
-        raise OpaqueValueError(
-            f"{subject(cls)}._local has size 0 along the shard dim {dim}; empty shards are not "
-            "supported. Fix: shard a dim whose size is at least the mesh size."
-        )
+        raise messages.empty_shard(cls, dim)
 
 
 def _num_shards(x: ShardedTensor) -> int:  # a SymInt while tracing, typed int as torch.Size's sizes are
@@ -410,11 +359,7 @@ def _common_mesh(func: Any, flat: Sequence[Any]) -> DeviceMesh:
         if mesh is None:
             mesh = t._mesh
         elif not _same_object(mesh, t._mesh):
-            raise OpaqueSubclassError(
-                f"ShardedTensor: {func} got arguments on different DeviceMesh objects; a collective "
-                "needs one process group. Fix: re-shard one onto the other's mesh, "
-                "ShardedTensor.from_full(x.full_tensor(), mesh, x.shard_dim)."
-            )
+            raise messages.different_meshes(func)
     return cast(DeviceMesh, mesh)  # or torch's fake wrapper of one, while tracing
 
 
@@ -432,11 +377,7 @@ def _common_placement(func: Any, flat: list[Any]) -> tuple[DeviceMesh, int | Non
             continue
         aligned = t._shard_dim + ndim - t.dim()
         if dim is not None and dim != aligned:
-            raise OpaqueSubclassError(
-                f"ShardedTensor: {func} got arguments sharded along different dims ({dim} and "
-                f"{aligned}, aligned as in broadcasting). Fix: bring one to the other's sharding, "
-                f"e.g. y.redistribute({dim - (ndim - t.dim())})."
-            )
+            raise messages.different_shard_dims(func, dim, aligned, dim - (ndim - t.dim()))
         dim, n = aligned, _num_shards(t)
     return mesh, dim, n
 
@@ -476,18 +417,9 @@ def _check_writes(func: Any, args: Sequence[Any], dim: int | None, ndim: int) ->
         if info is None or not info.is_write:
             continue
         own = _placement(arg)
-        if not isinstance(arg, ShardedTensor) or (None if own is None else own + ndim - arg.dim()) != dim:
-            result = "a replicated result" if dim is None else f"a result sharded along dim {dim}"
-            raise OpaqueSubclassError(
-                f"ShardedTensor: in-place {func} would write {result} into {schema_arg.name!r}, a "
-                f"{_describe(arg)}. Fix: use the out-of-place op and keep its result."
-            )
-
-
-def _describe(t: object) -> str:
-    if isinstance(t, ShardedTensor):
-        return "replicated ShardedTensor" if t._shard_dim is None else f"ShardedTensor sharded along dim {t._shard_dim}"
-    return "plain tensor" if isinstance(t, torch.Tensor) else describe_type(t)
+        sharded = isinstance(arg, ShardedTensor)
+        if not sharded or (None if own is None else own + ndim - arg.dim()) != dim:
+            raise messages.in_place_write(func, dim, schema_arg.name, arg, sharded)
 
 
 # ---------------------------------------------------------------- op table
@@ -566,10 +498,7 @@ def _expand(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x, size = args[0], list(args[1])
     d = x._shard_dim + len(size) - x.dim()
     if size[d] not in (-1, x.shape[x._shard_dim]):
-        raise OpaqueSubclassError(
-            f"ShardedTensor: {func} to {size} would expand the shard dim {x._shard_dim} of a tensor of "
-            f"shape {list(x.shape)}. Fix: call x.redistribute(None) first."
-        )
+        raise messages.expand_shard_dim(func, size, x._shard_dim, list(x.shape))
     size[d] = -1
     return _moved(func, args, kwargs, x, d, (size, *args[2:]))
 
@@ -587,10 +516,7 @@ def _view(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             local_size = list(size)
             local_size[j] = s // n
             return _moved(func, args, kwargs, x, j, (local_size,))
-    raise OpaqueSubclassError(
-        f"ShardedTensor: {func} from {list(x.shape)} to {size} splits or merges the shard dim {d}. "
-        "Fix: keep dim {d} whole in the new shape, or call x.redistribute(None) first."
-    )
+    raise messages.view_splits_shard_dim(func, list(x.shape), size, d)
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -40,12 +40,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from opaque_subclass.testing import warm
 from opaque_subclass.testing.workers import _load_target
 
 __all__ = ["JobReport", "RankReport", "simulate_job", "spread_ranks"]
+
+_N = TypeVar("_N", int, float)
 
 _ENTRY_MODULE = "opaque_subclass.testing._job_rank"
 _RESULT_MARK = "opaque-subclass-job-rank:"
@@ -78,6 +80,23 @@ class RankReport:
         )
 
 
+class _Summed(Generic[_N]):
+    """A :class:`JobReport` attribute: the :class:`RankReport` field of its name
+    summed over the sampled ranks."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, report: None, owner: type) -> _Summed[_N]: ...
+    @overload
+    def __get__(self, report: JobReport, owner: type) -> _N: ...
+    def __get__(self, report: JobReport | None, owner: type) -> _Summed[_N] | _N:
+        if report is None:
+            return self
+        return sum(getattr(r, self.name) for r in report.ranks)  # type: ignore[no-any-return]  # the fields are _N
+
+
 @dataclass(frozen=True)
 class JobReport:
     """The sampled ranks of one simulated job, in the order they ran."""
@@ -88,29 +107,12 @@ class JobReport:
     mesh_dim_names: tuple[str, ...] | None
     ranks: tuple[RankReport, ...] = field(default_factory=tuple)
 
-    @property
-    def compilations(self) -> int:
-        return sum(r.compilations for r in self.ranks)
-
-    @property
-    def aot_hits(self) -> int:
-        return sum(r.aot_hits for r in self.ranks)
-
-    @property
-    def aot_misses(self) -> int:
-        return sum(r.aot_misses for r in self.ranks)
-
-    @property
-    def aot_bypasses(self) -> int:
-        return sum(r.aot_bypasses for r in self.ranks)
-
-    @property
-    def fx_misses(self) -> int:
-        return sum(r.fx_misses for r in self.ranks)
-
-    @property
-    def compile_seconds(self) -> float:
-        return sum(r.compile_seconds for r in self.ranks)
+    compilations = _Summed[int]()
+    aot_hits = _Summed[int]()
+    aot_misses = _Summed[int]()
+    aot_bypasses = _Summed[int]()
+    fx_misses = _Summed[int]()
+    compile_seconds = _Summed[float]()
 
     def summary(self) -> str:
         """One line: the job's AOTAutograd cache outcome, summed over its sampled ranks."""
