@@ -193,7 +193,7 @@ def test_in_place_into_plain_tensor_is_an_error(mesh):
 
 def test_view_that_splits_the_shard_dim_is_an_error(mesh):
     x = ShardedTensor(torch.ones(2, 3), mesh, 0, outer_size=(4, 3))
-    with pytest.raises(OpaqueSubclassError, match="splits or merges the shard dim 0"):
+    with pytest.raises(OpaqueSubclassError, match=r"splits or merges the shard dim 0\. Fix: keep dim 0 whole"):
         x.view(12)
 
 

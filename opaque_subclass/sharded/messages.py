@@ -145,10 +145,9 @@ def expand_shard_dim(func: Any, size: list[Any], shard_dim: int, shape: list[Any
 
 
 def view_splits_shard_dim(func: Any, shape: list[Any], size: list[Any], dim: int) -> OpaqueSubclassError:
-    # "{d}" stands in the fix as written (the message as it has always read)
     return _sharded(
         f"{func} from {shape} to {size} splits or merges the shard dim {dim}. "
-        "Fix: keep dim {d} whole in the new shape, or call x.redistribute(None) first."
+        f"Fix: keep dim {dim} whole in the new shape, or call x.redistribute(None) first."
     )
 
 
