@@ -44,7 +44,7 @@ import contextlib
 import functools
 import hashlib
 import importlib
-import threading
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from opaque_subclass._version import __version__
 from opaque_subclass.core.errors import OpaqueSubclassError
 from opaque_subclass.core.recorder import RECORDER
-from opaque_subclass.core.registry import real_object, register_opaque
+from opaque_subclass.core.registry import real_object
 from opaque_subclass.sharded import messages
 from opaque_subclass.sharded.collectives import note_collective
 
@@ -146,9 +146,7 @@ def _make_fake(target: Any) -> Callable[..., Any]:
     return fake
 
 
-_OPS: dict[tuple[str, str], Any] = {}
-_LIBRARY: list[torch.library.Library] = []
-_OPS_LOCK = threading.Lock()
+_OPS_MODULE = "opaque_subclass.dtensor_ops"
 
 
 def _target(namespace: str, name: str) -> Any:
@@ -159,28 +157,16 @@ def _target(namespace: str, name: str) -> Any:
 
 
 def mesh_ops() -> dict[tuple[str, str], Any]:
-    """The library's op for each collective the pass replaces (defined on first use)."""
-    with _OPS_LOCK:
-        if _OPS:
-            return _OPS
-        register_opaque(DeviceMesh)  # 2.12+: torch's own registration; 2.11: the library's
-        mesh_type = _mesh_type_name()
-        if not _LIBRARY:
-            _LIBRARY.append(torch.library.Library(NAMESPACE, "FRAGMENT"))  # type: ignore[no-untyped-call]
-        lib = _LIBRARY[0]
-        ops: dict[tuple[str, str], Any] = {}
-        for (namespace, name), (leading, result) in _COLLECTIVES.items():
-            try:
-                target = _target(namespace, name)
-            except (AttributeError, RuntimeError):  # not in this torch build
-                continue
-            op_name = _op_name(namespace, name)
-            lib.define(f"{op_name}({leading}, {mesh_type} mesh, int mesh_dim) -> {result}")  # type: ignore[no-untyped-call]
-            lib.impl(op_name, _make_impl(target, f"{namespace}.{name}"), "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
-            torch.library.register_fake(f"{NAMESPACE}::{op_name}", _make_fake(target), lib=lib)
-            ops[(namespace, name)] = getattr(getattr(torch.ops, NAMESPACE), op_name).default
-        _OPS.update(ops)
-        return _OPS
+    """The library's op for each collective the pass replaces, defined on first use by
+    importing :mod:`opaque_subclass.dtensor_ops` (Python imports it once; a thread
+    importing it meanwhile waits for that import). Its ``OPS`` is bound last: a module
+    another thread is still importing has none yet."""
+    ops = getattr(sys.modules.get(_OPS_MODULE), "OPS", None)
+    if ops is None:
+        from opaque_subclass import dtensor_ops
+
+        ops = dtensor_ops.OPS
+    return ops
 
 
 def _group_names(mesh: DeviceMesh) -> list[str]:

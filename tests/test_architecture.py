@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "opaque_subclass.testing": 3,
     "opaque_subclass.sharded": 3,
     "opaque_subclass.dtensor": 3,
+    "opaque_subclass.dtensor_ops": 3,
     "opaque_subclass.activation": 3,
     "opaque_subclass": 4,  # the package itself: the public API
     "opaque_subclass.cli": 5,
@@ -137,6 +138,8 @@ LAZY_OK = {
     # importing the sharded tensor defines no custom op: the collective ops are defined by the
     # import of their module, on their first use (tests/test_import.py)
     ("opaque_subclass.sharded.collectives", "opaque_subclass.sharded.collective_ops"),
+    # likewise for the ops share_compiles puts in place of DTensor's collectives
+    ("opaque_subclass.dtensor", "opaque_subclass.dtensor_ops"),
 }
 
 

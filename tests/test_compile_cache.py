@@ -35,6 +35,9 @@ from opaque_subclass.releases import current
 from opaque_subclass.testing import warm
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# one worker runs the module: its children, one warm server per hash seed, start those servers once
+pytestmark = pytest.mark.xdist_group("compile_cache")
 CACHE_FIX = "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key"
 
 # One process: a call with shared meshes, then one with distinct meshes; prints

@@ -126,6 +126,21 @@ def test_exit_status_signals_timeouts_and_exceptions(interpreters, tmp_path):
     assert e.value.output == "started\n"
 
 
+def test_threads_share_one_server(interpreters):
+    results: list[int] = []
+
+    def start() -> None:
+        ran = interpreters.run([sys.executable, "-c", "import os; print(os.getppid())"], env=_env(), timeout=120)
+        results.append(int(ran.stdout))
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 4 and len(set(results)) == 1 and results[0] != os.getpid(), results
+
+
 def test_what_it_cannot_serve_starts_the_ordinary_way(interpreters):
     """Another value of a variable torch reads at import needs its own server: with
     the one server (max_servers=1) busy, the process starts the ordinary way; once
@@ -140,14 +155,23 @@ def test_what_it_cannot_serve_starts_the_ordinary_way(interpreters):
     finally:
         busy.kill()
         busy.wait(10)
+    builds = _builds(interpreters)
     ran = interpreters.run([sys.executable, "-c", "import os; print(os.getppid())"], env=other, timeout=120)
     assert int(ran.stdout) != os.getpid()  # the idle server made room for this environment's
+    # the servers share one cache directory: the ISA probe's builds are the first server's, not made again
+    assert builds and _builds(interpreters) == builds, (builds, _builds(interpreters))
     assert interpreters.popen([sys.executable, "-X", "dev", "-c", "pass"], env=_env()) is None  # an option
+
+
+def _builds(interpreters: WarmInterpreters) -> dict[str, int]:
+    """The shared libraries the servers built (inductor's vector-ISA probe), with their modification times."""
+    return {p.name: p.stat().st_mtime_ns for p in Path(interpreters._workdir.name, "servers-cache").rglob("*.so")}
 
 
 def test_the_launcher_forks_its_ranks_only_inside_it():
     target = f"{ROOT / 'tests' / 'test_warm.py'}:_parent_and_modules"
-    with WarmInterpreters(max_servers=1):  # its own: the session's may serve other environments already
+    # its own (the session's may serve other environments already), preloading what the ranks look for
+    with WarmInterpreters(preload=("torch", "torch._inductor.compile_fx"), max_servers=1):
         served = run_local_workers(target, 2, timeout=300)
     # outside every WarmInterpreters (this session's too, tests/conftest.py): an empty context
     cold = contextvars.Context().run(run_local_workers, target, 2, timeout=300)
@@ -157,18 +181,3 @@ def test_the_launcher_forks_its_ranks_only_inside_it():
 
 def _parent_and_modules(rank: int, world_size: int, payload: dict) -> dict:
     return {"parent": os.getppid(), "torch_before_target": "torch._inductor.compile_fx" in sys.modules}
-
-
-def test_threads_share_one_server(interpreters):
-    results: list[int] = []
-
-    def start() -> None:
-        ran = interpreters.run([sys.executable, "-c", "import os; print(os.getppid())"], env=_env(), timeout=120)
-        results.append(int(ran.stdout))
-
-    threads = [threading.Thread(target=start) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(results) == 4 and len(set(results)) == 1 and results[0] != os.getpid(), results
