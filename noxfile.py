@@ -111,10 +111,12 @@ _PIP_ENV = {"PIP_CONSTRAINT": "/dev/null"}
 def _install_torch(session: nox.Session, version: str) -> None:
     """Install ``torch==version`` before anything else, retrying on failure.
 
-    A no-op (no network) when a reused virtualenv already has that version.
+    Nothing (not even pip) when a reused virtualenv already has that version.
     pip's output is shown (``silent=False``): a first install downloads
     gigabytes, and a silent one looks like a hang.
     """
+    if _installed_torch(session) == version:
+        return
     for attempt in range(1, _INSTALL_ATTEMPTS + 1):
         try:
             session.install(f"torch=={version}", env=_PIP_ENV, silent=False)
@@ -123,6 +125,19 @@ def _install_torch(session: nox.Session, version: str) -> None:
             if attempt == _INSTALL_ATTEMPTS:
                 session.error(f"pip could not install torch=={version} after {attempt} attempts")
             session.warn(f"installing torch=={version} failed (attempt {attempt}); retrying")
+
+
+# What the virtualenv has, read from the installed package's metadata (torch is not imported).
+_TORCH_METADATA = (
+    "import importlib.metadata as m; d = next(iter(m.distributions(name='torch')), None); "
+    "print(d.version.split('+')[0] if d else '')"
+)
+
+
+def _installed_torch(session: nox.Session) -> str:
+    """The torch release in the session's virtualenv (``2.13.0`` for ``2.13.0+cpu``), or ``""``."""
+    out = session.run("python", "-c", _TORCH_METADATA, silent=True)
+    return out.strip() if isinstance(out, str) else ""
 
 
 def _install_project(session: nox.Session, torch_version: str, extra: str = "test") -> None:
@@ -149,10 +164,10 @@ def tests(session: nox.Session, torch: str) -> None:
     """Self-check and test suite on one torch version."""
     _install_torch(session, torch)
     _install_project(session, torch)
-    session.run("python", "-c", "import torch; print('torch', torch.__version__)")
-    # The self-check's checks; its demo (2 gloo ranks training under torch.compile) runs in the
-    # suite below, as tests/test_demo.py and under torchrun (tests/test_torchrun.py): run here too,
-    # it cost each leg about 25 s more for nothing the suite does not check.
+    # The self-check prints the torch release first, then its checks; its demo (2 gloo ranks
+    # training under torch.compile) runs in the suite below, as tests/test_demo.py and under
+    # torchrun (tests/test_torchrun.py): run here too, it cost each leg about 25 s more for
+    # nothing the suite does not check.
     with _fresh_inductor_cache() as env:
         session.run("python", "-m", "opaque_subclass", "--no-demo", env=env)
     # -v: one line per test as it finishes (the default prints a dot per test,

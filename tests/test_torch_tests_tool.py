@@ -77,3 +77,12 @@ def test_the_tool_has_its_usage(argv, capsys):
         _tool().main(argv)
     assert stop.value.code == 0
     assert "torch's own tests" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_failures_that_differ_only_in_object_addresses_are_alike():
+    tool = _tool()
+    stock = tool.Run("stock", {"T.a": tool.Outcome("failed", "AssertionError: <Counter object at 0x7f7d41e41550>")})
+    same = tool.Run("library", {"T.a": tool.Outcome("failed", "AssertionError: <Counter object at 0x7fcaac444a90>")})
+    other = tool.Run("library", {"T.a": tool.Outcome("failed", "AssertionError: <Queue object at 0x7fcaac444a90>")})
+    assert tool.compare(stock, same)["failing_differently"] == []
+    assert tool.compare(stock, other)["failing_differently"] == ["T.a"]
