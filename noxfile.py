@@ -174,9 +174,10 @@ def tests(session: nox.Session, torch: str) -> None:
     # and one long file can go minutes without a new line); the summary line
     # "N passed ... in X.XXs" is the same. Arguments after -- come after it
     # (-q there gives the default dots back; -n 0 runs in this process). Any
-    # non-zero exit fails the session, including 5 (no tests collected).
+    # non-zero exit fails the session, including 5 (no tests collected). --durations: the 20
+    # slowest tests of the leg, where its time goes (CI's budget is shared by five legs).
     with _fresh_inductor_cache() as env:
-        session.run("python", "-m", "pytest", "-v", *_workers(), *session.posargs, env=env)
+        session.run("python", "-m", "pytest", "-v", "--durations=20", *_workers(), *session.posargs, env=env)
 
 
 def _workers() -> list[str]:

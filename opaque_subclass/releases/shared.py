@@ -1,8 +1,12 @@
-"""Texts of the release table that several releases share."""
+"""What rows of the release table share: texts, and the shape of a native release's row."""
 
 from __future__ import annotations
 
-__all__ = ["ATTRIBUTE_SOURCE_ENTRIES", "ATTRIBUTE_SOURCE_TEXT", "FOREIGN_ISINSTANCE"]
+from opaque_subclass.releases.fix_table import fix_rows
+from opaque_subclass.releases.schema import Difference, RegistryAPI, ReleaseSupport
+from opaque_subclass.releases.sources import recorded_sources
+
+__all__ = ["ATTRIBUTE_SOURCE_ENTRIES", "ATTRIBUTE_SOURCE_TEXT", "FOREIGN_ISINSTANCE", "native_release"]
 
 #: A limit of every supported release.
 FOREIGN_ISINSTANCE = (
@@ -24,3 +28,25 @@ ATTRIBUTE_SOURCE_ENTRIES = (
     "torch-parity/graph-inputs-of-an-opaque-attribute",
     "torch-parity/graph-inputs-of-a-list-of-opaques-attribute",
 )
+
+
+def native_release(
+    release: tuple[int, int],
+    registry: RegistryAPI,
+    *,
+    differences: tuple[Difference, ...] = (),
+    limits: tuple[str, ...] = (),
+) -> ReleaseSupport:
+    """The row of a release with opaque attributes of its own (2.12 and newer): the fixes of
+    the table that apply to it (``releases/fix_table.py``), the digests of the torch files
+    their fingerprints are read from (``releases/sources.json``), and its own differences and
+    limits after :data:`FOREIGN_ISINSTANCE`."""
+    return ReleaseSupport(
+        release,
+        "native",
+        registry,
+        fixes=fix_rows(release),
+        differences=differences,
+        limits=(FOREIGN_ISINSTANCE, *limits),
+        sources=recorded_sources(release),
+    )

@@ -13,16 +13,12 @@ What a row is, and how the set is applied: :mod:`opaque_subclass.releases`.
 
 from __future__ import annotations
 
-from opaque_subclass.releases.fix_table import fix_rows
-from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, Difference, ReleaseSupport
-from opaque_subclass.releases.shared import ATTRIBUTE_SOURCE_ENTRIES, ATTRIBUTE_SOURCE_TEXT, FOREIGN_ISINSTANCE
-from opaque_subclass.releases.sources import recorded_sources
+from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, Difference
+from opaque_subclass.releases.shared import ATTRIBUTE_SOURCE_ENTRIES, ATTRIBUTE_SOURCE_TEXT, native_release
 
-RELEASE = ReleaseSupport(
+RELEASE = native_release(
     (2, 12),
-    "native",
     OPAQUE_OBJECT_API,
-    fixes=fix_rows((2, 12)),  # the table of fixes shared by releases: releases/fix_table.py
     differences=(
         Difference(ATTRIBUTE_SOURCE_TEXT, ATTRIBUTE_SOURCE_ENTRIES),
         Difference(
@@ -36,10 +32,8 @@ RELEASE = ReleaseSupport(
         ),
     ),
     limits=(
-        FOREIGN_ISINSTANCE,
         "torch 2.12's CUDA build without a GPU may abort at interpreter exit ('terminate called "
         "without an active exception', exit 134) after threads that compiled have exited, with or "
         "without the library (4 of 6 runs of a 3-thread program): compile from one long-lived thread",
     ),
-    sources=recorded_sources((2, 12)),  # digests of the torch files read: releases/sources.json
 )

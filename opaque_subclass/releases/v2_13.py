@@ -9,16 +9,7 @@ What a row is, and how the set is applied: :mod:`opaque_subclass.releases`.
 
 from __future__ import annotations
 
-from opaque_subclass.releases.fix_table import fix_rows
-from opaque_subclass.releases.schema import OPAQUE_OBJECT_API, ReleaseSupport
-from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
-from opaque_subclass.releases.sources import recorded_sources
+from opaque_subclass.releases.schema import OPAQUE_OBJECT_API
+from opaque_subclass.releases.shared import native_release
 
-RELEASE = ReleaseSupport(
-    (2, 13),
-    "native",
-    OPAQUE_OBJECT_API,
-    fixes=fix_rows((2, 13)),  # the table of fixes shared by releases: releases/fix_table.py
-    limits=(FOREIGN_ISINSTANCE,),
-    sources=recorded_sources((2, 13)),  # digests of the torch files read: releases/sources.json
-)
+RELEASE = native_release((2, 13), OPAQUE_OBJECT_API)

@@ -13,16 +13,7 @@ What a row is, and how the set is applied: :mod:`opaque_subclass.releases`.
 
 from __future__ import annotations
 
-from opaque_subclass.releases.fix_table import fix_rows
-from opaque_subclass.releases.schema import CUSTOM_CLASS_API, ReleaseSupport
-from opaque_subclass.releases.shared import FOREIGN_ISINSTANCE
-from opaque_subclass.releases.sources import recorded_sources
+from opaque_subclass.releases.schema import CUSTOM_CLASS_API
+from opaque_subclass.releases.shared import native_release
 
-RELEASE = ReleaseSupport(
-    (2, 14),
-    "native",
-    CUSTOM_CLASS_API,
-    fixes=fix_rows((2, 14)),  # the table of fixes shared by releases: releases/fix_table.py
-    limits=(FOREIGN_ISINSTANCE,),
-    sources=recorded_sources((2, 14)),  # digests of the torch files read: releases/sources.json
-)
+RELEASE = native_release((2, 14), CUSTOM_CLASS_API)
