@@ -43,9 +43,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import importlib
-import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +57,6 @@ from opaque_subclass.core.errors import OpaqueSubclassError
 from opaque_subclass.core.recorder import RECORDER
 from opaque_subclass.core.registry import real_object
 from opaque_subclass.sharded import messages
-from opaque_subclass.sharded.collectives import note_collective
 
 __all__ = [
     "MeshGroupPass",
@@ -109,64 +106,13 @@ def _op_name(namespace: str, name: str) -> str:
     return f"mesh_{name}" if namespace == "_c10d_functional" else f"mesh_{namespace.strip('_')}_{name}"
 
 
-def _mesh_type_name() -> str:
-    """How torch's schemas spell ``DeviceMesh`` (a registered opaque type)."""
-
-    def probe(mesh: DeviceMesh) -> None:
-        pass
-
-    schema = torch.library.infer_schema(probe, mutates_args=())
-    return schema[1 : schema.index(" mesh")]
-
-
-def _wait(result: Any) -> Any:
-    wait = torch.ops._c10d_functional.wait_tensor
-    if isinstance(result, torch.Tensor):
-        return wait(result)
-    return [wait(t) for t in result]
-
-
-def _make_impl(target: Any, name: str) -> Callable[..., Any]:
-    def impl(*args: Any) -> Any:
-        mesh, mesh_dim = args[-2], args[-1]
-        group = mesh.get_group(mesh_dim)
-        note_collective(name, group, mesh)
-        return _wait(target(*args[:-2], group.group_name))
-
-    return impl
-
-
-def _make_fake(target: Any) -> Callable[..., Any]:
-    def fake(*args: Any) -> Any:
-        mesh = real_object(args[-2])
-        if not isinstance(mesh, DeviceMesh):  # a mesh made up by a tracer: shapes need no group
-            return target(*args[:-2], "0")
-        return target(*args[:-2], mesh.get_group(args[-1]).group_name)
-
-    return fake
-
-
-_OPS_MODULE = "opaque_subclass.dtensor_ops"
-
-
-def _target(namespace: str, name: str) -> Any:
-    if namespace == "_dtensor":
-        importlib.import_module("torch.distributed.tensor._collective_utils")  # defines torch.ops._dtensor
-
-    return getattr(getattr(torch.ops, namespace), name).default
-
-
 def mesh_ops() -> dict[tuple[str, str], Any]:
     """The library's op for each collective the pass replaces, defined on first use by
-    importing :mod:`opaque_subclass.dtensor_ops` (Python imports it once; a thread
-    importing it meanwhile waits for that import). Its ``OPS`` is bound last: a module
-    another thread is still importing has none yet."""
-    ops = getattr(sys.modules.get(_OPS_MODULE), "OPS", None)
-    if ops is None:
-        from opaque_subclass import dtensor_ops
+    importing :mod:`opaque_subclass.dtensor_ops` (Python imports it once; a thread that
+    asks while another imports it waits for that import)."""
+    from opaque_subclass import dtensor_ops
 
-        ops = dtensor_ops.OPS
-    return ops
+    return dtensor_ops.OPS
 
 
 def _group_names(mesh: DeviceMesh) -> list[str]:
@@ -184,9 +130,11 @@ def _group_ranks(name: str) -> str:
 
 @functools.cache
 def _own_uuid() -> str:
-    """This module's name, the library's version and a digest of this file:
-    read once, though the cache keys of every compilation ask for it."""
-    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    """This module's name, the library's version and a digest of this file and of
+    dtensor_ops.py (the ops the pass puts in graphs): read once, though the cache keys
+    of every compilation ask for it."""
+    here = Path(__file__)
+    digest = hashlib.sha256(here.read_bytes() + here.with_name("dtensor_ops.py").read_bytes()).hexdigest()[:16]
     return f"{__name__}:{__version__}:{digest}"
 
 

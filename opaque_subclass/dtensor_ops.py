@@ -8,15 +8,63 @@ opaque first where torch has not (torch 2.11), as the schemas name it.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from opaque_subclass.core.registry import register_opaque
-from opaque_subclass.dtensor import _COLLECTIVES, NAMESPACE, _make_fake, _make_impl, _mesh_type_name, _op_name, _target
+from opaque_subclass.core.registry import real_object, register_opaque
+from opaque_subclass.dtensor import _COLLECTIVES, NAMESPACE, _op_name
+from opaque_subclass.sharded.collectives import note_collective
 
 __all__ = ["LIBRARY", "OPS"]
+
+
+def _target(namespace: str, name: str) -> Any:
+    if namespace == "_dtensor":
+        importlib.import_module("torch.distributed.tensor._collective_utils")  # defines torch.ops._dtensor
+
+    return getattr(getattr(torch.ops, namespace), name).default
+
+
+def _mesh_type_name() -> str:
+    """How torch's schemas spell ``DeviceMesh`` (a registered opaque type)."""
+
+    def probe(mesh: DeviceMesh) -> None:
+        pass
+
+    schema = torch.library.infer_schema(probe, mutates_args=())
+    return schema[1 : schema.index(" mesh")]
+
+
+def _wait(result: Any) -> Any:
+    wait = torch.ops._c10d_functional.wait_tensor
+    if isinstance(result, torch.Tensor):
+        return wait(result)
+    return [wait(t) for t in result]
+
+
+def _make_impl(target: Any, name: str) -> Callable[..., Any]:
+    def impl(*args: Any) -> Any:
+        mesh, mesh_dim = args[-2], args[-1]
+        group = mesh.get_group(mesh_dim)
+        note_collective(name, group, mesh)
+        return _wait(target(*args[:-2], group.group_name))
+
+    return impl
+
+
+def _make_fake(target: Any) -> Callable[..., Any]:
+    def fake(*args: Any) -> Any:
+        mesh = real_object(args[-2])
+        if not isinstance(mesh, DeviceMesh):  # a mesh made up by a tracer: shapes need no group
+            return target(*args[:-2], "0")
+        return target(*args[:-2], mesh.get_group(args[-1]).group_name)
+
+    return fake
+
 
 register_opaque(DeviceMesh)  # 2.12+: torch's own registration; 2.11: the library's
 

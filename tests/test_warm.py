@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from opaque_subclass.testing import WarmInterpreters, run_local_workers
+from opaque_subclass.testing import WarmInterpreters, run_local_workers, warm
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -165,7 +165,7 @@ def test_what_it_cannot_serve_starts_the_ordinary_way(interpreters):
 
 def _builds(interpreters: WarmInterpreters) -> dict[str, int]:
     """The shared libraries the servers built (inductor's vector-ISA probe), with their modification times."""
-    return {p.name: p.stat().st_mtime_ns for p in Path(interpreters._workdir.name, "servers-cache").rglob("*.so")}
+    return {p.name: p.stat().st_mtime_ns for p in Path(interpreters._workdir.name, warm._SERVERS_CACHE).rglob("*.so")}
 
 
 def test_the_launcher_forks_its_ranks_only_inside_it():

@@ -61,6 +61,8 @@ DEFAULT_PRELOAD = (
 PER_PROCESS_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR", "PYTHONPATH", "PYTEST_CURRENT_TEST"})
 
 _SERVER_SCRIPT = Path(__file__).with_name("_warm_server.py")
+#: The servers' inductor cache directory, in a WarmInterpreters' working directory.
+_SERVERS_CACHE = "servers-cache"
 #: How long a request waits for its process: the first waits for the server's imports.
 _START_TIMEOUT_S = 300.0
 _CURRENT: contextvars.ContextVar[WarmInterpreters | None] = contextvars.ContextVar(
@@ -94,7 +96,7 @@ class _Server:
         # what torch writes while the preload runs goes here, never to a served process's cache; the
         # servers of one WarmInterpreters share it, so the vector-ISA probe's C++ builds are made once
         # (a later server only loads them: 0.6 s instead of 4 s on a 2-core x86 machine, torch 2.13)
-        server_env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(workdir, "servers-cache"))
+        server_env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(workdir, _SERVERS_CACHE))
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(_SERVER_SCRIPT), str(theirs.fileno()), *preload],
