@@ -415,12 +415,14 @@ def package(session: nox.Session) -> None:
 @nox.parametrize("torch", TORCH_VERSIONS)
 def bench(session: nox.Session, torch: str) -> None:
     """Benchmarks (not run by default): run-time wrap/unwrap against torch's helpers,
-    compiled-call overhead against plain tensors, and simulated jobs of up to 8192 ranks
-    (compilations and cache hits per job), on each torch leg."""
+    compiled-call overhead against plain tensors, per call against the hand-written floor
+    and stock torch (paired), and simulated jobs of up to 8192 ranks (compilations and
+    cache hits per job), on each torch leg."""
     _install_torch(session, torch)
     _install_project(session, torch)
     session.run("python", "benchmarks/bench_runtime.py")
     session.run("python", "benchmarks/bench_compiled.py", *session.posargs)
+    session.run("python", "benchmarks/bench_per_call.py", "--ks", "1,8,64", "--backends", "aot_eager")
     session.run("python", "benchmarks/bench_compile_checks.py")
     session.run("python", "benchmarks/bench_export.py")
     session.run("python", "benchmarks/bench_opaque_check.py")
