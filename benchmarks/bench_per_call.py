@@ -199,84 +199,54 @@ def _floor_cells(config: Config, inputs: Inputs) -> Callable[[], Any]:
     compiled = torch.compile(_fresh_fn(), backend=config.backend, fullgraph=True)
     grad = config.passname == "fwbw"
     unflatten = Sharded.__tensor_unflatten__
-    args = inputs.args
-    nested = config.variant == "nested"
-    # The floor's own plain leaves: tensors that require grad exactly when the subclass inputs do.
-    if nested:
-        plain = [x._data._data.detach().requires_grad_(grad) for x in args]  # type: ignore[attr-defined]
-    else:
-        plain = [x._data.detach().requires_grad_(grad) for x in args]  # type: ignore[attr-defined]
-    tangents = inputs.tangents
+    args, tangents = inputs.args, inputs.tangents
+    read: Callable[[list[Any]], tuple[list[Any], Any]]
+    build: Callable[[Sequence[Any], Any], list[Any]]
 
-    if not nested and not grad:
+    if config.variant == "nested":
+
+        def read(xs: list[Any]) -> tuple[list[Any], Any]:
+            """Every leaf of every argument, as an unwrap reads them: the data and the meshes."""
+            inner = [x._data for x in xs]
+            outer = [x._mesh for x in xs]
+            return [y._data for y in inner], ([y._mesh for y in inner], outer)
+
+        def build(values: Sequence[Any], meshes: Any) -> list[Any]:
+            return [
+                unflatten(
+                    {"_data": unflatten({"_data": v, "_mesh": m}, None, None, None), "_mesh": mo}, None, None, None
+                )
+                for v, m, mo in zip(values, *meshes, strict=True)
+            ]
+
+    else:
+
+        def read(xs: list[Any]) -> tuple[list[Any], Any]:
+            return [x._data for x in xs], [x._mesh for x in xs]
+
+        def build(values: Sequence[Any], meshes: Any) -> list[Any]:
+            return [unflatten({"_data": v, "_mesh": m}, None, None, None) for v, m in zip(values, meshes, strict=True)]
+
+    # The floor's own plain leaves (the graph takes these): tensors that require grad exactly
+    # when the subclass inputs do.
+    plain = [d.detach().requires_grad_(grad) for d in read(args)[0]]
+
+    if not grad:
 
         def floor() -> Any:
-            meshes = [x._mesh for x in args]  # type: ignore[attr-defined]
-            datas = [x._data for x in args]  # type: ignore[attr-defined]
-            del datas  # read, as an unwrap does; the graph gets the floor's own leaves
-            outs = compiled(*plain)
-            return [unflatten({"_data": o, "_mesh": m}, None, None, None) for o, m in zip(outs, meshes, strict=True)]
+            meshes = read(args)[1]
+            return build(compiled(*plain), meshes)
 
         return floor
 
-    if nested and not grad:
-
-        def floor_nested() -> Any:
-            inner = [x._data for x in args]  # type: ignore[attr-defined]
-            outer_meshes = [x._mesh for x in args]  # type: ignore[attr-defined]
-            inner_meshes = [y._mesh for y in inner]
-            datas = [y._data for y in inner]
-            del datas
-            outs = compiled(*plain)
-            return [
-                unflatten(
-                    {"_data": unflatten({"_data": o, "_mesh": m}, None, None, None), "_mesh": mo}, None, None, None
-                )
-                for o, m, mo in zip(outs, inner_meshes, outer_meshes, strict=True)
-            ]
-
-        return floor_nested
-
-    if not nested:
-
-        def floor_bw() -> Any:
-            meshes = [x._mesh for x in args]  # type: ignore[attr-defined]
-            datas = [x._data for x in args]  # type: ignore[attr-defined]
-            del datas
-            outs = compiled(*plain)
-            wrapped = [unflatten({"_data": o, "_mesh": m}, None, None, None) for o, m in zip(outs, meshes, strict=True)]
-            t_meshes = [t._mesh for t in tangents]  # type: ignore[attr-defined]
-            t_datas = [t._data for t in tangents]  # type: ignore[attr-defined]
-            grads = torch.autograd.grad(outs, plain, t_datas)
-            return wrapped, [
-                unflatten({"_data": g, "_mesh": m}, None, None, None) for g, m in zip(grads, t_meshes, strict=True)
-            ]
-
-        return floor_bw
-
-    def floor_bw_nested() -> Any:
-        inner = [x._data for x in args]  # type: ignore[attr-defined]
-        outer_meshes = [x._mesh for x in args]  # type: ignore[attr-defined]
-        inner_meshes = [y._mesh for y in inner]
-        datas = [y._data for y in inner]
-        del datas
+    def floor_bw() -> Any:
+        meshes = read(args)[1]
         outs = compiled(*plain)
-        wrapped = [
-            unflatten({"_data": unflatten({"_data": o, "_mesh": m}, None, None, None), "_mesh": mo}, None, None, None)
-            for o, m, mo in zip(outs, inner_meshes, outer_meshes, strict=True)
-        ]
-        t_inner = [t._data for t in tangents]  # type: ignore[attr-defined]
-        t_outer = [t._mesh for t in tangents]  # type: ignore[attr-defined]
-        t_meshes = [t._mesh for t in t_inner]
-        t_datas = [t._data for t in t_inner]
-        grads = torch.autograd.grad(outs, plain, t_datas)
-        built = [
-            unflatten({"_data": unflatten({"_data": g, "_mesh": m}, None, None, None), "_mesh": mo}, None, None, None)
-            for g, m, mo in zip(grads, t_meshes, t_outer, strict=True)
-        ]
-        return wrapped, built
+        wrapped = build(outs, meshes)
+        t_datas, t_meshes = read(tangents)
+        return wrapped, build(torch.autograd.grad(outs, plain, t_datas), t_meshes)
 
-    return floor_bw_nested
+    return floor_bw
 
 
 def _subclass_cell(config: Config, inputs: Inputs) -> tuple[Callable[[], Any], Callable[[Inputs], Any]]:

@@ -623,23 +623,7 @@ def _compiled_autograd() -> Observation:
 def _tangents_ready_and_coerced() -> Observation:
     # A tangent that needs nothing from torch and one whose inner layout torch coerces: the
     # gradients (values, which mesh), and whether torch's per-tangent function ran for each.
-    import sys
-
-    def torchs_runs(step: Callable[[], Any]) -> int:
-        count = 0
-
-        def profiler(frame: Any, event: str, arg: Any) -> None:
-            nonlocal count
-            code = frame.f_code
-            if event == "call" and code.co_name == "process_runtime_tangent" and "_aot_autograd" in code.co_filename:
-                count += 1
-
-        sys.setprofile(profiler)
-        try:
-            step()
-        finally:
-            sys.setprofile(None)
-        return count
+    from scenarios import runs_of_torchs_tangent_function
 
     with fresh():
         compiled = torch.compile(lambda t: t * 2, backend="aot_eager", fullgraph=True)
@@ -649,7 +633,9 @@ def _tangents_ready_and_coerced() -> Observation:
             x = CSharded(torch.arange(6.0).reshape(3, 2), m, "t", requires_grad=True)
             out, tangent = compiled(x), CSharded(inner, tm, "t")
             grads: list[Any] = []
-            runs = torchs_runs(lambda o=out, i=x, t=tangent, g=grads: g.extend(torch.autograd.grad(o, i, t)))
+            runs = runs_of_torchs_tangent_function(
+                lambda o=out, i=x, t=tangent, g=grads: g.extend(torch.autograd.grad(o, i, t))
+            )
             seen[label] = {
                 "grad": describe(grads[0], {"input mesh": m, "tangent mesh": tm}),
                 "torch's function ran": runs > 0,

@@ -690,6 +690,31 @@ def mesh_read_below_dynamo_keeps_its_guard() -> None:
 MESH_READ_UNSEEN_FAILURE = StockFailure(AssertionError, r"^coordinates compiled in: \[0\.0, 0\.0, 0\.0, 0\.0\]$")
 
 
+def runs_of_torchs_tangent_function(step: Callable[[], object]) -> int:
+    """How often torch's own ``AOTDispatchAutograd.process_runtime_tangent`` body runs during
+    ``step()`` (the library's fix reads a tangent that needs nothing from torch without it)."""
+    import sys
+
+    count = 0
+
+    def profiler(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        code = frame.f_code
+        if (
+            event == "call"
+            and code.co_name == "process_runtime_tangent"
+            and code.co_filename.replace("\\", "/").endswith("_aot_autograd/runtime_wrappers.py")
+        ):
+            count += 1
+
+    sys.setprofile(profiler)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
 @contextlib.contextmanager
 def fresh_inductor_cache() -> Iterator[str]:
     """A fresh ``TORCHINDUCTOR_CACHE_DIR`` for the block (an entry an earlier

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from scenarios import runs_of_torchs_tangent_function
 from subclasses import Mesh, MeshTensor, MultiOpaque, PlainPair, Stream
 
 import opaque_subclass as osc
@@ -87,30 +88,6 @@ def test_non_opaque_in_opaque_slot_of_tangent():
         osc.unwrap_tangent(bad, meta)
 
 
-def _calls_of_torchs_tangent_processing(step):
-    """How often torch's own ``process_runtime_tangent`` body runs during ``step()``."""
-    import sys
-
-    count = 0
-
-    def profiler(frame, event, arg):
-        nonlocal count
-        code = frame.f_code
-        if (
-            event == "call"
-            and code.co_name == "process_runtime_tangent"
-            and code.co_filename.endswith("runtime_wrappers.py")
-        ):
-            count += 1
-
-    sys.setprofile(profiler)
-    try:
-        step()
-    finally:
-        sys.setprofile(None)
-    return count
-
-
 @pytest.mark.parametrize("depth", [1, 2])
 def test_compiled_backward_takes_a_ready_tangents_leaves_without_torchs_processing(depth):
     # A tangent of the output's type, context, names and layout needs nothing from torch's
@@ -126,7 +103,7 @@ def test_compiled_backward_takes_a_ready_tangents_leaves_without_torchs_processi
     outs = fn(*xs)
     tangents = [make(torch.full((4,), 3.0), "t"), make(torch.full((4,), 5.0), "u")]
     grads = []
-    calls = _calls_of_torchs_tangent_processing(lambda: grads.extend(torch.autograd.grad(outs, xs, tangents)))
+    calls = runs_of_torchs_tangent_function(lambda: grads.extend(torch.autograd.grad(outs, xs, tangents)))
     assert calls == 0
     inner = list(grads)
     for _ in range(depth):
@@ -145,7 +122,7 @@ def test_compiled_backward_leaves_a_tangent_to_coerce_to_torch():
     inner = torch.arange(12.0).reshape(4, 3).t()  # non-contiguous, same shape
     tangent = MeshTensor(inner, Mesh("t"))
     grads = []
-    calls = _calls_of_torchs_tangent_processing(lambda: grads.extend(torch.autograd.grad(out, x, tangent)))
+    calls = runs_of_torchs_tangent_function(lambda: grads.extend(torch.autograd.grad(out, x, tangent)))
     assert calls >= 1
     (grad,) = grads
     assert torch.equal(grad._data, inner * 2) and grad._mesh is x._mesh

@@ -105,61 +105,52 @@ def make_process_runtime_tangent(original: Callable[..., Any]) -> Callable[..., 
             return bool(t.is_contiguous(memory_format=expected.memory_format))
         return bool(t.shape == expected.size and t.stride() == expected.stride)
 
-    def ready_leaves(x: Any, meta: Any) -> list[Any] | None:
-        """The leaves of tangent ``x`` (of ``meta``'s type) when it matches ``meta`` at every level
-        and torch would change nothing; ``None`` otherwise. Reads only."""
+    def read(x: Any, meta: Any, ready: bool) -> tuple[bool | None, list[Any] | None]:
+        """One ``__tensor_flatten__`` read of tangent ``x`` (of the output's type; this runs per
+        tangent per backward call): whether it lists ``meta``'s names with a value of each slot's
+        kind (``None`` when its context differs: torch coerces or refuses it), and, when ``ready``
+        is asked and torch would change nothing at any level (memory formats included), its
+        leaves; reads only."""
         names, ctx = x.__tensor_flatten__()
         attrs = meta.attrs
-        if ctx != meta.meta or len(names) != len(attrs) or not in_format(x, meta.memory_format):
-            return None
-        leaves: list[Any] = []
-        for name, (slot, sub) in zip(names, attrs.items(), strict=True):
-            if name != slot:
-                return None
-            value = getattr(x, name, _MISSING)
-            if type(sub) is SubclassCreationMeta:
-                if type(value) is not (sub.original_subclass_type or type(sub.original_subclass)):
-                    return None
-                inner = ready_leaves(value, sub)
-                if inner is None:
-                    return None
-                leaves.extend(inner)
-            elif isinstance(sub, opaque_slots):
-                cls = type(value)
-                if cls not in reference_types:
-                    if isinstance(value, tensor) or opaque_kind(value) != "reference":
-                        return None
-                    reference_types.add(cls)
-                leaves.append(value)
-            elif type(value) is tensor and in_format(value, sub.memory_format):
-                leaves.append(value)
-            else:
-                return None
-        return leaves
-
-    def matches(x: Any, meta: Any) -> bool | None:
-        """Whether tangent ``x`` (of the output's type) lists ``meta``'s names with a value of
-        each slot's kind: one ``__tensor_flatten__`` read, no walk, as this runs per tangent per
-        backward call; ``None`` when its context differs (torch coerces or refuses it)."""
-        names, ctx = x.__tensor_flatten__()
         if ctx != meta.meta:
-            return None
-        attrs = meta.attrs
+            return None, None
         if len(names) != len(attrs):
-            return False
+            return False, None
+        leaves: list[Any] | None = [] if ready and in_format(x, meta.memory_format) else None
         for name, (slot, sub) in zip(names, attrs.items(), strict=True):
             if name != slot:
-                return False
+                return False, None
             value = getattr(x, name, _MISSING)
             if isinstance(sub, opaque_slots):
                 cls = type(value)
                 if cls not in reference_types:
                     if isinstance(value, tensor) or opaque_kind(value) != "reference":
-                        return False
+                        return False, None
                     reference_types.add(cls)
+                if leaves is not None:
+                    leaves.append(value)
             elif not isinstance(value, tensor):
-                return False
-        return True
+                return False, None
+            elif leaves is None:
+                pass  # torch's recursion into this level checks it
+            elif type(sub) is SubclassCreationMeta:
+                inner = None
+                if type(value) is (sub.original_subclass_type or type(sub.original_subclass)):
+                    inner = read(value, sub, True)[1]
+                if inner is None:
+                    leaves = None
+                else:
+                    leaves.extend(inner)
+            elif type(value) is tensor and in_format(value, sub.memory_format):
+                leaves.append(value)
+            else:
+                leaves = None
+        return True, leaves
+
+    def top_path(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        idx = args[0] if args else kwargs.get("tangent_idx")
+        return "tangent" if idx is None else f"tangents[{idx}]"
 
     def process_runtime_tangent(x: Any, meta: Any, *args: Any, **kwargs: Any) -> Any:
         # Only a tangent of the output's own type is checked (another type is torch's to coerce
@@ -171,31 +162,26 @@ def make_process_runtime_tangent(original: Callable[..., Any]) -> Callable[..., 
             and not compiling()
         ):
             path = paths.by_id.pop(id(x), None) if paths.by_id else None
-            ready = ready_leaves(x, meta) if over_torchs else None
+            same, ready = read(x, meta, over_torchs)
             if ready is not None:
                 return x, ready
-            same = matches(x, meta)
-            if same is False:  # walk it for the error naming what differs
-                if path is None:
-                    idx = args[0] if args else kwargs.get("tangent_idx")
-                    path = "tangent" if idx is None else f"tangents[{idx}]"
+            if same is None:
+                return original(x, meta, *args, **kwargs)
+            if not same:  # walk it for the error naming what differs
                 check_tangent_structure(
-                    read_level(cast("torch.Tensor", x), path, strict=False),
+                    read_level(cast("torch.Tensor", x), path or top_path(args, kwargs), strict=False),
                     [(name, isinstance(sub, opaque_slots)) for name, sub in meta.attrs.items()],
                 )
-            if same:
-                nested = [name for name, sub in meta.attrs.items() if type(sub) is SubclassCreationMeta]
-                if nested:  # name the inner levels for torch's recursion into them
-                    if path is None:
-                        idx = args[0] if args else kwargs.get("tangent_idx")
-                        path = "tangent" if idx is None else f"tangents[{idx}]"
-                    inner = [id(getattr(x, name)) for name in nested]
-                    paths.by_id.update((i, f"{path}.{name}") for i, name in zip(inner, nested, strict=True))
-                    try:
-                        return original(x, meta, *args, **kwargs)
-                    finally:
-                        for i in inner:
-                            paths.by_id.pop(i, None)
+            nested = [name for name, sub in meta.attrs.items() if type(sub) is SubclassCreationMeta]
+            if nested:  # name the inner levels for torch's recursion into them
+                path = path or top_path(args, kwargs)
+                inner = [id(getattr(x, name)) for name in nested]
+                paths.by_id.update((i, f"{path}.{name}") for i, name in zip(inner, nested, strict=True))
+                try:
+                    return original(x, meta, *args, **kwargs)
+                finally:
+                    for i in inner:
+                        paths.by_id.pop(i, None)
         return original(x, meta, *args, **kwargs)
 
     return process_runtime_tangent
