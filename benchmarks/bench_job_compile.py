@@ -11,7 +11,10 @@ with a loss that gathers the hidden activation with ``ShardedTensor.redistribute
 inside the compiled function (``sharded-redistribute``); then the same
 model with torch's ``DTensor`` (``parallelize_module`` with
 ``ColwiseParallel`` / ``RowwiseParallel``), as torch compiles it and under
-:func:`opaque_subclass.dtensor.share_compiles` (``dtensor-shared``). It prints, per job, the
+:func:`opaque_subclass.dtensor.share_compiles` (``dtensor-shared``); and a vendor subclass
+adopted with :func:`opaque_subclass.adopt`, whose dispatch all-reduces over its mesh's group, as
+torch compiles it (``adopted``: the ranks of a tp group share an entry) and under
+``share_compiles`` (``adopted-shared``: one entry for the job). It prints, per job, the
 compilations, AOTAutograd cache hits/misses/bypasses, FX graph cache misses and
 summed compile seconds, and, for the library's step and DTensor under ``share_compiles``, whether every rank's
 compiled collectives ran on that rank's own tensor-parallel group.
@@ -20,7 +23,8 @@ compiled collectives ran on that rank's own tensor-parallel group.
 the artifact. Usage::
 
     python benchmarks/bench_job_compile.py [--world 64 8192] [--meshes 1d 2d]
-                                           [--models sharded sharded-redistribute dtensor dtensor-shared]
+                                           [--models sharded sharded-redistribute dtensor dtensor-shared
+                                                     adopted adopted-shared]
                                            [--ranks 4] [--json out.json]
 """
 
@@ -32,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent.parent))
@@ -156,11 +162,103 @@ def dtensor_shared_step(mesh: Any, payload: dict[str, Any]) -> dict[str, Any]:
     return {"own_tp_group": own, "collective_groups": sorted({r.group_name for r in seen}), "losses": losses}
 
 
+class _Spec:
+    """A vendor spec: the mesh and the placements (compared by value, as DTensor's specs are)."""
+
+    def __init__(self, mesh: Any, placements: tuple[str, ...]) -> None:
+        self.mesh, self.placements = mesh, placements
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Spec) and (self.mesh, self.placements) == (other.mesh, other.placements)
+
+    def __hash__(self) -> int:
+        return hash(self.placements)
+
+
+class VendorShard(torch.Tensor):
+    """A sharded subclass of another package, as PhysicsNeMo's ``ShardTensor`` is written: the
+    mesh in a spec in the flatten context, outputs built as the class itself, and every op's
+    result all-reduced over the mesh's group in ``__torch_dispatch__`` (a partial-sum
+    redistribution, issued while AOTAutograd traces)."""
+
+    @staticmethod
+    def __new__(cls, local: Any, spec: _Spec, *, requires_grad: bool = False) -> Any:
+        return torch.Tensor._make_wrapper_subclass(cls, local.shape, dtype=local.dtype, requires_grad=requires_grad)
+
+    def __init__(self, local: Any, spec: _Spec, *, requires_grad: bool = False) -> None:
+        self._local_tensor, self._spec = local, spec
+
+    def __repr__(self) -> str:
+        return f"VendorShard(placements={self._spec.placements})"
+
+    def __tensor_flatten__(self) -> Any:
+        return ["_local_tensor"], (self._spec, self.requires_grad)
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner: Any, ctx: Any, size: Any, stride: Any) -> Any:
+        return cls(inner["_local_tensor"], ctx[0], requires_grad=ctx[1])
+
+    @classmethod
+    def __metadata_guard__(cls, orig: Any, other: Any) -> bool:
+        return bool(orig == other)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        import torch.distributed._functional_collectives as funcol
+        from torch.utils._pytree import tree_map_only
+
+        spec = next(a._spec for a in args if isinstance(a, VendorShard))
+        out = func(*tree_map_only(VendorShard, lambda t: t._local_tensor, args), **(kwargs or {}))
+        group = spec.mesh.get_group()
+        out = tree_map_only(torch.Tensor, lambda t: funcol.all_reduce(t, "sum", group), out)
+        return tree_map_only(torch.Tensor, lambda t: VendorShard(t, spec), out)
+
+
+def _adopted_run(mesh: Any, payload: dict[str, Any], shared: bool) -> dict[str, Any]:
+    import contextlib
+
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    import opaque_subclass
+    from opaque_subclass.dtensor import share_compiles
+    from opaque_subclass.sharded import record_collectives
+
+    tp, _ = _tp_dp(mesh)
+    cls = VendorShard
+    adoption = opaque_subclass.adopt(cls, {"_mesh": opaque_subclass.ContextOpaque("[0].mesh", DeviceMesh)})
+    try:
+        step = torch.compile(lambda t: (t * 2 + 1)._local_tensor, backend="inductor")
+        values = []
+        with share_compiles() if shared else contextlib.nullcontext(), record_collectives() as seen:
+            for _ in range(payload.get("steps", 2)):
+                values.append(step(cls(torch.ones(4), _Spec(tp, ("partial",)))).tolist())
+    finally:
+        adoption.undo()
+    own = str(tp.get_group().group_name)
+    return {"own_tp_group": own, "collective_groups": sorted({r.group_name for r in seen}), "values": values}
+
+
+def adopted_step(mesh: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """A vendor subclass adopted (its spec's mesh an opaque attribute), whose dispatch
+    all-reduces over the mesh's tp group: the graph names this rank's group, so the
+    ranks of one tp group share a cache entry and no other rank is served it."""
+    return _adopted_run(mesh, payload, shared=False)
+
+
+def adopted_shared_step(mesh: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """The same, compiled under :func:`opaque_subclass.dtensor.share_compiles`: the
+    all-reduce takes its group from the mesh input, one entry serves the job."""
+    return _adopted_run(mesh, payload, shared=True)
+
+
 STEPS = {
     "sharded": "sharded_step",
     "sharded-redistribute": "sharded_redistribute_step",
     "dtensor": "dtensor_step",
     "dtensor-shared": "dtensor_shared_step",
+    "adopted": "adopted_step",
+    "adopted-shared": "adopted_shared_step",
 }
 
 #: Why a model cannot compile once per job on a release, printed with its figures.
@@ -191,8 +289,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the reports here")
     args = parser.parse_args(argv)
 
-    import torch
-
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}")
     rows: list[dict[str, Any]] = []
     for world in args.world:
@@ -208,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                     if "own_tp_group" in r.value
                 )
                 print(f"\n[{model} {kind}] {report.table()}")
-                if model != "dtensor":
+                if model not in ("dtensor", "adopted"):  # torch's own collectives are not recorded
                     print(f"  every rank's collectives ran on its own tp group: {own_group}")
                 limit = LIMITS.get((parse_release(torch.__version__), model))
                 if limit:
@@ -227,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                         "fx_misses": report.fx_misses,
                         "compilations": report.compilations,
                         "compile_seconds": round(report.compile_seconds, 2),
-                        "own_group": own_group if model != "dtensor" else None,
+                        "own_group": own_group if model not in ("dtensor", "adopted") else None,
                         "bypass_reasons": sorted({x for r in report.ranks for x in r.bypass_reasons}),
                     }
                 )

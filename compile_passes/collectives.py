@@ -390,6 +390,8 @@ def group_findings(groups: Iterable[BakedGroup], graph_name: str = "graph") -> l
                 fix = messages.torch_collective_fix(first.issuer)
             else:
                 fix = _collective_fix(first) or messages.collective_op_fix(in_graph=False)
+                if first.source:  # a group input: share_compiles' rewrite takes it from there (torch 2.12+)
+                    fix += messages.share_group_input_fix(first.source)
         severity: Severity | None = "error" if first.guarded is False and first.source else None
         path = first.source or f"{graph_name}:{first.node}"
         findings.append(

@@ -61,6 +61,7 @@ __all__ = [
     "reduce_scatter_op",
     "register_first",
     "registered_guard",
+    "share_group_input_fix",
     "shared_opaque",
     "sharing_changed",
     "site",
@@ -598,6 +599,15 @@ def collective_op_fix(in_graph: bool) -> str:
     return (
         "issue the collective through a custom op whose schema takes the group (or its DeviceMesh) as "
         f"an opaque input, so one graph serves every group (see {RECIPE})."
+    )
+
+
+def share_group_input_fix(source: str) -> str:
+    """The other way out for a collective issued below Dynamo on the group of input ``source``."""
+    return (
+        f" Or, with inductor, compile and make the first call inside `with opaque_subclass.dtensor.share_compiles():` "
+        f"(torch 2.12 - 2.15; docs/large_jobs.md): the collective then takes its group from `{source}`, a graph "
+        "input, when it runs, and one graph serves every group and rank."
     )
 
 

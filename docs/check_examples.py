@@ -7,7 +7,9 @@ Usage::
     python docs/check_examples.py --in-process FILE.md  # one file, in this interpreter
 
 Every fenced ``python`` block of a Markdown file is executed, except a block
-whose previous non-blank line is ``<!-- no-run -->``. The blocks of one file
+whose previous non-blank line is ``<!-- no-run -->``, and a block whose previous
+non-blank line is ``<!-- torch >= 2.12 -->`` on an older torch (an example of a
+behaviour the release table lists as that release's difference). The blocks of one file
 run in order, in one namespace (a fresh ``__main__`` module), in a separate
 interpreter per file (``-j N``: N files at once), so registrations made by one
 file cannot leak into another. A block followed by the line ``<!-- output -->``
@@ -39,6 +41,7 @@ DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 NO_RUN = "<!-- no-run -->"
 OUTPUT = "<!-- output -->"
+MIN_TORCH = re.compile(r"^<!-- torch >= (\d+)\.(\d+) -->$")
 FENCE = re.compile(r"^\s*(`{3,})(\w*)\s*$")  # also fences indented in a list item
 # Markdown files of docs/ that are not pages, whose blocks are not examples: errors_source.md
 # is the source docs/gen_errors.py writes errors.md from; its blocks are the triggers of
@@ -53,6 +56,7 @@ class Block:
     code: str
     expected: str | None  # recorded output, if any
     output_lines: tuple[int, int] | None = None  # 0-based [start, end) of the recorded output's lines
+    min_torch: tuple[int, int] | None = None  # runs only on this torch release or newer
 
 
 def _fence_end(lines: list[str], start: int, ticks: str) -> int:
@@ -80,6 +84,8 @@ def extract(text: str) -> list[Block]:
         body = textwrap.dedent("\n".join(lines[i + 1 : end]))
         first_line = i + 2  # 1-based line of the first code line
         runnable = lang == "python" and previous != NO_RUN
+        wanted = MIN_TORCH.match(previous)
+        min_torch = (int(wanted.group(1)), int(wanted.group(2))) if wanted else None
         previous = ""
         i = end + 1
         if not runnable:
@@ -99,8 +105,15 @@ def extract(text: str) -> list[Block]:
             expected = "\n".join(lines[k + 1 : out_end])
             output_lines = (k + 1, out_end)
             i = out_end + 1
-        blocks.append(Block(first_line, body, expected, output_lines if expected is not None else None))
+        blocks.append(Block(first_line, body, expected, output_lines if expected is not None else None, min_torch))
     return blocks
+
+
+def _torch_release() -> tuple[int, int]:
+    import torch
+
+    major, minor = re.match(r"(\d+)\.(\d+)", torch.__version__).groups()  # type: ignore[union-attr]
+    return int(major), int(minor)
 
 
 def _normalize(text: str) -> str:
@@ -120,6 +133,9 @@ def run_file(path: Path, update: bool = False) -> int:
     rewrites: list[tuple[tuple[int, int], str]] = []
     for block in blocks:
         where = f"{path.name}:{block.line}"
+        if block.min_torch is not None and _torch_release() < block.min_torch:
+            print(f"skip {where} (torch >= {block.min_torch[0]}.{block.min_torch[1]})")
+            continue
         source = "\n" * (block.line - 1) + block.code  # tracebacks show Markdown line numbers
         buf = io.StringIO()
         try:

@@ -106,7 +106,7 @@ def _op_name(namespace: str, name: str) -> str:
     return f"mesh_{name}" if namespace == "_c10d_functional" else f"mesh_{namespace.strip('_')}_{name}"
 
 
-def mesh_ops() -> dict[tuple[str, str], Any]:
+def mesh_ops() -> dict[Any, Any]:
     """The library's op for each collective the pass replaces, defined on first use by
     importing :mod:`opaque_subclass.dtensor_ops` (Python imports it once; a thread that
     asks while another imports it waits for that import)."""
@@ -206,6 +206,16 @@ def _mesh_inputs(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, DeviceMesh]
     return found
 
 
+def _group_inputs(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, dist.ProcessGroup]]:
+    """The graph's ``ProcessGroup`` inputs (a subclass's opaque group attribute, a group argument)."""
+    found = []
+    for node in graph.find_nodes(op="placeholder"):
+        real = real_object(node.meta.get("val"))
+        if isinstance(real, dist.ProcessGroup):
+            found.append((node, real))
+    return found
+
+
 def _constant_meshes(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, DeviceMesh]]:
     gm = graph.owning_module
     found = []
@@ -239,10 +249,14 @@ def rewrite_collectives(graph: torch.fx.Graph) -> int:
             raise messages.mesh_constant(ShareCompilesError, mesh, node.target)
         node.replace_all_uses_with(replacement)
         graph.erase_node(node)
-    by_group: dict[str, tuple[torch.fx.Node, int]] = {}
+    # each group name -> (mesh input, its dimension) or (group input, None); a mesh input first
+    by_group: dict[str, tuple[torch.fx.Node, int | None]] = {}
     for node, mesh in inputs:
         for dim, name in enumerate(_group_names(mesh)):
             by_group.setdefault(name, (node, dim))
+    group_inputs = _group_inputs(graph)
+    for node, pg in group_inputs:
+        by_group.setdefault(str(pg.group_name), (node, None))
     ops = None
     replaced = 0
     for node in list(graph.nodes):
@@ -254,11 +268,15 @@ def rewrite_collectives(graph: torch.fx.Graph) -> int:
         group = node.args[-1]
         if group not in by_group:
             have = [(n.name, _group_names(m)) for n, m in inputs]
+            have += [(n.name, [str(g.group_name)]) for n, g in group_inputs]
             raise messages.group_of_no_input(ShareCompilesError, key, group, _group_ranks(group), have)
         ops = ops if ops is not None else mesh_ops()
-        mesh_node, dim = by_group[group]
+        source, mesh_dim = by_group[group]
         with graph.inserting_before(node):
-            new = graph.call_function(ops[key], (*node.args[:-1], mesh_node, dim), dict(node.kwargs))
+            if mesh_dim is None:  # a ProcessGroup input: the op that takes the group itself
+                new = graph.call_function(ops[key, "group"], (*node.args[:-1], source), dict(node.kwargs))
+            else:
+                new = graph.call_function(ops[key], (*node.args[:-1], source, mesh_dim), dict(node.kwargs))
         # the collective's output values and source; not its recorded eager arguments (other args)
         new.meta.update({k: v for k, v in node.meta.items() if k != "eager_input_vals"})
         for user in list(node.users):

@@ -1,9 +1,10 @@
 """The ops :class:`opaque_subclass.dtensor.MeshGroupPass` puts in place of collectives
-(``torch.ops.opaque_subclass.mesh_all_reduce`` and one per collective of
+(``torch.ops.opaque_subclass.mesh_all_reduce``, taking a mesh and dimension, and
+``mesh_all_reduce_on_group``, taking a ``ProcessGroup``: two per collective of
 ``dtensor._SCHEMAS`` this torch build has), defined when this module is imported: on
 first use (:func:`opaque_subclass.dtensor.mesh_ops`, a ``MeshGroupPass`` made), never by
-importing :mod:`opaque_subclass.dtensor`. ``DeviceMesh`` is registered as a reference
-opaque first where torch has not (torch 2.11), as the schemas name it.
+importing :mod:`opaque_subclass.dtensor`. ``DeviceMesh`` and ``ProcessGroup`` are registered as
+reference opaques first where torch has not (torch 2.11), as the schemas name them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from opaque_subclass.core.registry import real_object, register_opaque
@@ -29,14 +31,15 @@ def _target(namespace: str, name: str) -> Any:
     return getattr(getattr(torch.ops, namespace), name).default
 
 
-def _mesh_type_name() -> str:
-    """How torch's schemas spell ``DeviceMesh`` (a registered opaque type)."""
+def _type_name(cls: type) -> str:
+    """How torch's schemas spell ``cls`` (a registered opaque type)."""
 
-    def probe(mesh: DeviceMesh) -> None:
+    def probe(obj: Any) -> None:
         pass
 
+    probe.__annotations__ = {"obj": cls, "return": None}
     schema = torch.library.infer_schema(probe, mutates_args=())
-    return schema[1 : schema.index(" mesh")]
+    return schema[1 : schema.index(" obj")]
 
 
 def _wait(result: Any) -> Any:
@@ -66,29 +69,55 @@ def _make_fake(target: Any) -> Callable[..., Any]:
     return fake
 
 
+def _make_group_impl(target: Any, name: str) -> Callable[..., Any]:
+    def impl(*args: Any) -> Any:
+        group = args[-1]
+        note_collective(name, group, None)
+        return _wait(target(*args[:-1], group.group_name))
+
+    return impl
+
+
+def _make_group_fake(target: Any) -> Callable[..., Any]:
+    def fake(*args: Any) -> Any:
+        group = real_object(args[-1])
+        if not isinstance(group, ProcessGroup):  # a group made up by a tracer: shapes need no group
+            return target(*args[:-1], "0")
+        return target(*args[:-1], group.group_name)
+
+    return fake
+
+
 register_opaque(DeviceMesh)  # 2.12+: torch's own registration; 2.11: the library's
+register_opaque(ProcessGroup)
 
 #: The fragment that holds the ops (kept alive with this module: torch drops a fragment's
 #: definitions when it is collected).
 LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")  # type: ignore[no-untyped-call]
 
 
-def _define() -> dict[tuple[str, str], Any]:
-    mesh_type = _mesh_type_name()
-    ops: dict[tuple[str, str], Any] = {}
+def _define() -> dict[Any, Any]:
+    mesh_type, group_type = _type_name(DeviceMesh), _type_name(ProcessGroup)
+    ops: dict[Any, Any] = {}
     for (namespace, name), (leading, result) in _COLLECTIVES.items():
         try:
             target = _target(namespace, name)
         except (AttributeError, RuntimeError):  # not in this torch build
             continue
-        op_name = _op_name(namespace, name)
+        op_name, full = _op_name(namespace, name), f"{namespace}.{name}"
+        on_group = f"{op_name}_on_group"
         LIBRARY.define(f"{op_name}({leading}, {mesh_type} mesh, int mesh_dim) -> {result}")  # type: ignore[no-untyped-call]
-        LIBRARY.impl(op_name, _make_impl(target, f"{namespace}.{name}"), "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
+        LIBRARY.impl(op_name, _make_impl(target, full), "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
         torch.library.register_fake(f"{NAMESPACE}::{op_name}", _make_fake(target), lib=LIBRARY)
+        LIBRARY.define(f"{on_group}({leading}, {group_type} group) -> {result}")  # type: ignore[no-untyped-call]
+        LIBRARY.impl(on_group, _make_group_impl(target, full), "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
+        torch.library.register_fake(f"{NAMESPACE}::{on_group}", _make_group_fake(target), lib=LIBRARY)
         ops[(namespace, name)] = getattr(getattr(torch.ops, NAMESPACE), op_name).default
+        ops[(namespace, name), "group"] = getattr(getattr(torch.ops, NAMESPACE), on_group).default
     return ops
 
 
-#: ``(namespace, name)`` of each collective -> the library's op for it; bound last
+#: ``(namespace, name)`` of each collective -> the library's op taking a mesh and dimension;
+#: ``((namespace, name), "group")`` -> the one taking a ``ProcessGroup``. Bound last
 #: (``dtensor.mesh_ops()`` reads it: the ops are complete once it is bound).
-OPS: dict[tuple[str, str], Any] = _define()
+OPS: dict[Any, Any] = _define()

@@ -895,6 +895,64 @@ def _dtensor_share_compiles_job() -> Observation:
     ]
 
 
+@entry("dtensor/share-compiles-runs-on-a-group-input")
+def _share_compiles_group_input() -> Observation:
+    """A subclass whose ``__torch_dispatch__`` sums every result over its
+    ``ProcessGroup`` attribute (a functional collective issued while AOTAutograd
+    traces, its group a graph input), compiled with inductor under share_compiles
+    and called with three groups (the third over the first one's ranks): the
+    group each call's collective ran on, and the compilations."""
+    from subclasses import _Wrapper
+    from torch.utils._pytree import tree_map_only
+
+    from opaque_subclass.dtensor import share_compiles
+    from opaque_subclass.sharded import record_collectives
+
+    class Summed(_Wrapper):
+        INNER = ("_data",)
+        OPAQUES = ("_group",)
+
+        @classmethod
+        def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            import torch.distributed._functional_collectives as funcol
+
+            g = cls._first_instance(args, kwargs)._group
+            out = cls._run_unwrapped(func, args, kwargs, lambda t: t._data)
+            out = tree_map_only(torch.Tensor, lambda r: funcol.all_reduce(r, "sum", g), out)
+            return tree_map_only(torch.Tensor, lambda r: cls(r, g), out)
+
+    import torch.distributed as dist
+
+    with fake_world(4), fresh(), share_compiles():
+        count = counter("inductor")
+        compiled = torch.compile(lambda t: (t * 2)._data, backend=count)
+        own: list[Any] = []
+        for ranks in ([0, 1], [0, 2, 3], [0, 1]):
+            group = dist.new_group(ranks)
+            with record_collectives() as seen:
+                try:
+                    compiled(Summed(torch.ones(2), group))
+                except Exception as e:
+                    own.append(type(e).__name__)
+                    continue
+            own.append([r.group_name for r in seen] == [str(group.group_name)])
+        return {"each_call_on_its_own_group": own, "compilations": count.frame_count}
+
+
+@entry("cache/entry-naming-a-group-served-per-rank")
+def _entry_naming_a_group() -> Observation:
+    """Three ranks of a 4-rank job (fake process groups, one cache directory,
+    inductor) compile a program whose dispatch sums over the rank's group [0, 1]
+    or [2, 3]: AOTAutograd's cache use per rank (rank 2 must not get rank 0's
+    entry, whose graph names group '1'; rank 1 shares rank 0's group and gets it)."""
+    from scenarios import no_rank_loads_another_groups_entry
+
+    try:
+        return {str(rank): use for rank, use in no_rank_loads_another_groups_entry().items()}
+    except AssertionError as e:
+        return {"AssertionError": str(e)[:120]}
+
+
 opaque_subclass.register_opaque(torch.distributed.ProcessGroup)  # before a schema names it
 
 

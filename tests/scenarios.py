@@ -40,9 +40,11 @@ from subclasses import (
 )
 
 __all__ = [
+    "ANOTHER_GROUPS_ENTRY_FAILURE",
     "ANSWERING_OPAQUE_FAILURE",
     "DELETED_LEAF_FAILURE",
     "DTENSOR_MESH_CONSTANT_FAILURE",
+    "ENTRY_GUARD_UNREAD_FAILURE",
     "LIBRARY_ERROR_WRAPPED_FAILURE",
     "LOAD_CONSTANT_FAILURE",
     "MALFORMED_NAMES_FAILURE",
@@ -68,6 +70,7 @@ __all__ = [
     "export_names_malformed_flatten_names",
     "fsdp1_module_state_sync_keeps_opaques",
     "member_method_result_is_guarded",
+    "no_rank_loads_another_groups_entry",
     "parametrization_names_a_deleted_opaque_leaf",
     "program_on_groups_compiles_once",
     "save_and_load_opaque_constant",
@@ -735,6 +738,82 @@ def fresh_inductor_cache() -> Iterator[str]:
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
         shutil.rmtree(fresh, ignore_errors=True)
+
+
+#: The process group :class:`_SummedBelowDynamo` sums over (set by the scenario, per rank).
+_SUMMED_GROUP: list[Any] = []
+
+
+class _SummedBelowDynamo(torch.Tensor):
+    """Sums every result over the group in ``_SUMMED_GROUP`` in ``__torch_dispatch__``:
+    a collective issued while AOTAutograd traces, its group named by a constant in
+    the graph and absent from Dynamo's graph (so from AOTAutograd's cache key)."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor) -> Any:
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device)
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self._data = data
+
+    def __repr__(self) -> str:  # torch's would print the values (a data-dependent read while tracing)
+        return f"_SummedBelowDynamo(shape={tuple(self.shape)})"
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return ["_data"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
+        return _SummedBelowDynamo(inner["_data"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        import torch.distributed._functional_collectives as funcol
+        from torch.utils._pytree import tree_map_only
+
+        unwrap = lambda t: t._data  # noqa: E731
+        out = func(*tree_map_only(cls, unwrap, args), **tree_map_only(cls, unwrap, kwargs or {}))
+        out = tree_map_only(torch.Tensor, lambda r: funcol.all_reduce(r, "sum", _SUMMED_GROUP[0]), out)
+        return tree_map_only(torch.Tensor, cls, out)
+
+
+def no_rank_loads_another_groups_entry() -> dict[int, str]:
+    """Three ranks of a 4-rank job (fake process groups, one after the other in
+    this process, one cache directory), each creating the job's groups [0, 1]
+    and [2, 3] in order, compile ``t * 2`` of a tensor whose dispatch sums over
+    its rank's group (inductor): rank 0 compiles; rank 2, whose group is
+    another, must not get rank 0's AOTAutograd entry (its graph names group
+    '1', of which rank 2 is no member) and compiles its own; rank 1, in rank
+    0's group, gets rank 0's entry. Returns each rank's cache use."""
+    import torch.distributed as dist
+    from torch._dynamo.utils import counters
+
+    use: dict[int, str] = {}
+    with fresh_inductor_cache():
+        for rank in (0, 2, 1):
+            with fake_world(4, rank):
+                groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates every group
+                _SUMMED_GROUP[:] = [groups[rank // 2]]
+                torch._dynamo.reset()
+                hits = counters["aot_autograd"]["autograd_cache_hit"]
+                f = torch.compile(lambda t: t * 2, backend="inductor", fullgraph=True)
+                try:
+                    out = f(_SummedBelowDynamo(torch.ones(2)))
+                except RuntimeError as e:
+                    raise AssertionError(f"rank {rank} ran another rank's entry: {str(e).splitlines()[0]}") from e
+                assert torch.equal(out._data, torch.full((2,), 2.0)), out._data
+                use[rank] = "hit" if counters["aot_autograd"]["autograd_cache_hit"] > hits else "miss"
+    _SUMMED_GROUP.clear()
+    assert use == {0: "miss", 2: "miss", 1: "hit"}, f"AOTAutograd cache use per rank: {use}"
+    return use
+
+
+ANOTHER_GROUPS_ENTRY_FAILURE = StockFailure(
+    AssertionError, r"^rank 2 ran another rank's entry: Could not resolve the process group registered under the name"
+)
+ENTRY_GUARD_UNREAD_FAILURE = StockFailure(
+    AssertionError, r"^AOTAutograd cache use per rank: \{0: 'miss', 2: 'miss', 1: 'miss'\}$"
+)
 
 
 def _compiled_under_share_compiles(fn: Callable[[object], torch.Tensor], x: object) -> torch.Tensor:

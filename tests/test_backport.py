@@ -15,10 +15,12 @@ from collections.abc import Callable
 import pytest
 import torch
 from scenarios import (
+    ANOTHER_GROUPS_ENTRY_FAILURE,
     ANSWERING_OPAQUE_FAILURE,
     COLLECTIVE_GROUP_TYPE_FAILURE,
     DELETED_LEAF_FAILURE,
     DTENSOR_MESH_CONSTANT_FAILURE,
+    ENTRY_GUARD_UNREAD_FAILURE,
     LIBRARY_ERROR_WRAPPED_FAILURE,
     LOAD_CONSTANT_FAILURE,
     MALFORMED_NAMES_FAILURE,
@@ -43,6 +45,7 @@ from scenarios import (
     fsdp1_module_state_sync_keeps_opaques,
     member_method_result_is_guarded,
     meshes_of_one_shape_compile_once,
+    no_rank_loads_another_groups_entry,
     parametrization_names_a_deleted_opaque_leaf,
     program_on_groups_compiles_once,
     save_and_load_opaque_constant,
@@ -769,6 +772,16 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         dtensor_handlers_take_registered_mesh,
         # Dynamo asserts that every listed attribute of a tensor computed in the graph is a tensor
         StockFailure(AssertionError, r"^\n\nfrom user code:\n(.|\n)*e\.device_mesh\.ndim"),
+    ),
+    "torch._functorch._aot_autograd.autograd_cache.AOTAutogradCache.save": (
+        # another group's program: rank 2 gets the entry rank 0 compiled for group '1'
+        no_rank_loads_another_groups_entry,
+        ANOTHER_GROUPS_ENTRY_FAILURE,
+    ),
+    "torch._functorch._aot_autograd.autograd_cache.AOTAutogradCache.evaluate_guards": (
+        # torch's guard evaluation cannot read the record: no rank gets the entry, not even its group's
+        no_rank_loads_another_groups_entry,
+        ENTRY_GUARD_UNREAD_FAILURE,
     ),
     "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key": (
         _backport_cache_entries_keyed_apart,

@@ -526,6 +526,9 @@ def test_a_collective_below_dynamo_on_an_unguarded_group_is_an_error_with_the_us
         assert report.errors == [] and len(report.graphs) == 1 and report.recompiles == []
         assert finding.severity == "error" and finding.path == "t._group"
         assert "nothing guards it: a later call whose t._group is another group runs this graph on" in finding.message
+        # #35 item 3: the other way out, the rewrite that takes the group from the input
+        assert "share_compiles():` (torch 2.12 - 2.15" in finding.fix
+        assert "takes its group from `t._group`, a graph input" in finding.fix
         assert [f for f in report.findings if f.code == "OSC004"] == []
         namespace = _applied(SummedOverGroup, finding.fix, {**globals(), **_fix_code(finding.fix)})
         torch._dynamo.reset()

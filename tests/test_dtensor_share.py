@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._dynamo.testing
 from scenarios import SHARED_CHUNK_JOB_GROUP, shared_chunk_job
-from subclasses import fake_world
+from subclasses import _Wrapper, fake_world
 from torch._dynamo.utils import counters
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -120,10 +121,61 @@ def test_a_collective_on_a_group_of_no_mesh_input_is_refused():
             torch.compile(reduced)(torch.ones(3))
         message = str(caught.value)
         assert f"process group '{group.group_name}' ([0, 1, 2, 3])" in message
-        assert "which is the group of no DeviceMesh input" in message
+        assert "which is the group of no DeviceMesh or ProcessGroup input" in message
         assert "Fix: give the collective a DeviceMesh" in message
         torch._dynamo.reset()
         assert torch.equal(torch.compile(reduced)(torch.ones(3)), torch.full((3,), 2.0))  # outside: torch's way
+
+
+class SummedOverItsGroup(_Wrapper):
+    """Not DTensor: a subclass whose ``__torch_dispatch__`` sums every result over
+    its ``ProcessGroup`` attribute (an opaque, so a graph input), issuing the
+    functional collective while AOTAutograd traces."""
+
+    INNER = ("_data",)
+    OPAQUES = ("_group",)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        import torch.distributed._functional_collectives as funcol
+        from torch.utils._pytree import tree_map_only
+
+        g = cls._first_instance(args, kwargs)._group
+        out = cls._run_unwrapped(func, args, kwargs, lambda t: t._data)
+        out = tree_map_only(torch.Tensor, lambda r: funcol.all_reduce(r, "sum", g), out)
+        return tree_map_only(torch.Tensor, lambda r: cls(r, g), out)
+
+
+def test_any_subclass_collective_runs_on_its_group_input():
+    """#35 item 3: the rewrite serves any subclass's functional collectives whose
+    group is an opaque graph input, not only DTensor's meshes. Three groups (the
+    third over the first one's ranks, a group of its own): one compilation, every
+    call's all-reduce on its own group. Before, the pass knew only mesh inputs
+    and refused the graph (ShareCompilesError: "the group of no DeviceMesh
+    input"); stock torch, nothing guarding the group, runs every call on the
+    first group. torch 2.11 does not compile the program (its fake wrapper of the
+    group answers no member while AOTAutograd traces; the release table lists it)."""
+    import torch.distributed as dist
+
+    torch._dynamo.reset()
+    with fake_world(4):
+        groups = [dist.new_group(r) for r in ([0, 1], [0, 2, 3], [0, 1])]
+        count = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+        compiled = torch.compile(lambda t: (t * 2)._data, backend=count)
+        ran = []
+        with share_compiles():
+            for group in groups:
+                x = SummedOverItsGroup(torch.ones(2), group)
+                if TORCH_2_11:
+                    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed):
+                        compiled(x)
+                    return
+                with record_collectives() as seen:
+                    out = compiled(x)
+                assert torch.equal(out, torch.full((2,), 2.0))
+                ran.append([r.group_name for r in seen])
+        assert ran == [[str(g.group_name)] for g in groups]
+        assert count.frame_count == 1
 
 
 def chunk_of_this_rank(x: DTensor) -> torch.Tensor:

@@ -11,9 +11,11 @@ from collections.abc import Callable, Mapping
 import pytest
 import torch
 from scenarios import (
+    ANOTHER_GROUPS_ENTRY_FAILURE,
     ANSWERING_OPAQUE_FAILURE,
     DELETED_LEAF_FAILURE,
     DTENSOR_CACHED_MESH_FAILURE,
+    ENTRY_GUARD_UNREAD_FAILURE,
     LIBRARY_ERROR_WRAPPED_FAILURE,
     LOAD_CONSTANT_FAILURE,
     MALFORMED_NAMES_FAILURE,
@@ -38,6 +40,7 @@ from scenarios import (
     member_method_result_is_guarded,
     mesh_read_below_dynamo_keeps_its_guard,
     meshes_of_one_shape_compile_once,
+    no_rank_loads_another_groups_entry,
     parametrization_names_a_deleted_opaque_leaf,
     save_and_load_opaque_constant,
     share_compiles_refuses_the_chunk_of_an_output,
@@ -254,6 +257,16 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[in
             AssertionError,
             r"^expected torch\.Tensor or torch\.ScriptObject for CONSTANT attr_kind, got <class 'subclasses\.Mesh'>$",
         ),
+    ),
+    "torch._functorch._aot_autograd.autograd_cache.AOTAutogradCache.save": (  # 2.11 - 2.15
+        # another group's program: rank 2 gets the entry rank 0 compiled for group '1'
+        no_rank_loads_another_groups_entry,
+        ANOTHER_GROUPS_ENTRY_FAILURE,
+    ),
+    "torch._functorch._aot_autograd.autograd_cache.AOTAutogradCache.evaluate_guards": (  # 2.11 - 2.15
+        # torch's guard evaluation cannot read the record: no rank gets the entry, not even its group's
+        no_rank_loads_another_groups_entry,
+        ENTRY_GUARD_UNREAD_FAILURE,
     ),
     "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key": (  # 2.12 - 2.15
         _inductor_cache_keeps_sharing_apart,

@@ -157,6 +157,31 @@ FIXES: tuple[Fix, ...] = (
             (2, 15): "26aa5a210e4eaa85",
         },
     ),
+    # an AOTAutograd cache entry whose graph names a process group is served only where the name
+    # means the same group, with this rank in it (fixes/group_entries.py): saved with the record,
+    # checked as the first of the entry's guards
+    Fix(
+        "opaque_subclass.fixes.group_entries:make_cache_save",
+        "torch._functorch._aot_autograd.autograd_cache.AOTAutogradCache.save",
+        {
+            (2, 11): "78014c5dadb49828",
+            (2, 12): "c607fdf6f6804220",
+            (2, 13): "f762e9ec5cb0d181",
+            (2, 14): "f762e9ec5cb0d181",
+            (2, 15): "f360a65355fb2a05",
+        },
+    ),
+    Fix(
+        "opaque_subclass.fixes.group_entries:make_evaluate_guards",
+        "torch._functorch._aot_autograd.autograd_cache.AOTAutogradCache.evaluate_guards",
+        {
+            (2, 11): "e685e1b4db030d2c",
+            (2, 12): "e685e1b4db030d2c",
+            (2, 13): "e685e1b4db030d2c",
+            (2, 14): "e685e1b4db030d2c",
+            (2, 15): "e685e1b4db030d2c",
+        },
+    ),
     # a value opaque beside a subclass stays a constant of the graph, not torch's fake wrapper
     # (pytorch/pytorch#193190, fixed in torch 2.15; fixes/value_outputs.py)
     Fix(

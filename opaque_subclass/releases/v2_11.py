@@ -238,8 +238,12 @@ RELEASE = ReleaseSupport(
             "no member. 2.12 and newer bind the declared members onto it and compile in the real "
             "object's value; the library then keeps the guard on such a mesh's whole rank map. So does a "
             "__torch_dispatch__ issuing a functional collective on its group attribute (the group's name "
-            "is such a member)",
-            ("members/device-mesh-coordinate-below-dynamo", "compile_passes/osc005-one-finding-per-call-and-its-guard"),
+            "is such a member), with or without share_compiles",
+            (
+                "members/device-mesh-coordinate-below-dynamo",
+                "compile_passes/osc005-one-finding-per-call-and-its-guard",
+                "dtensor/share-compiles-runs-on-a-group-input",
+            ),
         ),
         Difference(
             "torch 2.11's Dynamo puts DTensor's from_local, redistribute and to_local in a graph as "

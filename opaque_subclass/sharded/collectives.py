@@ -58,7 +58,7 @@ def record_collectives() -> Iterator[list[CollectiveRecord]]:
         RECORDER.stop_collecting("collectives", block)
 
 
-def note_collective(op: str, group: dist.ProcessGroup, mesh: DeviceMesh) -> None:
+def note_collective(op: str, group: dist.ProcessGroup, mesh: DeviceMesh | None) -> None:
     """Record a collective on ``group`` (of ``mesh``) in every open
     :func:`record_collectives` block; also used by :mod:`opaque_subclass.dtensor`'s ops."""
     log.debug("%s on process group %s", op, group.group_name)

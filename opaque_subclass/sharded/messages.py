@@ -235,7 +235,8 @@ def group_of_no_input(
     have = ", ".join(f"{name}: {groups}" for name, groups in inputs) or "none"
     return error(
         f"share_compiles: the compiled graph runs {op[0]}.{op[1]} on process group {group!r} ({ranks}), which is the group "
-        f"of no DeviceMesh input of the graph (mesh inputs and their groups per dimension: {have}): shared with "
-        "another rank, the graph would run it on this rank's group. Fix: give the collective a DeviceMesh the "
-        f"compiled function receives (DTensor's redistribute does), or {_OUTSIDE}."
+        f"of no DeviceMesh or ProcessGroup input of the graph (mesh inputs and their groups per dimension, group "
+        f"inputs: {have}): shared with another rank, the graph would run it on this rank's group. Fix: give the "
+        "collective a DeviceMesh or ProcessGroup the compiled function receives (an opaque attribute of a tensor "
+        f"input; DTensor's redistribute takes its mesh), or {_OUTSIDE}."
     )

@@ -63,6 +63,9 @@ def _load_target(target: str) -> Callable[..., Any]:
         if spec is None or spec.loader is None:
             raise ImportError(f"cannot load worker file {where!r}")
         module = importlib.util.module_from_spec(spec)
+        # registered as an import would be, so classes the file defines pickle by name (a compile
+        # cache keys a subclass by its class's importable path; unregistered, torch bypasses it)
+        sys.modules.setdefault(spec.name, module)
         spec.loader.exec_module(module)
     else:
         module = importlib.import_module(where)
