@@ -199,20 +199,22 @@ def _workers() -> list[str]:
 
 
 #: The packages whose subclasses the library adopts (opaque_subclass.adoption's presets), with
-#: the torch the ``clients`` session tests them on.
+#: the torch releases the ``clients`` session tests them on (one leg each).
 CLIENTS = ("nvidia-physicsnemo==2.2.2",)
-CLIENTS_TORCH = "2.13.0"
+CLIENTS_TORCH = ["2.13.0", "2.15.0"]
 
 
 @nox.session
-def clients(session: nox.Session) -> None:
-    """The adoption presets on the real packages (not a default session: they are
-    large, and the default legs test stand-ins of the same traits): NVIDIA
-    PhysicsNeMo's ``ShardTensor`` compiled with 8 meshes of one shape
-    (tests/test_adopt_physicsnemo.py) and docs/adopting.md's recipe on it, on
-    torch CLIENTS_TORCH."""
-    _install_torch(session, CLIENTS_TORCH)
-    session.install("-e", ".[test]", *CLIENTS, f"torch=={CLIENTS_TORCH}", env=_PIP_ENV)
+@nox.parametrize("torch", CLIENTS_TORCH)
+def clients(session: nox.Session, torch: str) -> None:
+    """The adoption presets on the real packages, on one torch leg of CLIENTS_TORCH
+    (not a default session: they are large, and the default legs test stand-ins of
+    the same traits), e.g. ``python -m nox -s "clients(torch='2.15.0')"``: NVIDIA
+    PhysicsNeMo's ``ShardTensor`` (tests/test_adopt_physicsnemo.py: either import
+    order, 8 meshes of one shape, collectives on each call's group, 2 gloo ranks,
+    a simulated 64-rank job) and docs/adopting.md's recipe on it."""
+    _install_torch(session, torch)
+    session.install("-e", ".[test]", *CLIENTS, f"torch=={torch}", env=_PIP_ENV)
     session.run(
         "python",
         "-c",
@@ -220,7 +222,12 @@ def clients(session: nox.Session) -> None:
     )
     with _fresh_inductor_cache() as env:
         session.run(
-            "python", "-m", "pytest", "-v", "-n", "0", "tests/test_adopt_physicsnemo.py", *session.posargs, env=env
+            "python",
+            "-m",
+            "pytest",
+            *("-v", "-n", "0", "--durations=20", "tests/test_adopt_physicsnemo.py"),
+            *session.posargs,
+            env=env,
         )
         session.run("python", "docs/check_examples.py", "docs/adopting.md", env=env)
 

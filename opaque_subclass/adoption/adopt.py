@@ -154,6 +154,27 @@ class _AdoptedAttribute:
         raise messages.set_adopted(type(obj), self._slot.name, self._slot.path.text)
 
 
+def _keep_reads_out_of_dynamo() -> None:
+    """Never let Dynamo compile :meth:`_AdoptedAttribute.__get__` as a frame of its own.
+
+    When a compiled function uses an adopted opaque in its graph (``t.redistribute(t._mesh, ...)``),
+    Dynamo's compiled code reads the attribute on every call to pass it as a graph input: that runs
+    ``__get__`` as a Python frame inside the compiled call, which Dynamo would compile as a second
+    program (whose graph holds whatever the class's flatten calls: PhysicsNeMo's
+    ``__subclass_flatten_context__``), counted as a compilation and run on every call. The frame, and
+    the class's flatten it calls, run as plain Python at the top level; Dynamo still inlines
+    ``__get__`` when it traces code that reads the attribute (a code's run strategy is only read for
+    a top-level frame)."""
+    from torch._C._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import (  # type: ignore[attr-defined]  # imported there from torch._C, torch 2.11 - 2.15
+        FrameAction,
+        FrameExecStrategy,
+    )
+
+    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    set_code_exec_strategy(_AdoptedAttribute.__get__.__code__, skip)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Adoption:
     """An adoption in force, returned by :func:`adopt`; :meth:`undo` (or leaving ``with``) restores the class."""
@@ -382,6 +403,7 @@ def adopt(cls: type, opaques: Mapping[str, ContextOpaque], *, example: object = 
         if example is not None:
             _check_example(cls, slots, example)
         flatten, unflatten, coerce = _raw(cls, _FLATTEN), _raw(cls, _UNFLATTEN), _raw(cls, _COERCE)
+        _keep_reads_out_of_dynamo()
         installed: dict[str, Any] = {slot.name: _AdoptedAttribute(slot, flatten) for slot in slots}
         if coerce is not None:
             installed[_COERCE] = _make_coerce(slots, coerce, flatten)
