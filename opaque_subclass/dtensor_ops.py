@@ -49,41 +49,35 @@ def _wait(result: Any) -> Any:
     return [wait(t) for t in result]
 
 
-def _make_impl(target: Any, name: str) -> Callable[..., Any]:
+#: How an op's trailing arguments name its group: ``(leading arguments, the group, the mesh or None)``.
+_Split = Callable[[tuple[Any, ...]], tuple[tuple[Any, ...], Any, Any]]
+
+
+def _mesh_and_dim(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any, Any]:
+    mesh = real_object(args[-2])
+    if not isinstance(mesh, DeviceMesh):  # a mesh made up by a tracer: shapes need no group
+        return args[:-2], None, None
+    return args[:-2], mesh.get_group(args[-1]), mesh
+
+
+def _group(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any, Any]:
+    group = real_object(args[-1])
+    return args[:-1], group if isinstance(group, ProcessGroup) else None, None  # None: made up by a tracer
+
+
+def _make_impl(target: Any, name: str, split: _Split) -> Callable[..., Any]:
     def impl(*args: Any) -> Any:
-        mesh, mesh_dim = args[-2], args[-1]
-        group = mesh.get_group(mesh_dim)
+        leading, group, mesh = split(args)
         note_collective(name, group, mesh)
-        return _wait(target(*args[:-2], group.group_name))
+        return _wait(target(*leading, group.group_name))
 
     return impl
 
 
-def _make_fake(target: Any) -> Callable[..., Any]:
+def _make_fake(target: Any, split: _Split) -> Callable[..., Any]:
     def fake(*args: Any) -> Any:
-        mesh = real_object(args[-2])
-        if not isinstance(mesh, DeviceMesh):  # a mesh made up by a tracer: shapes need no group
-            return target(*args[:-2], "0")
-        return target(*args[:-2], mesh.get_group(args[-1]).group_name)
-
-    return fake
-
-
-def _make_group_impl(target: Any, name: str) -> Callable[..., Any]:
-    def impl(*args: Any) -> Any:
-        group = args[-1]
-        note_collective(name, group, None)
-        return _wait(target(*args[:-1], group.group_name))
-
-    return impl
-
-
-def _make_group_fake(target: Any) -> Callable[..., Any]:
-    def fake(*args: Any) -> Any:
-        group = real_object(args[-1])
-        if not isinstance(group, ProcessGroup):  # a group made up by a tracer: shapes need no group
-            return target(*args[:-1], "0")
-        return target(*args[:-1], group.group_name)
+        leading, group, _ = split(args)
+        return target(*leading, group.group_name if group is not None else "0")
 
     return fake
 
@@ -107,11 +101,11 @@ def _define() -> dict[Any, Any]:
         op_name, full = _op_name(namespace, name), f"{namespace}.{name}"
         on_group = f"{op_name}_on_group"
         LIBRARY.define(f"{op_name}({leading}, {mesh_type} mesh, int mesh_dim) -> {result}")  # type: ignore[no-untyped-call]
-        LIBRARY.impl(op_name, _make_impl(target, full), "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
-        torch.library.register_fake(f"{NAMESPACE}::{op_name}", _make_fake(target), lib=LIBRARY)
+        LIBRARY.impl(op_name, _make_impl(target, full, _mesh_and_dim), "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
+        torch.library.register_fake(f"{NAMESPACE}::{op_name}", _make_fake(target, _mesh_and_dim), lib=LIBRARY)
         LIBRARY.define(f"{on_group}({leading}, {group_type} group) -> {result}")  # type: ignore[no-untyped-call]
-        LIBRARY.impl(on_group, _make_group_impl(target, full), "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
-        torch.library.register_fake(f"{NAMESPACE}::{on_group}", _make_group_fake(target), lib=LIBRARY)
+        LIBRARY.impl(on_group, _make_impl(target, full, _group), "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
+        torch.library.register_fake(f"{NAMESPACE}::{on_group}", _make_fake(target, _group), lib=LIBRARY)
         ops[(namespace, name)] = getattr(getattr(torch.ops, NAMESPACE), op_name).default
         ops[(namespace, name), "group"] = getattr(getattr(torch.ops, NAMESPACE), on_group).default
     return ops

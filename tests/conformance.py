@@ -902,26 +902,11 @@ def _share_compiles_group_input() -> Observation:
     traces, its group a graph input), compiled with inductor under share_compiles
     and called with three groups (the third over the first one's ranks): the
     group each call's collective ran on, and the compilations."""
-    from subclasses import _Wrapper
-    from torch.utils._pytree import tree_map_only
+    import torch.distributed as dist
+    from subclasses import SummedOverGroup as Summed
 
     from opaque_subclass.dtensor import share_compiles
     from opaque_subclass.sharded import record_collectives
-
-    class Summed(_Wrapper):
-        INNER = ("_data",)
-        OPAQUES = ("_group",)
-
-        @classmethod
-        def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            import torch.distributed._functional_collectives as funcol
-
-            g = cls._first_instance(args, kwargs)._group
-            out = cls._run_unwrapped(func, args, kwargs, lambda t: t._data)
-            out = tree_map_only(torch.Tensor, lambda r: funcol.all_reduce(r, "sum", g), out)
-            return tree_map_only(torch.Tensor, lambda r: cls(r, g), out)
-
-    import torch.distributed as dist
 
     with fake_world(4), fresh(), share_compiles():
         count = counter("inductor")

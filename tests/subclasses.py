@@ -304,6 +304,24 @@ class GroupScaled(_Wrapper):
         return tree_map_only(torch.Tensor, lambda t: cls(t / n, g), out)
 
 
+class SummedOverGroup(_Wrapper):
+    """Sums every result over its group in ``__torch_dispatch__``: a collective
+    the program issues below Dynamo, on the group of the input it traces."""
+
+    INNER = ("_data",)
+    OPAQUES = ("_group",)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        import torch.distributed._functional_collectives as funcol
+        from torch.utils._pytree import tree_map_only
+
+        g = cls._first_instance(args, kwargs)._group
+        out = cls._run_unwrapped(func, args, kwargs, lambda t: t._data)
+        out = tree_map_only(torch.Tensor, lambda r: funcol.all_reduce(r, "sum", g), out)
+        return tree_map_only(torch.Tensor, lambda r: cls(r, g), out)
+
+
 class CoordinateShifted(_Wrapper):
     """A tensor and its ``DeviceMesh`` whose ``__torch_dispatch__`` adds the
     mesh's coordinate (of this rank, on dim 0) to every result, read on the

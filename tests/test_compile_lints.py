@@ -12,7 +12,17 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from subclasses import Config, Mesh, MeshTensor, ShardLike, ShardSpec, ValueMesh, _Wrapper, registered_mesh_world_of_one
+from subclasses import (
+    Config,
+    Mesh,
+    MeshTensor,
+    ShardLike,
+    ShardSpec,
+    SummedOverGroup,
+    ValueMesh,
+    _Wrapper,
+    registered_mesh_world_of_one,
+)
 
 import compile_passes as cp
 import opaque_subclass as osc
@@ -477,24 +487,6 @@ def test_the_fix_of_a_gather_or_a_scatter_runs_as_written(program):
         assert fixed.outputs.shape == report.outputs.shape
 
 
-class SummedOverGroup(_Wrapper):
-    """Sums every result over its group in ``__torch_dispatch__``: a collective
-    the program issues below Dynamo, on the group of the input it traces."""
-
-    INNER = ("_data",)
-    OPAQUES = ("_group",)
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        import torch.distributed._functional_collectives as funcol
-        from torch.utils._pytree import tree_map_only
-
-        g = cls._first_instance(args, kwargs)._group
-        out = cls._run_unwrapped(func, args, kwargs, lambda t: t._data)
-        out = tree_map_only(torch.Tensor, lambda r: funcol.all_reduce(r, "sum", g), out)
-        return tree_map_only(torch.Tensor, lambda r: cls(r, g), out)
-
-
 def doubled(t):
     return (t * 2)._data
 
@@ -517,7 +509,7 @@ def test_a_collective_below_dynamo_on_an_unguarded_group_is_an_error_with_the_us
         report = cp.explain(doubled, SummedOverGroup(torch.ones(2), a))
         report.call(SummedOverGroup(torch.ones(2), b))
         (finding,) = [f for f in report.findings if f.code == "OSC005"]
-        assert "issued below Dynamo by test_compile_lints (" in finding.message
+        assert "issued below Dynamo by subclasses (" in finding.message
         replaced = 'replace `funcol.all_reduce(r, "sum", g)` with `all_reduce_sum(r, g)`'
         assert replaced in finding.fix
         if current().release == (2, 11):

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch._dynamo.testing
 from scenarios import SHARED_CHUNK_JOB_GROUP, shared_chunk_job
-from subclasses import _Wrapper, fake_world
+from subclasses import SummedOverGroup, fake_world
 from torch._dynamo.utils import counters
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -127,25 +127,6 @@ def test_a_collective_on_a_group_of_no_mesh_input_is_refused():
         assert torch.equal(torch.compile(reduced)(torch.ones(3)), torch.full((3,), 2.0))  # outside: torch's way
 
 
-class SummedOverItsGroup(_Wrapper):
-    """Not DTensor: a subclass whose ``__torch_dispatch__`` sums every result over
-    its ``ProcessGroup`` attribute (an opaque, so a graph input), issuing the
-    functional collective while AOTAutograd traces."""
-
-    INNER = ("_data",)
-    OPAQUES = ("_group",)
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        import torch.distributed._functional_collectives as funcol
-        from torch.utils._pytree import tree_map_only
-
-        g = cls._first_instance(args, kwargs)._group
-        out = cls._run_unwrapped(func, args, kwargs, lambda t: t._data)
-        out = tree_map_only(torch.Tensor, lambda r: funcol.all_reduce(r, "sum", g), out)
-        return tree_map_only(torch.Tensor, lambda r: cls(r, g), out)
-
-
 def test_any_subclass_collective_runs_on_its_group_input():
     """#35 item 3: the rewrite serves any subclass's functional collectives whose
     group is an opaque graph input, not only DTensor's meshes. Three groups (the
@@ -165,7 +146,7 @@ def test_any_subclass_collective_runs_on_its_group_input():
         ran = []
         with share_compiles():
             for group in groups:
-                x = SummedOverItsGroup(torch.ones(2), group)
+                x = SummedOverGroup(torch.ones(2), group)
                 if TORCH_2_11:
                     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed):
                         compiled(x)
