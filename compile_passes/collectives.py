@@ -38,6 +38,7 @@ import torch
 import torch.fx.traceback as fx_traceback
 
 from opaque_subclass.core.checks import require_module
+from opaque_subclass.core.registry import process_group_ranks
 
 from . import messages
 from .baked import call_text, node_code, node_origin, origin_site, trace_frame
@@ -116,20 +117,6 @@ class BakedGroup:
     def site(self) -> str:
         """What one finding stands for: the op at the line calling it (compiled for several groups or graphs)."""
         return f"{self.op}@{self.call_site or self.origin}"
-
-
-def _ranks(group_name: str) -> tuple[int, ...] | None:
-    """The global ranks of the group named ``group_name`` here, if there is one."""
-    try:
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
-
-        if not dist.is_available() or not dist.is_initialized():
-            return None
-        resolve: Any = c10d._resolve_process_group  # type: ignore[attr-defined]  # torch's, not exported
-        return tuple(dist.get_process_group_ranks(resolve(group_name)))
-    except Exception:  # a name of another process, or a torch without the helper: words only
-        return None
 
 
 def _collective(target: object) -> tuple[str, int] | None:
@@ -227,7 +214,7 @@ def baked_groups(gm: torch.fx.GraphModule) -> Iterator[BakedGroup]:
                 node.name,
                 op,
                 value,
-                _ranks(value),
+                process_group_ranks(value),
                 origin,
                 reduce_op if isinstance(reduce_op, str) else None,
                 code,
@@ -451,7 +438,7 @@ def collective_below(frame: types.FrameType) -> BakedGroup | None:
         op,
         op,
         value,
-        _ranks(value),
+        process_group_ranks(value),
         origin,
         reduce_op if isinstance(reduce_op, str) else None,
         user["code"].strip() if user else "",

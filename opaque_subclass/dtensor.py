@@ -45,7 +45,7 @@ import functools
 import hashlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -55,7 +55,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from opaque_subclass._version import __version__
 from opaque_subclass.core.errors import OpaqueSubclassError
 from opaque_subclass.core.recorder import RECORDER
-from opaque_subclass.core.registry import real_object
+from opaque_subclass.core.registry import process_group_ranks, real_object
 from opaque_subclass.sharded import messages
 
 __all__ = [
@@ -120,12 +120,8 @@ def _group_names(mesh: DeviceMesh) -> list[str]:
 
 
 def _group_ranks(name: str) -> str:
-    try:
-        from torch.distributed.distributed_c10d import _resolve_process_group  # type: ignore[attr-defined]
-
-        return str(dist.get_process_group_ranks(_resolve_process_group(name)))  # type: ignore[arg-type]
-    except Exception:  # a group this process cannot resolve: its name says enough
-        return "unknown ranks"
+    ranks = process_group_ranks(name)
+    return str(list(ranks)) if ranks is not None else "unknown ranks"  # another process's group: its name says enough
 
 
 @functools.cache
@@ -197,23 +193,22 @@ def refuse_rank_positions(graph: torch.fx.Graph) -> None:
             raise messages.positions_used(ShareCompilesError, node.name, mesh, used)
 
 
+_O = TypeVar("_O")
+
+
+def _inputs_of(graph: torch.fx.Graph, cls: type[_O]) -> list[tuple[torch.fx.Node, _O]]:
+    """The graph's inputs whose real object is a ``cls`` (``DeviceMesh``; ``ProcessGroup``: a
+    subclass's opaque group attribute, a group argument)."""
+    found = []
+    for node in graph.find_nodes(op="placeholder"):
+        real = real_object(node.meta.get("val"))
+        if isinstance(real, cls):
+            found.append((node, real))
+    return found
+
+
 def _mesh_inputs(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, DeviceMesh]]:
-    found = []
-    for node in graph.find_nodes(op="placeholder"):
-        real = real_object(node.meta.get("val"))
-        if isinstance(real, DeviceMesh):
-            found.append((node, real))
-    return found
-
-
-def _group_inputs(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, dist.ProcessGroup]]:
-    """The graph's ``ProcessGroup`` inputs (a subclass's opaque group attribute, a group argument)."""
-    found = []
-    for node in graph.find_nodes(op="placeholder"):
-        real = real_object(node.meta.get("val"))
-        if isinstance(real, dist.ProcessGroup):
-            found.append((node, real))
-    return found
+    return _inputs_of(graph, DeviceMesh)
 
 
 def _constant_meshes(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, DeviceMesh]]:
@@ -254,7 +249,7 @@ def rewrite_collectives(graph: torch.fx.Graph) -> int:
     for node, mesh in inputs:
         for dim, name in enumerate(_group_names(mesh)):
             by_group.setdefault(name, (node, dim))
-    group_inputs = _group_inputs(graph)
+    group_inputs = _inputs_of(graph, dist.ProcessGroup)
     for node, pg in group_inputs:
         by_group.setdefault(str(pg.group_name), (node, None))
     ops = None

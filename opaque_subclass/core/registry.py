@@ -62,6 +62,7 @@ __all__ = [
     "is_torch_own_opaque_type",
     "opaque_kind",
     "opaque_type_of",
+    "process_group_ranks",
     "register_opaque",
     "stored_opaque_leaves",
 ]
@@ -245,6 +246,22 @@ def _run_torch_registration_hooks(cls: type) -> bool:
             hook()
             ran = True
     return ran
+
+
+def process_group_ranks(name: str) -> tuple[int, ...] | None:
+    """The global ranks of the process group registered under ``name`` in this process, or
+    ``None`` (no default group, or no group of that name here: another process's name)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        group = c10d._resolve_process_group(name)  # type: ignore[attr-defined, arg-type]  # torch's, not exported
+        return tuple(dist.get_process_group_ranks(group))
+    except Exception:  # not a group of this process (RuntimeError / ValueError, by release)
+        return None
 
 
 def _process_group_options() -> dict[str, Any]:

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from opaque_subclass.core.registry import process_group_ranks
 from opaque_subclass.fixes.autograd_cache import sharing_across_ranks
 from opaque_subclass.patching import composes
 
@@ -133,21 +134,6 @@ def group_names_in(graph_texts: Iterable[str | None]) -> tuple[set[str], bool]:
     return names, complete
 
 
-def _ranks_here(name: str) -> tuple[int, ...] | None:
-    """The global ranks of the process group named ``name`` in this process, or ``None``."""
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_initialized():
-        return None
-    from torch.distributed import distributed_c10d as c10d
-
-    try:
-        group = c10d._resolve_process_group(name)  # type: ignore[attr-defined, arg-type]  # torch's, not exported
-        return tuple(dist.get_process_group_ranks(group))
-    except Exception:  # not a group of this process (RuntimeError / ValueError, by release)
-        return None
-
-
 def recorded_groups(entry: Any) -> dict[str, list[int] | None] | None:
     """What an entry about to be saved must record: ``{name: ranks here}`` for each group its
     forward and backward graphs name (ranks ``None`` where the name resolves to nothing here,
@@ -159,7 +145,7 @@ def recorded_groups(entry: Any) -> dict[str, list[int] | None] | None:
         return None
     record: dict[str, list[int] | None] = {}
     for name in sorted(names):
-        ranks = _ranks_here(name)
+        ranks = process_group_ranks(name)
         record[name] = list(ranks) if ranks is not None else None
     if not complete:
         record["?"] = None
@@ -175,7 +161,7 @@ def groups_hold_here(record: dict[str, list[int] | None]) -> str | None:
     for name, ranks in record.items():
         if ranks is None:
             return f"the entry names a process group {name!r} that could not be identified when it was saved"
-        here = _ranks_here(name)
+        here = process_group_ranks(name)
         if here is None:
             return f"process group {name!r} (ranks {ranks} where compiled) is not a group of rank {rank}"
         if list(here) != ranks:
