@@ -217,6 +217,13 @@ class CHand(torch.Tensor):
         return tree_map_only(torch.Tensor, lambda t: cls(t, proto._mesh, proto._config), out)
 
 
+class CBare(CHand):
+    """``CHand`` with torch's default ``Tensor.__repr__`` (it reads the values), as many
+    hand-written subclasses have."""
+
+    __repr__ = torch.Tensor.__repr__
+
+
 class CNested(OpaqueSubclass):
     """An OpaqueSubclass whose inner tensor is itself a CSharded."""
 
@@ -617,6 +624,34 @@ def _compiled_autograd() -> Observation:
         with ca._enable(torch.compile(backend="aot_eager")):
             out.backward()
         return {"grad": describe(x.grad, {"input mesh": m})}
+
+
+@entry("compile/subclass-without-repr")
+def _subclass_without_repr() -> Observation:
+    """A hand-written subclass that keeps torch's default ``__repr__``, compiled with
+    aot_eager, forward then forward and backward, each on two meshes: outputs and gradients
+    (torch 2.11 alone cannot compile it: it formats its traced inputs on every compilation)."""
+    seen: dict[str, Any] = {}
+    for label, grad in (("forward", False), ("forward and backward", True)):
+        with fresh():
+            count = counter("aot_eager")
+            compiled = torch.compile(lambda t: t * 2, backend=count, fullgraph=True)
+            calls: list[Any] = []
+            for name in ("a", "b"):
+                m = CMesh(name)
+                x = CBare(torch.arange(3.0), m, CConfig(1)).requires_grad_(grad)
+                try:
+                    out = compiled(x)
+                except Exception as e:  # the observation is the exception
+                    calls.append(error(e))
+                    continue
+                call = {"out": describe(out, {"input mesh": m})}
+                if grad:
+                    out.sum().backward()
+                    call["grad"] = describe(x.grad, {"input mesh": m})
+                calls.append(call)
+            seen[label] = {"calls": calls, "compilations": count.frame_count}
+    return seen
 
 
 @entry("compile/tangents-ready-and-coerced/aot_eager")

@@ -145,6 +145,13 @@ class MeshTensor(_Wrapper):
     OPAQUES = ("_mesh",)
 
 
+class BareMeshTensor(MeshTensor):
+    """``MeshTensor`` with torch's default ``Tensor.__repr__`` (it reads the values), as many
+    hand-written subclasses have."""
+
+    __repr__ = torch.Tensor.__repr__
+
+
 class MultiOpaque(_Wrapper):
     """Two tensors and two opaques of different types."""
 

@@ -53,7 +53,7 @@ from scenarios import (
     torch_subclass_parametrization_keeps_opaques,
     undeclared_member_is_named,
 )
-from subclasses import Mesh, MeshTensor, add_name_length, registered_mesh_world_of_one
+from subclasses import BareMeshTensor, Mesh, MeshTensor, add_name_length, registered_mesh_world_of_one
 from upstream_scenarios import MADE_WHILE_TRACING_FAILURE, reference_opaque_made_while_tracing_is_named
 
 import opaque_subclass
@@ -466,6 +466,20 @@ def _nested_backward():
         assert y2._mesh is m, f"call {i}: the output carries {y2._mesh!r}, expected {m!r}"
 
 
+def _compile_subclass_without_repr():
+    """Forward and backward of a subclass that keeps torch's default ``__repr__``: torch 2.11
+    formats its AOTAutograd metadata (the traced subclass inputs and tangents) on every compilation."""
+    f = torch.compile(lambda x: x * 2, backend="aot_eager", fullgraph=True)
+    for i in range(2):
+        m = Mesh(str(i))
+        x = BareMeshTensor(torch.ones(2), m).requires_grad_(i == 1)
+        out = f(x)
+        assert out._mesh is m, f"call {i}: the output carries {out._mesh!r}, expected {m!r}"
+        if i == 1:
+            out.sum().backward()
+            assert x.grad._mesh is m and x.grad._data.tolist() == [2.0, 2.0]
+
+
 def _no_grad_mutation():
     def fn(x):
         with torch.no_grad():
@@ -695,6 +709,12 @@ _END = r"(\n|$)"
 #: (16 after an earlier run of the scenario in the process).
 _DTENSOR_STALE = StockFailure(AssertionError, r"^1[56] of 16 outputs carry another call's mesh$")
 
+#: torch's default ``Tensor.__repr__`` of a traced subclass reads its (fake) values.
+_UNPRINTABLE_TRACED_SUBCLASS = StockFailure(
+    _DYNAMO.BackendCompilerFailed,
+    _AOT + r"GuardOnDataDependentSymNode: Could not guard on data-dependent expression Eq\(u0, 0\)",
+)
+
 #: target -> (the scenario that needs the patch, how it fails on stock torch
 #: 2.11 with just that patch suspended). Measured on torch 2.11.0.
 NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
@@ -907,6 +927,14 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         _compile_forward,
         # A wrong result: the first call's opaque is baked into the graph.
         StockFailure(AssertionError, r"^call 1: the output carries Mesh\('0'\), expected Mesh\('1'\)" + _END),
+    ),
+    "torch._functorch._aot_autograd.schemas.SubclassCreationMeta.__repr__": (
+        _compile_subclass_without_repr,
+        _UNPRINTABLE_TRACED_SUBCLASS,
+    ),
+    "torch._functorch._aot_autograd.schemas.ViewAndMutationMeta.__repr__": (
+        _compile_subclass_without_repr,
+        _UNPRINTABLE_TRACED_SUBCLASS,
     ),
     "torch._functorch._aot_autograd.graph_capture_wrappers.sc_visit": (
         _no_grad_mutation,

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import opaque_subclass as osc
 
@@ -359,6 +360,45 @@ def test_source_fingerprints_match_the_imported_definitions():
             assert source_fingerprint(*located) == expected, target
             compared += 1
     assert compared >= len(ps.patches)
+
+
+def test_fingerprint_of_a_method_dataclass_wrote(tmp_path, monkeypatch):
+    """A ``__repr__`` that ``@dataclass`` wrote has no source: its fingerprint is the class's,
+    the same read from the file and from the object, and changes with the class (a new field);
+    a ``__repr__`` the class defines, or one ``repr=False`` leaves to ``object``, is not one."""
+    import importlib
+
+    from opaque_subclass import patching
+    from opaque_subclass.patching import _dataclass_generated, attribute_fingerprint, source_fingerprint
+
+    torch_file = patching._module_file  # torch's files only; these modules are beside the test
+    monkeypatch.setattr(
+        patching,
+        "_module_file",
+        lambda name: str(tmp_path / f"{name}.py") if name.startswith("dc_") else torch_file(name),
+    )
+
+    def load(name: str, fields: str) -> Any:
+        (tmp_path / f"{name}.py").write_text(
+            "import dataclasses\nfrom dataclasses import dataclass\n\n\n"
+            f"@dataclass\nclass Meta:\n{fields}\n\n"
+            "@dataclasses.dataclass(repr=False)\nclass Quiet:\n    a: int\n\n\n"
+            "@dataclass\nclass Own:\n    a: int\n\n    def __repr__(self):\n        return 'own'\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+        return importlib.import_module(name)
+
+    first = load("dc_first", "    a: int\n")
+    second = load("dc_second", "    a: int\n    b: int = 0\n")
+    assert _dataclass_generated(first.Meta, "__repr__")
+    assert not _dataclass_generated(first.Quiet, "__repr__") and not _dataclass_generated(first.Own, "__repr__")
+    for module in (first, second):
+        for cls in ("Meta", "Own"):
+            assert source_fingerprint(module.__name__, (cls, "__repr__")) == attribute_fingerprint(
+                getattr(module, cls), "__repr__"
+            ), cls
+    assert attribute_fingerprint(first.Meta, "__repr__") != attribute_fingerprint(second.Meta, "__repr__")
+    assert source_fingerprint("dc_first", ("Quiet", "__repr__")) != source_fingerprint("dc_first", ("Meta", "__repr__"))
 
 
 _PLAIN_MODULE = textwrap.dedent(

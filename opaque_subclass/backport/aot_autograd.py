@@ -30,6 +30,7 @@ __all__ = [
     "make_autograd_cache_key",
     "make_create_subclass_metadata",
     "make_is_fun",
+    "make_metadata_repr",
     "make_sc_visit",
     "make_set_proxy_slot",
     "make_skip_opaque",
@@ -88,6 +89,58 @@ def make_create_subclass_metadata(original: Callable[..., Any]) -> Callable[...,
         return original(a, start_idx, count_symints, with_memory_format)
 
     return create_subclass_metadata
+
+
+def _lists_opaque(meta: Any) -> bool:
+    """Whether a subclass meta (or any nested in it) holds an opaque slot."""
+    from _opaque_subclass_pickle import OpaqueSlotMeta
+
+    attrs = getattr(meta, "attrs", None) or {}
+    return any(isinstance(a, OpaqueSlotMeta) or _lists_opaque(a) for a in attrs.values())
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, with each wrapper-subclass tensor in it shown by type, shape and dtype."""
+    if isinstance(value, torch.Tensor) and is_wrapper_subclass(value):
+        return f"<{type(value).__qualname__} size={tuple(value.shape)} dtype={value.dtype}>"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_shown(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_shown(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def make_metadata_repr(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces the ``__repr__`` that ``@dataclass`` wrote for AOTAutograd's
+    ``schemas.SubclassCreationMeta`` and ``schemas.ViewAndMutationMeta`` (torch 2.11).
+
+    torch 2.11 formats this metadata for a debug log on every compilation, logged
+    or not (``str(fw_metadata)`` in ``aot_dispatch_base_graph`` and in the
+    autograd path), and the metadata holds the traced subclass inputs and
+    tangents: fake tensors, formatted by their class's ``__repr__``. Without it,
+    a subclass that keeps Tensor's default ``__repr__`` (it reads the values)
+    cannot be compiled (``GuardOnDataDependentSymNode``), with or without the
+    backport. With it, metadata of a subclass listing an opaque shows each traced
+    subclass tensor as its type, shape and dtype; any other metadata is formatted
+    by torch. Unnecessary since torch 2.12, which formats it only when the log is
+    on (the release of pytorch/pytorch#176457, which the backport brings to 2.11).
+    """
+
+    def __repr__(self: Any) -> str:
+        metas = getattr(self, "subclass_inp_meta", None)
+        if metas is None:  # a SubclassCreationMeta
+            scoped = [self]
+        else:  # a ViewAndMutationMeta
+            scoped = [*metas, *(self.subclass_fw_graph_out_meta or ()), *(self.subclass_tangent_meta or ())]
+        if not any(_lists_opaque(m) for m in scoped):
+            return str(original(self))
+        import dataclasses
+
+        shown = ", ".join(f"{f.name}={_shown(getattr(self, f.name))}" for f in dataclasses.fields(self) if f.repr)
+        return f"{type(self).__qualname__}({shown})"
+
+    return __repr__
 
 
 def make_unwrap_tensor_subclasses(original: Callable[..., Any]) -> Callable[..., Any]:

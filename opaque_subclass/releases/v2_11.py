@@ -79,6 +79,16 @@ RELEASE = ReleaseSupport(
             "opaque_subclass.backport.aot_autograd:make_create_subclass_metadata",
         ),
         Patch(
+            "torch._functorch._aot_autograd.schemas.SubclassCreationMeta.__repr__",
+            "856070f5cf6eb8f6",
+            "opaque_subclass.backport.aot_autograd:make_metadata_repr",
+        ),
+        Patch(
+            "torch._functorch._aot_autograd.schemas.ViewAndMutationMeta.__repr__",
+            "d8295faef33be8a0",
+            "opaque_subclass.backport.aot_autograd:make_metadata_repr",
+        ),
+        Patch(
             "torch._functorch._aot_autograd.subclass_utils.unwrap_tensor_subclasses",
             "11cc3ee45d7806e6",
             "opaque_subclass.backport.aot_autograd:make_unwrap_tensor_subclasses",
