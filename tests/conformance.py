@@ -626,14 +626,34 @@ def _compiled_autograd() -> Observation:
         return {"grad": describe(x.grad, {"input mesh": m})}
 
 
+@contextlib.contextmanager
+def _structured_trace_as_torch_leaves_it() -> Iterator[None]:
+    """torch's structured-trace logger (``torch.__trace``) without the handlers pytest's log
+    capture adds to it, for the duration: torch computes that log's payloads (its metadata
+    formatted with the traced tensors' ``__repr__``) only while the logger has a handler, as
+    under ``TORCH_TRACE``; a plain run has none once torch's lazy handler removed itself."""
+    import logging
+
+    trace = logging.getLogger("torch.__trace")
+    foreign = [h for h in trace.handlers if not type(h).__module__.startswith("torch.")]
+    for h in foreign:
+        trace.removeHandler(h)
+    try:
+        yield
+    finally:
+        for h in foreign:
+            trace.addHandler(h)
+
+
 @entry("compile/subclass-without-repr")
 def _subclass_without_repr() -> Observation:
     """A hand-written subclass that keeps torch's default ``__repr__``, compiled with
     aot_eager, forward then forward and backward, each on two meshes: outputs and gradients
-    (torch 2.11 alone cannot compile it: it formats its traced inputs on every compilation)."""
+    (torch 2.11 alone cannot compile it: it formats its traced inputs on every compilation).
+    Without a structured trace (``TORCH_TRACE``), as a user runs it."""
     seen: dict[str, Any] = {}
     for label, grad in (("forward", False), ("forward and backward", True)):
-        with fresh():
+        with fresh(), _structured_trace_as_torch_leaves_it():
             count = counter("aot_eager")
             compiled = torch.compile(lambda t: t * 2, backend=count, fullgraph=True)
             calls: list[Any] = []
@@ -1994,6 +2014,43 @@ def _callable_value_opaque_on_intermediate() -> Observation:
                 seen[name] = {"out": describe(out, {"input mesh": m}), "compilations": count.frame_count}
             except Exception as e:  # the observation is the exception
                 seen[name] = {"error": error(e), "compilations": count.frame_count}
+    return seen
+
+
+@entry("upstream/175667-compiled-autograd-remaps-backward-opaques")
+def _compiled_autograd_remaps_backward_opaques() -> Observation:
+    """pytorch/pytorch#175667's known gap: compiled autograd must give each call's
+    backward that call's opaques (the saved input's mesh, the tangent's), not the
+    first call's. ``(t * t).sum()`` and ``t * 3`` with a tangent on its own mesh,
+    compiled with aot_eager, backward under compiled autograd, two calls on other
+    meshes: the gradients' meshes and the compiled-autograd graphs."""
+    import torch._dynamo.compiled_autograd as ca
+
+    seen: dict[str, Any] = {}
+    with fresh():
+        compiled = torch.compile(lambda t: (t * t).sum(), backend="aot_eager", fullgraph=True)
+        backward = counter("aot_eager")
+        calls = []
+        for name in ("a", "b"):
+            m = CMesh(name)
+            x = CSharded(torch.arange(3.0), m, "t", requires_grad=True)
+            out = compiled(x)
+            with ca._enable(torch.compile(backend=backward)):
+                out.backward()
+            calls.append(describe(x.grad, {"input mesh": m}))
+        seen["saved input"] = {"grads": calls, "backward compilations": backward.frame_count}
+    with fresh():
+        compiled = torch.compile(lambda t: t * 3, backend="aot_eager", fullgraph=True)
+        backward = counter("aot_eager")
+        calls = []
+        for name in ("a", "b"):
+            m, tm = CMesh(name), CMesh("tangent " + name)
+            x = CSharded(torch.arange(3.0), m, "t", requires_grad=True)
+            out = compiled(x)
+            with ca._enable(torch.compile(backend=backward)):
+                out.backward(CSharded(torch.ones(3), tm, "t"))
+            calls.append(describe(x.grad, {"input mesh": m, "tangent mesh": tm}))
+        seen["tangent"] = {"grads": calls, "backward compilations": backward.frame_count}
     return seen
 
 
