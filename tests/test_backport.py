@@ -480,6 +480,24 @@ def _compile_subclass_without_repr():
             assert x.grad._mesh is m and x.grad._data.tolist() == [2.0, 2.0]
 
 
+def _compiled_autograd_keeps_one_graph():
+    """A backward saving the input's mesh, run under compiled autograd for two calls on other
+    meshes: one compiled-autograd graph, each gradient on its call's mesh."""
+    import torch._dynamo.compiled_autograd as ca
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    f = torch.compile(lambda x: (x * x).sum(), backend="aot_eager", fullgraph=True)
+    backward = CompileCounterWithBackend("aot_eager")
+    for i in range(2):
+        m = Mesh(str(i))
+        x = MeshTensor(torch.arange(3.0), m).requires_grad_()
+        out = f(x)
+        with ca._enable(torch.compile(backend=backward)):
+            out.backward()
+        assert x.grad._mesh is m and x.grad._data.tolist() == [0.0, 2.0, 4.0], f"call {i}: {x.grad._mesh!r}"
+    assert backward.frame_count == 1, f"compiled autograd compiled {backward.frame_count} graphs"
+
+
 def _no_grad_mutation():
     def fn(x):
         with torch.no_grad():
@@ -912,6 +930,11 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         StockFailure(
             _DYNAMO.InternalTorchDynamoError, r"^AttributeError: 'Mesh' object has no attribute 'is_nested'\n"
         ),
+    ),
+    "torch._dynamo.variables.builder.handle_traced_output": (
+        _compiled_autograd_keeps_one_graph,
+        # the backward's prologue returns the saved mesh as a fake wrapper: a graph break
+        StockFailure(AssertionError, r"^compiled autograd compiled 2 graphs" + _END),
     ),
     "torch.fx.experimental.symbolic_shapes.ShapeEnv.produce_guards_verbose": (
         _compile_forward,

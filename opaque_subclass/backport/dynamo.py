@@ -22,6 +22,7 @@ from opaque_subclass.fixes import entry_checks
 
 __all__ = [
     "make_automatic_dynamic",
+    "make_handle_traced_output",
     "make_is_device_mesh",
     "make_is_process_group",
     "make_produce_guards_verbose",
@@ -51,6 +52,32 @@ def make_automatic_dynamic(original: Callable[..., Any]) -> Callable[..., Any]:
         return SubclassSymbolicContext(**fields, inner_contexts=inner)
 
     return _automatic_dynamic
+
+
+def make_handle_traced_output(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._dynamo.variables.builder.handle_traced_output`` (torch 2.11),
+    which makes the variable for what a call in the graph returned.
+
+    Under compiled autograd, the backward of a graph that saved an opaque (a
+    subclass input's mesh) starts with a call returning the saved values, the
+    opaque among them as torch's fake wrapper. Without it, torch 2.11's Dynamo
+    refuses that value ("torch.* op returned non-Tensor") and splits the
+    compiled-autograd graph in two. With it, a fake wrapper of a registered
+    opaque is taken as the script object it is, as torch 2.12 does
+    (pytorch/pytorch#176457's release); any other value is torch's.
+    """
+    from torch._library.fake_class_registry import FakeScriptObject
+
+    def handle_traced_output(
+        example_value: Any, tx: Any, proxy: Any, options: Any, subclass_type: Any, target_cls: Any
+    ) -> Any:
+        if isinstance(example_value, FakeScriptObject) and opaque_kind(example_value.real_obj) is not None:
+            from torch._dynamo.variables.script_object import TorchScriptObjectVariable
+
+            return TorchScriptObjectVariable.create(proxy, example_value)
+        return original(example_value, tx, proxy, options, subclass_type, target_cls)
+
+    return handle_traced_output
 
 
 def make_produce_guards_verbose(original: Callable[..., Any]) -> Callable[..., Any]:

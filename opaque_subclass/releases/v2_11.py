@@ -51,6 +51,11 @@ RELEASE = ReleaseSupport(
             "opaque_subclass.backport.dynamo:make_automatic_dynamic",
         ),
         Patch(
+            "torch._dynamo.variables.builder.handle_traced_output",
+            "eff413dbb364ec0b",
+            "opaque_subclass.backport.dynamo:make_handle_traced_output",
+        ),
+        Patch(
             "torch.fx.experimental.symbolic_shapes.ShapeEnv.produce_guards_verbose",
             "6c5798635dc1fbf3",
             "opaque_subclass.backport.dynamo:make_produce_guards_verbose",
@@ -319,16 +324,6 @@ RELEASE = ReleaseSupport(
             "only leads to the plain-tensor failure. Nested compiled regions need torch 2.12 or newer "
             "(pytorch/pytorch#179047)",
             ("upstream/179047-nested-compile-under-outer-trace",),
-        ),
-        Difference(
-            "compiled autograd of a backward that saves an opaque (a subclass input's mesh) splits "
-            "its graph in two on torch 2.11: the backward's prologue returns the saved opaque as "
-            "torch's fake wrapper, and torch 2.11's Dynamo refuses a non-tensor from a call "
-            "(graph break 'torch.* op returned non-Tensor'; 2.12 and newer take it, one graph). "
-            "Gradients are right and hold each call's objects; a second call on another mesh does "
-            "not compile again (pytorch/pytorch#175667 is the upstream work on opaques under "
-            "compiled autograd)",
-            ("upstream/175667-compiled-autograd-remaps-backward-opaques",),
         ),
     ),
     limits=(FOREIGN_ISINSTANCE,),
