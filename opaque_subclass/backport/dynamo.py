@@ -72,7 +72,7 @@ def make_handle_traced_output(original: Callable[..., Any]) -> Callable[..., Any
         example_value: Any, tx: Any, proxy: Any, options: Any, subclass_type: Any, target_cls: Any
     ) -> Any:
         if isinstance(example_value, FakeScriptObject) and opaque_kind(example_value.real_obj) is not None:
-            from torch._dynamo.variables.script_object import TorchScriptObjectVariable
+            from torch._dynamo.variables.script_object import TorchScriptObjectVariable  # type: ignore[attr-defined]  # torch 2.11's name; the lint torch renamed it
 
             return TorchScriptObjectVariable.create(proxy, example_value)
         return original(example_value, tx, proxy, options, subclass_type, target_cls)
