@@ -674,6 +674,26 @@ def _subclass_without_repr() -> Observation:
     return seen
 
 
+@entry("compile/mark-dynamic-nested")
+def _mark_dynamic_nested() -> Observation:
+    """``torch._dynamo.mark_dynamic(x, 0)`` on a nested hand-written subclass (``CHand``
+    over ``CHand``, a mesh at each level), compiled with aot_eager, three sizes: the
+    outputs (each level's mesh) and the compilations."""
+    with fresh():
+        count = counter("aot_eager")
+        compiled = torch.compile(lambda t: t * 2, backend=count, fullgraph=True)
+        outs: list[Any] = []
+        for n in (2, 3, 5):
+            inner, outer = CMesh(f"in {n}"), CMesh(f"out {n}")
+            x = CHand(CHand(torch.ones(n), inner, CConfig(1)), outer, CConfig(2))
+            try:
+                torch._dynamo.mark_dynamic(x, 0)
+                outs.append(describe(compiled(x), {"inner mesh": inner, "outer mesh": outer}))
+            except Exception as e:  # the observation is the exception
+                outs.append(error(e))
+        return {"outs": outs, "compilations": count.frame_count}
+
+
 @entry("compile/tangents-ready-and-coerced/aot_eager")
 def _tangents_ready_and_coerced() -> Observation:
     # A tangent that needs nothing from torch and one whose inner layout torch coerces: the
@@ -2051,6 +2071,33 @@ def _compiled_autograd_remaps_backward_opaques() -> Observation:
                 out.backward(CSharded(torch.ones(3), tm, "t"))
             calls.append(describe(x.grad, {"input mesh": m, "tangent mesh": tm}))
         seen["tangent"] = {"grads": calls, "backward compilations": backward.frame_count}
+    return seen
+
+
+@entry("upstream/193418-set-context-keys-alike")
+def _set_context_keys_alike() -> Observation:
+    """pytorch/pytorch#193418: ``t * 2`` of a hand-written subclass (``CHand``) whose flatten
+    context is a frozenset, compiled with inductor twice in one fresh cache directory (Dynamo
+    reset between), the second time for an equal frozenset that iterates in another order:
+    the outputs, and whether AOTAutograd's cache served the second compilation."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import fresh_cache
+
+    seen = []
+    with fresh_cache():
+        for order in ([8, 16], [16, 8]):
+            with fresh():
+                counters.clear()
+                m = CMesh("a")
+                out = torch.compile(lambda t: t * 2, backend="inductor", fullgraph=True)(
+                    CHand(torch.arange(3.0), m, frozenset(order))
+                )
+                seen.append(
+                    {
+                        "out": describe(out, {"input mesh": m}),
+                        "served from cache": counters["aot_autograd"]["autograd_cache_hit"] > 0,
+                    }
+                )
     return seen
 
 

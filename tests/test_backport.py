@@ -498,6 +498,22 @@ def _compiled_autograd_keeps_one_graph():
     assert backward.frame_count == 1, f"compiled autograd compiled {backward.frame_count} graphs"
 
 
+def _mark_dynamic_nested():
+    """``mark_dynamic`` on a nested subclass whose levels each hold a mesh: one compilation for
+    three sizes, each output on its call's meshes."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    count = CompileCounterWithBackend("aot_eager")
+    f = torch.compile(lambda x: x * 2, backend=count, fullgraph=True)
+    for n in (4, 6, 8):
+        inner_mesh, outer_mesh = Mesh(f"in{n}"), Mesh(f"out{n}")
+        x = MeshTensor(MeshTensor(torch.ones(n), inner_mesh), outer_mesh)
+        torch._dynamo.mark_dynamic(x, 0)
+        out = f(x)
+        assert out._mesh is outer_mesh and out._data._mesh is inner_mesh, f"size {n}"
+    assert count.frame_count == 1, f"{count.frame_count} compilations for 3 sizes"
+
+
 def _no_grad_mutation():
     def fn(x):
         with torch.no_grad():
@@ -930,6 +946,10 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         StockFailure(
             _DYNAMO.InternalTorchDynamoError, r"^AttributeError: 'Mesh' object has no attribute 'is_nested'\n"
         ),
+    ),
+    "torch._dynamo.decorators._apply_func_to_inner_tensors_of_same_dim": (
+        _mark_dynamic_nested,
+        StockFailure(AttributeError, r"^'Mesh' object has no attribute 'dim'$"),
     ),
     "torch._dynamo.variables.builder.handle_traced_output": (
         _compiled_autograd_keeps_one_graph,

@@ -51,8 +51,10 @@ from subclasses import ForeignHandle, ForeignTensor, Mesh, MeshTensor
 from upstream_scenarios import (
     CALLABLE_VALUE_FAILURE,
     MADE_WHILE_TRACING_FAILURE,
+    SET_CONTEXT_FAILURE,
     VALUE_OPAQUE_OUTPUT_FAILURE,
     callable_value_opaque_on_an_intermediate_compiles,
+    equal_set_contexts_share_a_cache_entry,
     reference_opaque_made_while_tracing_is_named,
     value_opaque_beside_subclass_output_survives_the_caches,
 )
@@ -316,6 +318,11 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[in
         # a wrong result: torch's fake wrapper (2.12, 2.13) or None from the caches (2.14)
         value_opaque_beside_subclass_output_survives_the_caches,
         VALUE_OPAQUE_OUTPUT_FAILURE,
+    ),
+    "torch._functorch._aot_autograd.autograd_cache.AOTAutogradCachePickler._default_stable_hash_for_caching": (
+        # 2.12 - 2.14: a frozenset context keys apart by its iteration order (pytorch#193418)
+        equal_set_contexts_share_a_cache_entry,
+        SET_CONTEXT_FAILURE,
     ),
     "torch.fx.experimental.proxy_tensor.PythonKeyTracer.create_arg": (  # 2.11 - 2.15
         # a wrong result: the Tally made while tracing compiled in, shared by every call

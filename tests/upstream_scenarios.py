@@ -23,6 +23,7 @@ __all__ = [
     "CALLABLE_VALUE_FAILURE",
     "GLOBAL_TALLY",
     "MADE_WHILE_TRACING_FAILURE",
+    "SET_CONTEXT_FAILURE",
     "VALUE_OPAQUE_OUTPUT_FAILURE",
     "CarriedTallied",
     "GlobalTallied",
@@ -30,6 +31,7 @@ __all__ = [
     "Tallied",
     "Tally",
     "callable_value_opaque_on_an_intermediate_compiles",
+    "equal_set_contexts_share_a_cache_entry",
     "multiply",
     "reference_opaque_made_while_tracing_is_named",
     "tallied_outputs",
@@ -256,3 +258,32 @@ CALLABLE_VALUE_FAILURE = {
     (2, 13): _METHOD_CALL,
     (2, 14): StockFailure(torch._dynamo.exc.Unsupported, r"^Unsupported python_type\(\) call\n"),
 }
+
+
+def equal_set_contexts_share_a_cache_entry() -> None:
+    """pytorch/pytorch#193418: ``t * 2`` of a hand-written subclass whose flatten context is
+    a frozenset, compiled with inductor, then compiled again (Dynamo reset, one fresh cache
+    directory) for an instance whose equal frozenset iterates in another order (built from
+    the colliding 16 and 8 the other way round, as another ``PYTHONHASHSEED`` would order
+    strings): AOTAutograd's cache serves the second compilation."""
+    from torch._dynamo.utils import counters
+
+    hits = []
+    with fresh_inductor_cache():
+        for order in ([8, 16], [16, 8]):
+            torch._dynamo.reset()
+            counters.clear()
+            mesh = Mesh("a")
+            out = torch.compile(lambda t: t * 2, backend="inductor", fullgraph=True)(
+                MeshTensor(torch.ones(2), mesh, ctx=frozenset(order))
+            )
+            assert out._mesh is mesh and out._data.tolist() == [2.0, 2.0]
+            hits.append(counters["aot_autograd"]["autograd_cache_hit"])
+    assert hits == [0, 1], f"AOTAutograd cache hits per compilation {hits}, expected [0, 1]"
+
+
+#: With the fix of ``AOTAutogradCachePickler._default_stable_hash_for_caching`` suspended
+#: (torch 2.12 - 2.14): the equal context keys apart.
+SET_CONTEXT_FAILURE = StockFailure(
+    AssertionError, r"^AOTAutograd cache hits per compilation \[0, 0\], expected \[0, 1\]$"
+)

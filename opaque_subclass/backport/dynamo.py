@@ -21,6 +21,7 @@ from opaque_subclass.core.walk import is_wrapper_subclass, read_level
 from opaque_subclass.fixes import entry_checks
 
 __all__ = [
+    "make_apply_to_inner_tensors",
     "make_automatic_dynamic",
     "make_handle_traced_output",
     "make_is_device_mesh",
@@ -52,6 +53,32 @@ def make_automatic_dynamic(original: Callable[..., Any]) -> Callable[..., Any]:
         return SubclassSymbolicContext(**fields, inner_contexts=inner)
 
     return _automatic_dynamic
+
+
+def make_apply_to_inner_tensors(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._dynamo.decorators._apply_func_to_inner_tensors_of_same_dim``
+    (torch 2.11), through which ``torch._dynamo.mark_dynamic`` (and its relatives) mark
+    each inner tensor of a subclass that has the subclass's number of dimensions.
+
+    Without it, ``mark_dynamic`` on a subclass listing an opaque (or holding one that
+    does) asks the opaque for its dimensions (``'DeviceMesh' object has no attribute
+    'dim'``). With it, opaque attributes are passed over and every tensor attribute is
+    marked as torch does, as torch 2.12 does (pytorch/pytorch#176457's release);
+    subclasses without opaques are torch's.
+    """
+    import torch
+
+    def _apply_func_to_inner_tensors_of_same_dim(func: Callable[..., Any], t: Any, *args: Any, **kwargs: Any) -> None:
+        attrs, _ctx = t.__tensor_flatten__()
+        leaves = [getattr(t, a) for a in attrs]
+        if not any(opaque_kind(v) is not None for v in leaves):
+            original(func, t, *args, **kwargs)
+            return
+        for inner in leaves:
+            if isinstance(inner, torch.Tensor) and inner.dim() == t.dim():
+                func(inner, *args, **kwargs)
+
+    return _apply_func_to_inner_tensors_of_same_dim
 
 
 def make_handle_traced_output(original: Callable[..., Any]) -> Callable[..., Any]:

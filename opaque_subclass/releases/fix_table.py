@@ -182,6 +182,17 @@ FIXES: tuple[Fix, ...] = (
             (2, 15): "e685e1b4db030d2c",
         },
     ),
+    # sets in a hand-written subclass's flatten context key the AOTAutograd cache alike in every
+    # process (pytorch/pytorch#193418, fixed in torch 2.15; fixes/set_metadata.py)
+    Fix(
+        "opaque_subclass.fixes.set_metadata:make_default_stable_hash",
+        "torch._functorch._aot_autograd.autograd_cache.AOTAutogradCachePickler._default_stable_hash_for_caching",
+        {
+            (2, 12): "64a88b7d28953ca2",
+            (2, 13): "9b2c18991f497c62",
+            (2, 14): "9b2c18991f497c62",
+        },
+    ),
     # a value opaque beside a subclass stays a constant of the graph, not torch's fake wrapper
     # (pytorch/pytorch#193190, fixed in torch 2.15; fixes/value_outputs.py)
     Fix(

@@ -51,6 +51,11 @@ RELEASE = ReleaseSupport(
             "opaque_subclass.backport.dynamo:make_automatic_dynamic",
         ),
         Patch(
+            "torch._dynamo.decorators._apply_func_to_inner_tensors_of_same_dim",
+            "3afc131b44b9624f",
+            "opaque_subclass.backport.dynamo:make_apply_to_inner_tensors",
+        ),
+        Patch(
             "torch._dynamo.variables.builder.handle_traced_output",
             "eff413dbb364ec0b",
             "opaque_subclass.backport.dynamo:make_handle_traced_output",
