@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch._inductor.exc
 from scenarios import (
     ANOTHER_GROUPS_ENTRY_FAILURE,
     ANSWERING_OPAQUE_FAILURE,
@@ -514,6 +515,33 @@ def _mark_dynamic_nested():
     assert count.frame_count == 1, f"{count.frame_count} compilations for 3 sizes"
 
 
+@torch.library.custom_op("test_backport::name_length", mutates_args=())
+def _name_length(t: torch.Tensor, mesh: Mesh) -> torch.Tensor:
+    return t + len(mesh.name)
+
+
+@_name_length.register_fake
+def _(t: torch.Tensor, mesh: Mesh) -> torch.Tensor:
+    return torch.empty_like(t)
+
+
+def _inductor_counts_an_opaque_buffer():
+    """A custom op taking a subclass's mesh, compiled with inductor while inductor's metrics
+    log is on (it counts the bytes of each buffer of its graph, the mesh's among them)."""
+    import logging
+
+    metrics = logging.getLogger("torch._inductor.compile_fx.__inductor_metrics")
+    level = metrics.level
+    metrics.setLevel(logging.INFO)
+    try:
+        with fresh_inductor_cache():  # a graph inductor compiles, not one its cache serves
+            f = torch.compile(lambda x: _name_length(x._data, x._mesh), backend="inductor", fullgraph=True)
+            out = f(MeshTensor(torch.ones(2), Mesh("abc")))
+            assert out.tolist() == [4.0, 4.0], out
+    finally:
+        metrics.setLevel(level)
+
+
 def _no_grad_mutation():
     def fn(x):
         with torch.no_grad():
@@ -946,6 +974,11 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         StockFailure(
             _DYNAMO.InternalTorchDynamoError, r"^AttributeError: 'Mesh' object has no attribute 'is_nested'\n"
         ),
+    ),
+    "torch._inductor.ir.TorchBindObject.get_buf_bytes": (
+        _inductor_counts_an_opaque_buffer,
+        # torch 2.11 asks the opaque for torchbind's __obj_flatten__
+        StockFailure(torch._inductor.exc.InductorError, r"^AssertionError: \n"),
     ),
     "torch._dynamo.decorators._apply_func_to_inner_tensors_of_same_dim": (
         _mark_dynamic_nested,

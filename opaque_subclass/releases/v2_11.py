@@ -50,6 +50,12 @@ RELEASE = ReleaseSupport(
             "6dad81d75732e4d5",
             "opaque_subclass.backport.dynamo:make_automatic_dynamic",
         ),
+        # inductor (backport/inductor.py)
+        Patch(
+            "torch._inductor.ir.TorchBindObject.get_buf_bytes",
+            "540b647bdbe020bb",
+            "opaque_subclass.backport.inductor:make_get_buf_bytes",
+        ),
         Patch(
             "torch._dynamo.decorators._apply_func_to_inner_tensors_of_same_dim",
             "3afc131b44b9624f",
