@@ -564,28 +564,22 @@ def _custom_op_inductor_metrics() -> Observation:
     """The custom op taking a subclass's mesh, compiled with inductor while inductor's
     metrics log is on (``TORCH_LOGS=inductor_metrics``: inductor then counts the bytes of
     every buffer of its graph, the mesh's among them), two meshes."""
-    import logging
-
-    metrics = logging.getLogger("torch._inductor.compile_fx.__inductor_metrics")
-    level = metrics.level
-    metrics.setLevel(logging.INFO)
+    from scenarios import inductor_metrics_log_on
     from torch._inductor.utils import fresh_cache
 
-    try:
-        with fresh(), fresh_cache():  # a graph inductor compiles, not one its cache serves
-            count = counter("inductor")
-            compiled = torch.compile(
-                lambda t: torch.ops.conformance.name_length(t._data, t._mesh), backend=count, fullgraph=True
-            )
-            outs: list[Any] = []
-            for n in ("a", "bbb"):
-                try:
-                    outs.append(describe(compiled(CSharded(torch.ones(2), CMesh(n), "t"))))
-                except Exception as e:  # the observation is the exception
-                    outs.append(error(e))
-            return {"outs": outs, "compilations": count.frame_count}
-    finally:
-        metrics.setLevel(level)
+    # a graph inductor compiles, not one its cache serves
+    with inductor_metrics_log_on(), fresh(), fresh_cache():
+        count = counter("inductor")
+        compiled = torch.compile(
+            lambda t: torch.ops.conformance.name_length(t._data, t._mesh), backend=count, fullgraph=True
+        )
+        outs: list[Any] = []
+        for n in ("a", "bbb"):
+            try:
+                outs.append(describe(compiled(CSharded(torch.ones(2), CMesh(n), "t"))))
+            except Exception as e:  # the observation is the exception
+                outs.append(error(e))
+        return {"outs": outs, "compilations": count.frame_count}
 
 
 @torch.library.custom_op("conformance::name_length", mutates_args=())

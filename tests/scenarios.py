@@ -740,6 +740,21 @@ def fresh_inductor_cache() -> Iterator[str]:
         shutil.rmtree(fresh, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def inductor_metrics_log_on() -> Iterator[None]:
+    """Inductor's metrics log at INFO for the block (as ``TORCH_LOGS=inductor_metrics``): inductor
+    then counts the bytes of every buffer of the graphs it compiles. Its level put back after."""
+    import logging
+
+    metrics = logging.getLogger("torch._inductor.compile_fx.__inductor_metrics")
+    level = metrics.level
+    metrics.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        metrics.setLevel(level)
+
+
 #: The process group :class:`_SummedBelowDynamo` sums over (set by the scenario, per rank).
 _SUMMED_GROUP: list[Any] = []
 

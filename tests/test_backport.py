@@ -44,6 +44,7 @@ from scenarios import (
     export_names_malformed_flatten_names,
     fresh_inductor_cache,
     fsdp1_module_state_sync_keeps_opaques,
+    inductor_metrics_log_on,
     member_method_result_is_guarded,
     meshes_of_one_shape_compile_once,
     no_rank_loads_another_groups_entry,
@@ -528,18 +529,10 @@ def _(t: torch.Tensor, mesh: Mesh) -> torch.Tensor:
 def _inductor_counts_an_opaque_buffer():
     """A custom op taking a subclass's mesh, compiled with inductor while inductor's metrics
     log is on (it counts the bytes of each buffer of its graph, the mesh's among them)."""
-    import logging
-
-    metrics = logging.getLogger("torch._inductor.compile_fx.__inductor_metrics")
-    level = metrics.level
-    metrics.setLevel(logging.INFO)
-    try:
-        with fresh_inductor_cache():  # a graph inductor compiles, not one its cache serves
-            f = torch.compile(lambda x: _name_length(x._data, x._mesh), backend="inductor", fullgraph=True)
-            out = f(MeshTensor(torch.ones(2), Mesh("abc")))
-            assert out.tolist() == [4.0, 4.0], out
-    finally:
-        metrics.setLevel(level)
+    with inductor_metrics_log_on(), fresh_inductor_cache():  # a graph inductor compiles, not one its cache serves
+        f = torch.compile(lambda x: _name_length(x._data, x._mesh), backend="inductor", fullgraph=True)
+        out = f(MeshTensor(torch.ones(2), Mesh("abc")))
+        assert out.tolist() == [4.0, 4.0], out
 
 
 def _no_grad_mutation():

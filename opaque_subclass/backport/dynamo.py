@@ -66,16 +66,14 @@ def make_apply_to_inner_tensors(original: Callable[..., Any]) -> Callable[..., A
     marked as torch does, as torch 2.12 does (pytorch/pytorch#176457's release);
     subclasses without opaques are torch's.
     """
-    import torch
 
     def _apply_func_to_inner_tensors_of_same_dim(func: Callable[..., Any], t: Any, *args: Any, **kwargs: Any) -> None:
-        attrs, _ctx = t.__tensor_flatten__()
-        leaves = [getattr(t, a) for a in attrs]
-        if not any(opaque_kind(v) is not None for v in leaves):
+        tensors, opaques = split_attrs(t)
+        if not opaques:
             original(func, t, *args, **kwargs)
             return
-        for inner in leaves:
-            if isinstance(inner, torch.Tensor) and inner.dim() == t.dim():
+        for _name, inner in tensors:
+            if inner.dim() == t.dim():
                 func(inner, *args, **kwargs)
 
     return _apply_func_to_inner_tensors_of_same_dim
