@@ -2124,6 +2124,54 @@ def _set_context_keys_alike() -> Observation:
     return seen
 
 
+#: The setting ``_untraced_scaled_sine`` reads (pytorch/pytorch#194658's entry changes it).
+_UNTRACED_SCALE = [2.0]
+
+
+@torch._dynamo.allow_in_graph
+def _untraced_scaled_sine(t: torch.Tensor) -> torch.Tensor:
+    return torch.sin(t * _UNTRACED_SCALE[0])
+
+
+@entry("upstream/194658-checkpointed-untraced-function")
+def _checkpointed_untraced_function() -> Observation:
+    """pytorch/pytorch#194658: ``torch.utils.checkpoint`` of a function Dynamo does not trace
+    (``allow_in_graph``; it multiplies by a module setting), on a ``CSharded`` input, compiled
+    with inductor (forward and backward) twice in one fresh cache directory (Dynamo reset
+    between), the setting 2 then 3: each compilation's output, eager's, and what AOTAutograd's
+    cache did."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import fresh_cache
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(_untraced_scaled_sine, t, use_reentrant=False)
+
+    seen = []
+    try:
+        with fresh_cache():
+            for scale in (2.0, 3.0):
+                with fresh():
+                    counters.clear()
+                    _UNTRACED_SCALE[0] = scale
+                    m = CMesh("a")
+                    x = CSharded(torch.ones(2), m, "t", requires_grad=True)
+                    out = torch.compile(fn, backend="inductor")(x)
+                    out.sum().backward()
+                    cache = sorted(
+                        k for k, v in counters["aot_autograd"].items() if k.startswith("autograd_cache") and v
+                    )
+                    seen.append(
+                        {
+                            "out": describe(out, {"input mesh": m}),
+                            "eager": describe(fn(x), {"input mesh": m}),
+                            "AOTAutograd cache": cache,
+                        }
+                    )
+    finally:
+        _UNTRACED_SCALE[0] = 2.0
+    return seen
+
+
 @entry("upstream/179047-nested-compile-under-outer-trace")
 def _nested_compile_under_outer_trace() -> Observation:
     """pytorch/pytorch#179047 (torchtitan#2771): a compiled region that an

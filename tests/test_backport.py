@@ -56,7 +56,12 @@ from scenarios import (
     undeclared_member_is_named,
 )
 from subclasses import BareMeshTensor, Mesh, MeshTensor, add_name_length, registered_mesh_world_of_one
-from upstream_scenarios import MADE_WHILE_TRACING_FAILURE, reference_opaque_made_while_tracing_is_named
+from upstream_scenarios import (
+    MADE_WHILE_TRACING_FAILURE,
+    UNTRACED_FUNCTION_FAILURE,
+    checkpointed_untraced_function_is_not_served_stale,
+    reference_opaque_made_while_tracing_is_named,
+)
 
 import opaque_subclass
 from opaque_subclass.patching import Patch, PatchRefused, PatchSet, fingerprint
@@ -857,6 +862,11 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         # torch's guard evaluation cannot read the record: no rank gets the entry, not even its group's
         no_rank_loads_another_groups_entry,
         ENTRY_GUARD_UNREAD_FAILURE,
+    ),
+    "torch._functorch._aot_autograd.autograd_cache.check_cacheable": (
+        # a wrong result (pytorch#194658): a checkpointed untraced function served stale
+        checkpointed_untraced_function_is_not_served_stale,
+        UNTRACED_FUNCTION_FAILURE,
     ),
     "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key": (
         _backport_cache_entries_keyed_apart,

@@ -52,8 +52,10 @@ from upstream_scenarios import (
     CALLABLE_VALUE_FAILURE,
     MADE_WHILE_TRACING_FAILURE,
     SET_CONTEXT_FAILURE,
+    UNTRACED_FUNCTION_FAILURE,
     VALUE_OPAQUE_OUTPUT_FAILURE,
     callable_value_opaque_on_an_intermediate_compiles,
+    checkpointed_untraced_function_is_not_served_stale,
     equal_set_contexts_share_a_cache_entry,
     reference_opaque_made_while_tracing_is_named,
     value_opaque_beside_subclass_output_survives_the_caches,
@@ -323,6 +325,11 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[in
         # 2.12 - 2.14: a frozenset context keys apart by its iteration order (pytorch#193418)
         equal_set_contexts_share_a_cache_entry,
         SET_CONTEXT_FAILURE,
+    ),
+    "torch._functorch._aot_autograd.autograd_cache.check_cacheable": (  # 2.11 - 2.15
+        # a wrong result (pytorch#194658): a checkpointed untraced function served stale
+        checkpointed_untraced_function_is_not_served_stale,
+        UNTRACED_FUNCTION_FAILURE,
     ),
     "torch.fx.experimental.proxy_tensor.PythonKeyTracer.create_arg": (  # 2.11 - 2.15
         # a wrong result: the Tally made while tracing compiled in, shared by every call

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from subclasses import Mesh, MeshTensor
+from torch._functorch._aot_autograd import autograd_cache
 from upstream_scenarios import (
     GLOBAL_TALLY,
     CarriedTallied,
@@ -21,6 +23,7 @@ from upstream_scenarios import (
     multiply,
     reference_opaque_made_while_tracing_is_named,
     tallied_outputs,
+    untraced_scaled_sine,
     value_opaque_beside_subclass_output_survives_the_caches,
 )
 
@@ -93,3 +96,37 @@ def test_176044_non_strict_export_of_a_forward_making_one_is_named():
 
     with pytest.raises(OpaqueCreatedWhileTracingError, match=r"^a reference opaque upstream_scenarios\.Tally "):
         torch.export.export(MakesOne(), (torch.ones(2),), strict=False)
+
+
+def _dynamo_graph(x: torch.Tensor) -> torch.fx.GraphModule:
+    """The graph Dynamo hands its backend for a checkpointed call of the untraced function."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: object) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(
+            lambda t: torch.utils.checkpoint.checkpoint(untraced_scaled_sine, t, use_reentrant=False), backend=keep
+        )(x)
+    finally:
+        torch._dynamo.reset()
+    (gm,) = graphs
+    return gm
+
+
+def test_194658_subgraphs_are_checked_for_graphs_with_opaques_only():
+    """pytorch/pytorch#194658 (every release; the full compilation is
+    ``checkpointed_untraced_function_is_not_served_stale`` in test_fixes / test_backport): AOTAutograd's
+    cacheability check refuses the untraced function in the checkpointed subgraph when the graph's
+    input holds a mesh, naming the subgraph; for plain tensors it answers as torch does (code that does
+    not use the library is unchanged: torch checks the top-level graph only)."""
+    with_mesh = _dynamo_graph(MeshTensor(torch.ones(2), Mesh("a")).requires_grad_())
+    with pytest.raises(
+        autograd_cache.BypassAOTAutogradCache, match=r"^in the subgraph wrap_body_0: .*untraced_scaled_sine"
+    ):
+        autograd_cache.check_cacheable(with_mesh)
+    plain = _dynamo_graph(torch.ones(2, requires_grad=True))
+    assert autograd_cache.check_cacheable(plain) is None

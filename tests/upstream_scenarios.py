@@ -24,6 +24,8 @@ __all__ = [
     "GLOBAL_TALLY",
     "MADE_WHILE_TRACING_FAILURE",
     "SET_CONTEXT_FAILURE",
+    "UNTRACED_FUNCTION_FAILURE",
+    "UNTRACED_SCALE",
     "VALUE_OPAQUE_OUTPUT_FAILURE",
     "CarriedTallied",
     "GlobalTallied",
@@ -31,10 +33,12 @@ __all__ = [
     "Tallied",
     "Tally",
     "callable_value_opaque_on_an_intermediate_compiles",
+    "checkpointed_untraced_function_is_not_served_stale",
     "equal_set_contexts_share_a_cache_entry",
     "multiply",
     "reference_opaque_made_while_tracing_is_named",
     "tallied_outputs",
+    "untraced_scaled_sine",
     "value_opaque_beside_subclass_output_survives_the_caches",
 ]
 
@@ -287,3 +291,47 @@ def equal_set_contexts_share_a_cache_entry() -> None:
 SET_CONTEXT_FAILURE = StockFailure(
     AssertionError, r"^AOTAutograd cache hits per compilation \[0, 0\], expected \[0, 1\]$"
 )
+
+
+#: What the untraced function in :func:`checkpointed_untraced_function_is_not_served_stale`
+#: multiplies by: a setting the second compilation changes.
+UNTRACED_SCALE = [2.0]
+
+
+@torch._dynamo.allow_in_graph
+def untraced_scaled_sine(t: torch.Tensor) -> torch.Tensor:
+    return torch.sin(t * UNTRACED_SCALE[0])
+
+
+def checkpointed_untraced_function_is_not_served_stale() -> None:
+    """pytorch/pytorch#194658: a ``torch.utils.checkpoint`` region calling a function Dynamo
+    does not trace (``allow_in_graph``, reading a module setting), on a subclass holding a
+    mesh, compiled with inductor (forward and backward), then compiled again (Dynamo reset,
+    one fresh cache directory) after the setting changed: the second compilation computes
+    with the new setting, as eager does, whatever AOTAutograd's cache holds."""
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(untraced_scaled_sine, t, use_reentrant=False)
+
+    outs = []
+    try:
+        with fresh_inductor_cache():
+            for scale in (2.0, 3.0):
+                torch._dynamo.reset()
+                UNTRACED_SCALE[0] = scale
+                mesh = Mesh("a")
+                x = MeshTensor(torch.ones(2), mesh).requires_grad_()
+                out = torch.compile(fn, backend="inductor")(x)
+                out.sum().backward()
+                assert out._mesh is mesh
+                outs.append(round(out._data[0].item(), 4))
+    finally:
+        UNTRACED_SCALE[0] = 2.0
+        torch._dynamo.reset()
+    expected = [round(torch.sin(torch.tensor(s)).item(), 4) for s in (2.0, 3.0)]
+    assert outs == expected, f"compiled {outs}, eager {expected}"
+
+
+#: With the fix of ``check_cacheable`` suspended (every release): the second compilation is
+#: served the first one's artifact, sin(2) where sin(3) was asked.
+UNTRACED_FUNCTION_FAILURE = StockFailure(AssertionError, r"^compiled \[0\.9093, 0\.9093\], eager \[0\.9093, 0\.1411\]$")

@@ -1,10 +1,15 @@
-"""AOTAutograd's cache key and the sharing of opaques (torch 2.12 - 2.15).
+"""AOTAutograd's cache key and the sharing of opaques (torch 2.12 - 2.15); its cacheability check.
 
 Dynamo recompiles when which inputs share a reference opaque changes (a graph
 for ``x._mesh is y._mesh`` may read one slot for both), but AOTAutograd's key
 hashes an opaque by type, so the recompilation is served the shared-case graph
 (in-process and across a shared cache directory): an output carries the wrong
 opaque.
+
+Second (torch 2.11 - 2.15): the cache's check of which graphs it may serve looks at the
+top-level graph only, so a function Dynamo does not trace, inside a checkpointed region,
+is served stale across compilations (pytorch/pytorch#194658); for graphs with opaques,
+:func:`make_check_cacheable` checks the subgraphs too.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from opaque_subclass.core.aliasing import opaque_alias_pattern
 from opaque_subclass.core.flatten import append_leaves
-from opaque_subclass.core.registry import real_object
+from opaque_subclass.core.registry import opaque_kind, real_object
 from opaque_subclass.core.stable_hash import stable_subclass_hash
 from opaque_subclass.core.walk import is_wrapper_subclass
 from opaque_subclass.patching import composes
@@ -24,11 +31,14 @@ from opaque_subclass.patching import composes
 __all__ = [
     "MeshShapeKey",
     "StableSubclassKey",
+    "graph_inputs_hold_opaques",
     "make_autograd_cache_key",
+    "make_check_cacheable",
     "shared_mesh_inputs",
     "sharing_across_ranks",
     "sharing_key",
     "stable_subclass_inputs",
+    "uncacheable_subgraph_node",
 ]
 
 _TARGET = "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key"
@@ -166,3 +176,65 @@ def make_autograd_cache_key(
         return f"{key}-opaque-sharing-{sharing}", [*debug_lines, f"[opaque-subclass] opaque sharing: {sharing}"]
 
     return autograd_cache_key
+
+
+def graph_inputs_hold_opaques(gm: Any) -> bool:
+    """Whether a Dynamo graph's inputs hold an opaque object: a placeholder whose example
+    value is one (or torch's fake wrapper of one), or a subclass listing one at any depth.
+    A value the library cannot read counts as holding none (torch's verdict stands)."""
+    leaves: list[Any] = []
+    try:
+        for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
+            append_leaves(node.meta.get("example_value"), leaves, f"graph input {i}")
+    except Exception:  # not a subclass the library reads: leave it to torch
+        return False
+    return any(opaque_kind(leaf) is not None for leaf in leaves if not isinstance(leaf, torch.Tensor))
+
+
+def uncacheable_subgraph_node(gm: Any, check_node_safe: Callable[[Any], None]) -> str | None:
+    """The first node of a subgraph of ``gm`` (a checkpointed region's body, an
+    ``autograd.Function``'s forward and backward: any nested ``GraphModule``) that torch's
+    ``check_node_safe`` refuses, as ``"<subgraph>: <torch's reason>"``; ``None`` if all pass."""
+    for name, sub in gm.named_modules():
+        if sub is gm or not isinstance(sub, torch.fx.GraphModule):
+            continue
+        for node in sub.graph.nodes:
+            try:
+                check_node_safe(node)
+            except Exception as e:  # torch's BypassAOTAutogradCache, with its reason
+                return f"{name}: {e}"
+    return None
+
+
+def make_check_cacheable(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._functorch._aot_autograd.autograd_cache.check_cacheable``
+    (torch 2.11, 2.12, 2.13, 2.14 and 2.15: each release's own fingerprint).
+
+    Without it, AOTAutograd's cache checks only the top-level graph's nodes: a function
+    Dynamo does not trace (``torch._dynamo.allow_in_graph``) called inside a
+    ``torch.utils.checkpoint`` region or an ``autograd.Function`` sits in a subgraph that
+    the key names only by the function's qualified name. A second compilation (another
+    process, or after ``torch._dynamo.reset()``) whose function computes something else
+    (a module setting changed, another version of the code) is served the first one's
+    artifact: a wrong result, silently (pytorch/pytorch#194658, open upstream). With it,
+    for a graph whose inputs hold an opaque (a subclass listing one, or the object
+    itself), every node of every subgraph passes the same check as the top-level
+    graph's, so such a region bypasses the cache (compiled anew, right) as it would at
+    the top level. Graphs without opaques (code that does not use the library) are
+    checked as torch checks them. On torch 2.11, with the backport of
+    pytorch/pytorch#176457, as on 2.12 and newer.
+    """
+    from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache, check_node_safe
+
+    def check_cacheable(gm: Any) -> None:
+        original(gm)
+        if not graph_inputs_hold_opaques(gm):
+            return
+        refused = uncacheable_subgraph_node(gm, check_node_safe)
+        if refused is not None:
+            raise BypassAOTAutogradCache(
+                f"in the subgraph {refused} (opaque-subclass: subgraph nodes are checked like the "
+                "top-level graph's, pytorch/pytorch#194658)"
+            )
+
+    return check_cacheable

@@ -157,6 +157,20 @@ FIXES: tuple[Fix, ...] = (
             (2, 15): "26aa5a210e4eaa85",
         },
     ),
+    # AOTAutograd's cacheability check reads a graph's subgraphs too when its inputs hold an
+    # opaque: a function Dynamo does not trace, inside a checkpointed region, is not served stale
+    # (pytorch/pytorch#194658, open upstream; fixes/autograd_cache.py)
+    Fix(
+        "opaque_subclass.fixes.autograd_cache:make_check_cacheable",
+        "torch._functorch._aot_autograd.autograd_cache.check_cacheable",
+        {
+            (2, 11): "3048741c0aaaf05e",
+            (2, 12): "3048741c0aaaf05e",
+            (2, 13): "8d450e0c7566ff16",
+            (2, 14): "8d450e0c7566ff16",
+            (2, 15): "8d450e0c7566ff16",
+        },
+    ),
     # an AOTAutograd cache entry whose graph names a process group is served only where the name
     # means the same group, with this rank in it (fixes/group_entries.py): saved with the record,
     # checked as the first of the entry's guards
