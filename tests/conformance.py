@@ -2172,6 +2172,52 @@ def _checkpointed_untraced_function() -> Observation:
     return seen
 
 
+@entry("upstream/183999-dtensor-built-on-a-mesh-input")
+def _dtensor_built_on_a_mesh_input() -> Observation:
+    """pytorch/pytorch#183999 (#184001): ``DTensor.from_local`` on a mesh passed in as an
+    argument, a DTensor output, compiled with inductor (forward and backward) twice in one
+    fresh cache directory (Dynamo reset between), a fake world of 2: the outputs and what
+    AOTAutograd's and inductor's caches did (the bug: hashing a DTensor on torch's fake
+    wrapper of the mesh raised, and the key bypassed the cache with a warning)."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import fresh_cache
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    def fn(t: torch.Tensor, mesh: Any) -> Any:
+        return DTensor.from_local(t * 2, mesh, [Shard(0)]) + 1
+
+    seen = []
+    with fake_world(2), fresh_cache():
+        mesh = init_device_mesh("cpu", (2,))
+        for _ in range(2):
+            with fresh():
+                counters.clear()
+                t = torch.ones(4, requires_grad=True)
+                try:
+                    out = torch.compile(fn, backend="inductor")(t, mesh)
+                    out.to_local().sum().backward()
+                except Exception as e:  # the observation is the exception
+                    seen.append(error(e))
+                    continue
+                seen.append(
+                    {
+                        "out": {
+                            "local": _values(out.to_local()),
+                            "mesh equal to the argument": out.device_mesh == mesh,
+                        },
+                        "grad": _values(t.grad),
+                        "caches": sorted(
+                            f"{group}:{k}"
+                            for group in ("aot_autograd", "inductor")
+                            for k, v in counters[group].items()
+                            if "cache" in k and v
+                        ),
+                    }
+                )
+    return seen
+
+
 @entry("upstream/179047-nested-compile-under-outer-trace")
 def _nested_compile_under_outer_trace() -> Observation:
     """pytorch/pytorch#179047 (torchtitan#2771): a compiled region that an

@@ -57,9 +57,12 @@ from scenarios import (
 )
 from subclasses import BareMeshTensor, Mesh, MeshTensor, add_name_length, registered_mesh_world_of_one
 from upstream_scenarios import (
+    DTENSOR_MESH_CONSTANT_CACHE_FAILURE,
+    DTENSOR_MESH_CONSTANT_LOWERING_FAILURE,
     MADE_WHILE_TRACING_FAILURE,
     UNTRACED_FUNCTION_FAILURE,
     checkpointed_untraced_function_is_not_served_stale,
+    dtensor_made_on_a_mesh_argument_compiles_with_inductor,
     reference_opaque_made_while_tracing_is_named,
 )
 
@@ -862,6 +865,16 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         # torch's guard evaluation cannot read the record: no rank gets the entry, not even its group's
         no_rank_loads_another_groups_entry,
         ENTRY_GUARD_UNREAD_FAILURE,
+    ),
+    "torch._inductor.graph.GraphLowering.run_node": (
+        # a DTensor made in the region on a mesh argument returns the mesh as a graph constant
+        dtensor_made_on_a_mesh_argument_compiles_with_inductor,
+        DTENSOR_MESH_CONSTANT_LOWERING_FAILURE,
+    ),
+    "torch._inductor.codecache.FxGraphCache._check_for_hop": (
+        # the same graph served from the FX graph cache has lost that constant
+        dtensor_made_on_a_mesh_argument_compiles_with_inductor,
+        DTENSOR_MESH_CONSTANT_CACHE_FAILURE,
     ),
     "torch._functorch._aot_autograd.autograd_cache.check_cacheable": (
         # a wrong result (pytorch#194658): a checkpointed untraced function served stale

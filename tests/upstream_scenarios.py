@@ -21,6 +21,8 @@ from opaque_subclass import OpaqueBase
 
 __all__ = [
     "CALLABLE_VALUE_FAILURE",
+    "DTENSOR_MESH_CONSTANT_CACHE_FAILURE",
+    "DTENSOR_MESH_CONSTANT_LOWERING_FAILURE",
     "GLOBAL_TALLY",
     "MADE_WHILE_TRACING_FAILURE",
     "SET_CONTEXT_FAILURE",
@@ -34,6 +36,7 @@ __all__ = [
     "Tally",
     "callable_value_opaque_on_an_intermediate_compiles",
     "checkpointed_untraced_function_is_not_served_stale",
+    "dtensor_made_on_a_mesh_argument_compiles_with_inductor",
     "equal_set_contexts_share_a_cache_entry",
     "multiply",
     "reference_opaque_made_while_tracing_is_named",
@@ -335,3 +338,43 @@ def checkpointed_untraced_function_is_not_served_stale() -> None:
 #: With the fix of ``check_cacheable`` suspended (every release): the second compilation is
 #: served the first one's artifact, sin(2) where sin(3) was asked.
 UNTRACED_FUNCTION_FAILURE = StockFailure(AssertionError, r"^compiled \[0\.9093, 0\.9093\], eager \[0\.9093, 0\.1411\]$")
+
+
+def dtensor_made_on_a_mesh_argument_compiles_with_inductor() -> None:
+    """``DTensor.from_local(t * 2, mesh, [Shard(0)]) + 1`` with the mesh an argument, compiled
+    with inductor (forward and backward) twice in one fresh cache directory (Dynamo reset
+    between), a fake world of 2 (found by the conformance entry of pytorch/pytorch#183999):
+    eager's values and gradient, the output on a mesh equal to the one passed in, both times. On torch 2.11
+    the backport lists the mesh as a DTensor attribute while Dynamo keeps such a mesh as a
+    constant of the graph, which inductor 2.11 could neither lower nor restore from its cache."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def fn(t: torch.Tensor, mesh: Any) -> Any:
+        return DTensor.from_local(t * 2, mesh, [Shard(0)]) + 1
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        with fresh_inductor_cache():
+            for _ in range(2):
+                torch._dynamo.reset()
+                t = torch.ones(4, requires_grad=True)
+                out = torch.compile(fn, backend="inductor")(t, mesh)
+                out.to_local().sum().backward()
+                assert out.device_mesh == mesh  # torch 2.11: an equal mesh of an earlier trace may stand for it
+                assert out.to_local().tolist() == [3.0] * 4 and t.grad.tolist() == [2.0] * 4
+    finally:
+        torch._dynamo.reset()
+        dist.destroy_process_group()
+
+
+#: torch 2.11 with the backport's ``GraphLowering.run_node`` patch suspended: the forward
+#: graph's mesh constant cannot be lowered.
+DTENSOR_MESH_CONSTANT_LOWERING_FAILURE = StockFailure(torch._inductor.exc.InductorError, r"^KeyError: 'val'")
+
+#: torch 2.11 with the backport's ``FxGraphCache._check_for_hop`` patch suspended: the second
+#: compilation, served from the FX graph cache, has lost the mesh constant.
+DTENSOR_MESH_CONSTANT_CACHE_FAILURE = StockFailure(AttributeError, r"^'NoneType' object has no attribute 'size'$")

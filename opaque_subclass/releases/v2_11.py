@@ -57,6 +57,16 @@ RELEASE = ReleaseSupport(
             "opaque_subclass.backport.inductor:make_get_buf_bytes",
         ),
         Patch(
+            "torch._inductor.graph.GraphLowering.run_node",
+            "0dc7ff30af726a00",
+            "opaque_subclass.backport.inductor:make_run_node",
+        ),
+        Patch(
+            "torch._inductor.codecache.FxGraphCache._check_for_hop",
+            "8885b30700cb24e2",
+            "opaque_subclass.backport.inductor:make_check_for_hop",
+        ),
+        Patch(
             "torch._dynamo.decorators._apply_func_to_inner_tensors_of_same_dim",
             "3afc131b44b9624f",
             "opaque_subclass.backport.dynamo:make_apply_to_inner_tensors",
@@ -280,6 +290,15 @@ RELEASE = ReleaseSupport(
             "(a Replicate -> Shard redistribution) compiles on 2.11, where no other rank can load it, and "
             "is refused (ShareCompilesError) on 2.12 and newer",
             ("dtensor/share-compiles-runs-on-the-input-meshs-group", "dtensor/share-compiles-job-of-two-ranks"),
+        ),
+        Difference(
+            "a DTensor made in the compiled region on a DeviceMesh argument (DTensor.from_local(t, mesh, "
+            "...)): torch 2.11's Dynamo keeps such a mesh as a constant of the graph, not a graph input "
+            "(2.12 and newer lift it), so the graph returns the mesh as a constant: inductor compiles it "
+            "with the backport's run_node patch, but neither AOTAutograd's nor the FX graph cache may "
+            "keep it (the FX graph cache cannot restore an opaque constant; the backport's "
+            "_check_for_hop patch refuses it): each compilation compiles anew, with the same values",
+            ("upstream/183999-dtensor-built-on-a-mesh-input",),
         ),
         Difference(
             "torch 2.11 does not register enum.Enum as a value opaque (2.12 and newer do): "
