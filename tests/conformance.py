@@ -697,6 +697,110 @@ def _subclass_without_repr() -> Observation:
     return seen
 
 
+def _computed_list_class(how: str) -> type[torch.Tensor]:
+    """A fresh wrapper subclass whose ``__tensor_flatten__`` computes its attribute
+    list when it runs, by ``how``: a class attribute (``class``), a list shared between
+    instances (``shared``), a method of the instance's state (``method``), a property
+    reading the instance's ``__dict__`` (``dict-property``). Both meshes are kept,
+    listed or not; the context is ``None`` throughout."""
+    from torch.utils._pytree import tree_map_only
+
+    shared = ["_data", "_a"]
+
+    class Computed(torch.Tensor):
+        NAMES = ["_data", "_a"]
+
+        @staticmethod
+        def __new__(cls, data: torch.Tensor, a: Any, b: Any, which: str = "_a") -> Any:
+            r = torch.Tensor._make_wrapper_subclass(cls, data.shape, strides=data.stride(), dtype=data.dtype)
+            r._data, r._a, r._b, r._which = data, a, b, which
+            r.__dict__["_source"] = ["_data", which]
+            return r
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def __repr__(self) -> str:
+            return "Computed()"
+
+        def _from_state(self) -> list[str]:
+            return ["_data", self._which]
+
+        @property
+        def names(self) -> list[str]:
+            if how == "class":
+                return type(self).NAMES
+            if how == "shared":
+                return shared
+            if how == "method":
+                return self._from_state()
+            return list(self.__dict__["_source"])
+
+        def __tensor_flatten__(self) -> tuple[list[str], Any]:
+            return self.names, None
+
+        @classmethod
+        def __tensor_unflatten__(cls, inner: dict[str, Any], ctx: Any, size: Any, stride: Any) -> Any:
+            (which,) = [k for k in inner if k != "_data"]
+            meshes = {"_a": None, "_b": None, which: inner[which]}
+            return cls(inner["_data"], meshes["_a"], meshes["_b"], which)
+
+        @classmethod
+        def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            ref = next(a for a in args if isinstance(a, cls))
+            unwrapped = tree_map_only(cls, lambda t: t._data, (args, kwargs or {}))
+            out = func(*unwrapped[0], **unwrapped[1])
+            which = ref.names[1]
+            return tree_map_only(torch.Tensor, lambda t: cls(t, ref._a, ref._b, which), out)
+
+    def change(t: Any) -> None:
+        if how == "class":
+            Computed.NAMES = ["_data", "_b"]
+        elif how == "shared":
+            shared[1] = "_b"
+        elif how == "method":
+            t._which = "_b"
+        else:
+            t.__dict__["_source"] = ["_data", "_b"]
+
+    Computed.change = staticmethod(change)  # type: ignore[attr-defined]
+    return Computed
+
+
+def _computed_attribute_list(how: str, backend: str) -> Observation:
+    """A subclass input whose computed attribute list changes between two calls while
+    its context stays equal: each output's listed mesh (eager's is the input's newly
+    listed one), the compilations, and whether the second compilation came from the
+    failed guard on the attribute list."""
+    cls = _computed_list_class(how)
+    with fresh():
+        count = counter(backend)
+        compiled = torch.compile(lambda t: t * 2, backend=count, fullgraph=True)
+        a, b = CMesh("a"), CMesh("b")
+        x = cls(torch.ones(2), a, b)
+        first = describe(compiled(x), {"mesh a": a, "mesh b": b})
+        cls.change(x)  # type: ignore[attr-defined]
+        second = describe(compiled(x), {"mesh a": a, "mesh b": b})
+        failures = torch._dynamo.utils.guard_failures
+        list_guard = any("__tensor_flatten__()[0]" in r for reasons in failures.values() for r in reasons)
+        return {
+            "first": first,
+            "after the list changed": second,
+            "eager after": describe(x * 2, {"mesh a": a, "mesh b": b}),
+            "compilations": count.frame_count,
+            "the attribute-list guard failed": list_guard,
+        }
+
+
+for _how in ("class", "shared", "method", "dict-property"):
+    entry(f"compile/computed-attribute-list-changes/{_how}/aot_eager")(
+        lambda how=_how: _computed_attribute_list(how, "aot_eager")
+    )
+entry("compile/computed-attribute-list-changes/dict-property/inductor")(
+    lambda: _computed_attribute_list("dict-property", "inductor")
+)
+
+
 @entry("compile/mark-dynamic-nested")
 def _mark_dynamic_nested() -> Observation:
     """``torch._dynamo.mark_dynamic(x, 0)`` on a nested hand-written subclass (``CHand``

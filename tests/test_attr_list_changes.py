@@ -196,6 +196,7 @@ def test_a_computed_list_that_changes_between_calls(how, monkeypatch):
     def f(t: Computed) -> Any:
         return t * 2, mod.w * 3
 
+    torch._dynamo.reset()
     cf = torch.compile(f, backend="aot_eager", fullgraph=True)
 
     def check() -> None:
@@ -204,6 +205,7 @@ def test_a_computed_list_that_changes_between_calls(how, monkeypatch):
             assert all(getattr(compiled, n) is getattr(eager, n) for n in eager.names if n != "_data")
 
     check()
+    assert not _attr_list_failures()
     for t in (x, mod.w):  # the list changes, by the subclass's own means
         if how == "method":
             t._which = "_b"
@@ -215,3 +217,15 @@ def test_a_computed_list_that_changes_between_calls(how, monkeypatch):
         Computed.SHARED[1] = "_b"
     assert x.names == mod.w.names == ["_data", "_b"]
     check()
+    # Compiled code follows eager because it compiled again, and it compiled again because
+    # the guard on the attribute list failed (not by the chance of another guard): the list
+    # is what the compiled code relies on.
+    assert any("['_data', '_a']" in r for r in _attr_list_failures()), torch._dynamo.utils.guard_failures
+    torch._dynamo.reset()
+
+
+def _attr_list_failures() -> list[str]:
+    """The failed guards that compared a subclass's attribute list (on every release torch
+    guards ``x.__tensor_flatten__()[0] == [...]`` of each subclass input)."""
+    failures = torch._dynamo.utils.guard_failures
+    return [r for reasons in failures.values() for r in reasons if "__tensor_flatten__()[0]" in r]

@@ -61,11 +61,8 @@ def make_run_node(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def run_node(self: Any, n: Any) -> Any:
         if n.op == "get_attr" and "val" not in n.meta:
-            try:
-                value = self.fetch_attr(n.target)
-            except AttributeError:  # torch's own lowering reports it
-                value = None
-            if value is not None and opaque_kind(value) is not None:
+            value = _opaque_constant(self.module, n.target)
+            if value is not None:
                 n.meta["val"] = value
         return original(self, n)
 
@@ -96,13 +93,21 @@ def make_check_for_hop(original: Callable[..., Any]) -> Callable[..., Any]:
             if not isinstance(module, torch.fx.GraphModule):
                 continue
             for node in module.graph.find_nodes(op="get_attr"):
-                try:
-                    value = operator.attrgetter(node.target)(module)
-                except AttributeError:  # torch's own compilation reports it
-                    continue
-                if opaque_kind(value) is not None:
+                value = _opaque_constant(module, node.target)
+                if value is not None:
                     raise BypassFxGraphCache(
                         f"Can't cache an opaque constant ({type(value).__name__} at {node.target}; opaque-subclass)"
                     )
 
     return _check_for_hop
+
+
+def _opaque_constant(module: torch.nn.Module, target: str) -> object | None:
+    """The registered opaque a ``get_attr`` node's dotted ``target`` names in ``module``;
+    ``None`` for anything else, and for a target that does not resolve (torch's own
+    lowering and compilation report that)."""
+    try:
+        value = operator.attrgetter(target)(module)
+    except AttributeError:
+        return None
+    return value if opaque_kind(value) is not None else None
