@@ -141,6 +141,45 @@ def serve(fd: int) -> None:
                 _send(sock, {"exit": pid, "status": os.waitstatus_to_exitcode(status)})
 
 
+#: The preload entry of inductor's probe of the CPU's vector ISA (see :func:`_probe_vec_isa`).
+_VEC_ISA_PROBE = "torch._inductor.cpu_vec_isa:valid_vec_isa_list"
+
+
+def _probe_vec_isa(cpu_vec_isa: Any) -> None:
+    """Inductor's probe of the CPU's vector ISA (``valid_vec_isa_list()``, memoized for the
+    forks), with the child of each candidate's check started as torch 2.13 and newer start it.
+
+    torch 2.11 and 2.12 check each candidate ISA by building a small library, then starting
+    ``python -c "import torch; cdll.LoadLibrary(lib)"``: the import only makes torch's shared
+    libraries loadable, and costs about 2.5 s a candidate on a 2-core machine (25 s a server).
+    torch 2.13 starts that child without importing torch, with torch's ``lib`` directory first on
+    ``LD_LIBRARY_PATH`` (Linux). Where the running torch's child imports torch (on Linux), this
+    runs its probe that way: torch's own ``check_build``, with the child's script less the import
+    and the variable set, both restored before the server forks anything. Anywhere else,
+    torch's probe as it is. The answer is torch's: tests/test_warm.py compares a served
+    process's list with the one the test process computes with torch's own probe.
+    """
+    isa = cpu_vec_isa.VecISA
+    load = isa.__dict__.get("_avx_py_load")
+    if sys.platform != "linux" or not isinstance(load, str) or "import torch\n" not in load:
+        cpu_vec_isa.valid_vec_isa_list()
+        return
+    import torch
+
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    saved = os.environ.get("LD_LIBRARY_PATH")
+    os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([lib, saved]) if saved else lib
+    isa._avx_py_load = load.replace("import torch\n", "", 1)
+    try:
+        cpu_vec_isa.valid_vec_isa_list()
+    finally:
+        isa._avx_py_load = load
+        if saved is None:
+            del os.environ["LD_LIBRARY_PATH"]
+        else:
+            os.environ["LD_LIBRARY_PATH"] = saved
+
+
 def main() -> None:
     fd, *modules = sys.argv[1:]
     import importlib
@@ -148,7 +187,9 @@ def main() -> None:
     for entry in modules:  # "module", or "module:function" to call once imported
         name, _, call = entry.partition(":")
         module = importlib.import_module(name)
-        if call:
+        if entry == _VEC_ISA_PROBE:
+            _probe_vec_isa(module)
+        elif call:
             getattr(module, call)()
     sys.stdout.flush()
     serve(int(fd))
