@@ -821,6 +821,28 @@ def _mark_dynamic_nested() -> Observation:
         return {"outs": outs, "compilations": count.frame_count}
 
 
+@entry("compile/mark-dynamic-nested-opaque-subclass")
+def _mark_dynamic_nested_opaque_subclass() -> Observation:
+    """``torch._dynamo.mark_dynamic(x, 0)`` on a ``CSharded`` inside a ``CSharded`` (an
+    ``OpaqueSubclass``, whose ``__tensor_unflatten__`` honours ``outer_size``), compiled
+    with aot_eager, three sizes, forward and backward: the gradients (each level's mesh)
+    and the compilations."""
+    with fresh():
+        count = counter("aot_eager")
+        compiled = torch.compile(lambda t: (t * 2).sum(), backend=count, fullgraph=True)
+        grads: list[Any] = []
+        for n in (2, 3, 5):
+            inner, outer = CMesh(f"in {n}"), CMesh(f"out {n}")
+            x = CSharded(CSharded(torch.ones(n), inner, "in"), outer, "out", requires_grad=True)
+            try:
+                torch._dynamo.mark_dynamic(x, 0)
+                compiled(x).backward()
+                grads.append(describe(x.grad, {"inner mesh": inner, "outer mesh": outer}))
+            except Exception as e:  # the observation is the exception
+                grads.append(error(e))
+        return {"grads": grads, "compilations": count.frame_count}
+
+
 @entry("compile/tangents-ready-and-coerced/aot_eager")
 def _tangents_ready_and_coerced() -> Observation:
     # A tangent that needs nothing from torch and one whose inner layout torch coerces: the

@@ -220,6 +220,34 @@ def test_compile_forward_backward_with_runtime_opaques():
         assert x.grad._mesh is m
 
 
+@pytest.mark.parametrize("backward", [False, True], ids=["fw", "fwbw"])
+def test_mark_dynamic_on_a_nested_subclass_compiles_once(backward):
+    """``mark_dynamic`` on a ``Tagged`` inside a ``Tagged``: torch fakeifies the inner one
+    with its concrete size as ``outer_size``; the class takes its shape from its symbolic
+    tensor instead, so three sizes compile once, each output (and gradient) on its call's
+    meshes at both levels. Before: ``ConstraintViolationError`` on every release."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    count = CompileCounterWithBackend("aot_eager")
+    f = torch.compile(lambda t: (t * 2).sum() if backward else t * 2, backend=count, fullgraph=True)
+    for n in (2, 3, 5):
+        inner, outer = Mesh(f"in {n}"), Mesh(f"out {n}")
+        x = Tagged(Tagged(torch.arange(float(n)), inner, "in"), outer, "out", requires_grad=backward)
+        torch._dynamo.mark_dynamic(x, 0)
+        y = f(x)
+        if backward:
+            y.backward()
+            y = x.grad
+            assert torch.equal(y._data._data, torch.full((n,), 2.0))
+        else:
+            assert torch.equal(y._data._data, torch.arange(float(n)) * 2)
+        assert type(y) is Tagged and type(y._data) is Tagged and y.shape == (n,)
+        assert y._mesh is outer and y._data._mesh is inner
+    assert count.frame_count == 1
+    torch._dynamo.reset()
+
+
 def test_register_opaques_defers_registration_to_the_first_instance():
     """``register_opaques=True``: declaring the class registers nothing; the
     first instance registers its opaque classes as reference opaques."""

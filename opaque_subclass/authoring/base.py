@@ -380,6 +380,12 @@ class OpaqueSubclass(torch.Tensor):
     ) -> Any:
         named = {n: inner[n] for n in (*cls.tensor_attrs, *cls.opaque_attrs)}
         named.update(zip(cls.meta_attrs, ctx, strict=True))
+        if cls._default_outer_shape is None and _concrete_over_symbolic(outer_size, named[cls.tensor_attrs[0]]):
+            # torch fakeifies a subclass nested in another with its concrete size as
+            # ``outer_size`` over symbolic inner tensors (``mark_dynamic`` on the outer one);
+            # the outer shape of such a class is its first tensor's, so take that one, or
+            # AOTAutograd's comparison of the two specializes the marked size.
+            outer_size = outer_stride = None
         if torch.compiler.is_exporting() or torch.compiler.is_dynamo_compiling():
             # The full constructor call: torch.export records it (see __init__), and
             # Dynamo, tracing a rebuild in user code (a parametrization's), builds a
@@ -515,6 +521,26 @@ def _make_init_exportable() -> None:
 
 
 _make_init_exportable()
+
+
+def _concrete_over_symbolic(outer_size: Any, first: Any) -> bool:
+    """Whether ``outer_size`` is plain integers equal to the hints of a fake ``first``
+    tensor's shape, some of which is symbolic (the size torch gives a nested subclass
+    while it fakeifies a dynamic input); ``False`` at run time (real tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if outer_size is None or not isinstance(first, FakeTensor):
+        return False
+    shape = first.shape
+    if len(outer_size) != len(shape) or not any(isinstance(d, torch.SymInt) for d in shape):
+        return False
+    for given, dim in zip(outer_size, shape, strict=True):
+        if type(given) is not int:
+            return False
+        hint = dim.node.hint if isinstance(dim, torch.SymInt) else dim
+        if hint != given:
+            return False
+    return True
 
 
 def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
