@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import keyword
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -527,9 +528,10 @@ def _concrete_over_symbolic(outer_size: Any, first: Any) -> bool:
     """Whether ``outer_size`` is plain integers equal to the hints of a fake ``first``
     tensor's shape, some of which is symbolic (the size torch gives a nested subclass
     while it fakeifies a dynamic input); ``False`` at run time (real tensors)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if outer_size is None or not isinstance(first, FakeTensor):
+    # torch's fake tensor module, if loaded (a lookup, not an import: this runs for every
+    # output rebuilt at run time; without that module there is no fake tensor)
+    fake = sys.modules.get("torch._subclasses.fake_tensor")
+    if outer_size is None or fake is None or not isinstance(first, fake.FakeTensor):
         return False
     shape = first.shape
     if len(outer_size) != len(shape) or not any(isinstance(d, torch.SymInt) for d in shape):
