@@ -781,8 +781,7 @@ def _computed_attribute_list(how: str, backend: str) -> Observation:
         first = describe(compiled(x), {"mesh a": a, "mesh b": b})
         cls.change(x)  # type: ignore[attr-defined]
         second = describe(compiled(x), {"mesh a": a, "mesh b": b})
-        failures = torch._dynamo.utils.guard_failures
-        list_guard = any("__tensor_flatten__()[0]" in r for reasons in failures.values() for r in reasons)
+        list_guard = any("__tensor_flatten__()[0]" in r for r in recompile_reasons())
         return {
             "first": first,
             "after the list changed": second,
