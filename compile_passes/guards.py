@@ -100,6 +100,7 @@ _MEMBER_ATTR = re.compile(rf"^(?P<obj>{_PATH})\.(?P<member>\w+) == (?P<value>.+)
 _INPUT = re.compile(r"\b[LG]\['[^']+'\](?:\.\w+|\[[^\]]+\])*")
 _OBJ_ID = re.compile(r"___check_obj_id\((?P<a>[^,]+), \d+\)")
 _METADATA = re.compile(r"___check_metadata_\w+")
+_CONSTANT_FLATTEN = re.compile(r"___check_constant_flatten_\d+")
 
 
 def translate_guard(reason: str) -> str:
@@ -117,6 +118,8 @@ def translate_guard(reason: str) -> str:
         return messages.not_the_compiled_object(match["a"].strip())
     if _METADATA.search(text):
         return messages.CONTEXT_DIFFERS
+    if _CONSTANT_FLATTEN.search(text):
+        return messages.FLATTEN_REPLACED
     member = _MEMBER_CALL.match(text) or _MEMBER_GETATTRIBUTE.match(text) or _MEMBER_ATTR.match(text)
     if member:
         obj, name, value = member["obj"], member["member"], member["value"].strip()

@@ -17,6 +17,7 @@ __all__ = [
     "CONTEXT_DIFFERS",
     "DEVICE_MESH",
     "DTENSOR_SHARE_FIX",
+    "FLATTEN_REPLACED",
     "GROUP_OF_UNKNOWN_SOURCE",
     "PROCESS_GROUP",
     "PROFILER_ACTIVE",
@@ -296,6 +297,11 @@ def not_the_compiled_object(name: str) -> str:
     )
 
 
+FLATTEN_REPLACED = (
+    "a subclass class's __tensor_flatten__ is no longer the one the graph was compiled with (replaced, "
+    "adopted, or its declared attributes changed): every instance flattened alike, so the class was "
+    "guarded instead of each input"
+)
 CONTEXT_DIFFERS = (
     "a subclass input's flatten context differs (by ==) from the one the graph was compiled with: the "
     "context is a constant of the graph"

@@ -217,6 +217,14 @@ class CHand(torch.Tensor):
         return tree_map_only(torch.Tensor, lambda t: cls(t, proto._mesh, proto._config), out)
 
 
+class CHandConstant(CHand):
+    """``CHand`` whose ``__tensor_flatten__`` returns constants only: every instance
+    flattens alike (no value opaque in the context)."""
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return ["_data", "_mesh"], None
+
+
 class CBare(CHand):
     """``CHand`` with torch's default ``Tensor.__repr__`` (it reads the values), as many
     hand-written subclasses have."""
@@ -840,6 +848,59 @@ def _mark_dynamic_nested_opaque_subclass() -> Observation:
             except Exception as e:  # the observation is the exception
                 grads.append(error(e))
         return {"grads": grads, "compilations": count.frame_count}
+
+
+@entry("compile/constant-flatten-guards/aot_eager")
+def _constant_flatten_guards() -> Observation:
+    """Per class, three inputs compiled twice with fresh meshes: the Python calls of
+    ``__tensor_flatten__`` in the guards per input (none for a class whose instances
+    all flatten alike: a hand-written constant flatten, an ``OpaqueSubclass`` without
+    ``meta_attrs``; torch's two for a context per instance), the compilations, each
+    output's mesh; then the constant class's method replaced: compiled again, and why."""
+    from scenarios import python_flatten_calls_per_input
+
+    makes: dict[str, Callable[[CMesh], torch.Tensor]] = {
+        "hand-written constant": lambda m: CHandConstant(torch.ones(2), m, None),
+        "OpaqueSubclass without meta_attrs": lambda m: CTwo(torch.ones(2), torch.ones(2), m, CStream(0)),
+        "context per instance": lambda m: CHand(torch.ones(2), m, CConfig(8)),
+        "OpaqueSubclass with meta_attrs": lambda m: CSharded(torch.ones(2), m, "t"),
+    }
+    seen: dict[str, Any] = {}
+    for label, make in makes.items():
+        with fresh():
+
+            def fn(*xs: Any) -> list[Any]:
+                return [x + 1 for x in xs]
+
+            count = counter("aot_eager")
+            compiled = torch.compile(fn, backend=count, fullgraph=True)
+            own = []
+            for call in range(2):
+                meshes = [CMesh(f"{call}-{i}") for i in range(3)]
+                outs = compiled(*(make(m) for m in meshes))
+                own.append(all(o._mesh is m for o, m in zip(outs, meshes, strict=True)))
+            seen[label] = {
+                "python flatten calls per input": python_flatten_calls_per_input(fn.__code__),
+                "compilations": count.frame_count,
+                "each output on its call's mesh": own,
+            }
+    with fresh():
+
+        class Replaced(CHandConstant):
+            pass
+
+        count = counter("aot_eager")
+        compiled = torch.compile(lambda x: x + 1, backend=count, fullgraph=True)
+        compiled(Replaced(torch.ones(2), CMesh("a"), None))
+        Replaced.__tensor_flatten__ = lambda self: (["_data", "_mesh"], "v2")  # type: ignore[method-assign]
+        with torch._dynamo.config.patch(error_on_recompile=False):
+            out = compiled(Replaced(torch.ones(2), CMesh("b"), None))
+        seen["method replaced"] = {
+            "compilations": count.frame_count,
+            "class guard failed": any("___check_constant_flatten_" in r for r in recompile_reasons()),
+            "output": describe(out),
+        }
+    return seen
 
 
 @entry("compile/tangents-ready-and-coerced/aot_eager")

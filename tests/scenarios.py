@@ -26,6 +26,7 @@ import pytest
 import torch
 from subclasses import (
     Anything,
+    ConstantMeshTensor,
     CoordinateShifted,
     Gauge,
     GaugeTensor,
@@ -45,6 +46,7 @@ __all__ = [
     "DELETED_LEAF_FAILURE",
     "DTENSOR_MESH_CONSTANT_FAILURE",
     "ENTRY_GUARD_UNREAD_FAILURE",
+    "FLATTEN_GUARDED_PER_INPUT_FAILURE",
     "LIBRARY_ERROR_WRAPPED_FAILURE",
     "LOAD_CONSTANT_FAILURE",
     "MALFORMED_NAMES_FAILURE",
@@ -63,6 +65,7 @@ __all__ = [
     "compile_takes_an_opaque_answering_every_name",
     "compiled_member_uses",
     "compiled_undeclared_member",
+    "constant_flatten_guarded_once_per_class",
     "direct_save_of_subclass_parameter_is_refused",
     "dtensor_handlers_take_registered_mesh",
     "dtensor_outputs_on_runtime_mesh",
@@ -73,6 +76,7 @@ __all__ = [
     "no_rank_loads_another_groups_entry",
     "parametrization_names_a_deleted_opaque_leaf",
     "program_on_groups_compiles_once",
+    "python_flatten_calls_per_input",
     "save_and_load_opaque_constant",
     "share_compiles_refuses_the_chunk_of_an_output",
     "share_compiles_refuses_the_new_shard_dim_of_an_output",
@@ -673,6 +677,46 @@ def meshes_of_one_shape_compile_once() -> None:
 
 
 MESH_RECOMPILED_FAILURE = StockFailure(AssertionError, r"^compilations: 4$")
+
+
+def python_flatten_calls_per_input(compiled_code: Any) -> int:
+    """How many Python guards calling ``__tensor_flatten__`` each subclass input of the
+    compiled function got: torch's context check (``___check_metadata_...``) and
+    attribute-list check (``...__tensor_flatten__()[0] == [...]``), counted in the
+    printed guard tree of its first cache entry, per input ``L['xs'][i]``."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    tree = str(_debug_get_cache_entry_list(compiled_code)[0].guard_manager)
+    inputs = len(re.findall(r"source=L\['xs'\]\[\d+\], ", tree))
+    calls = len(re.findall(r"LAMBDA_GUARD: ___check_metadata_", tree)) + len(
+        re.findall(r"EQUALS_MATCH: L\['xs'\]\[\d+\]\.__tensor_flatten__\(\)\[0\] == ", tree)
+    )
+    return calls // max(inputs, 1)
+
+
+def constant_flatten_guarded_once_per_class() -> None:
+    """Three inputs of a subclass whose ``__tensor_flatten__`` returns constants
+    (``ConstantMeshTensor``): no Python guard calls ``__tensor_flatten__`` per input;
+    new instances on new meshes reuse the compilation and carry their own mesh (issue
+    #39, Dynamo's guards on subclass inputs)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def fn(*xs: Any) -> list[Any]:
+        return [x + 1 for x in xs]
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(fn, backend=counter, fullgraph=True)
+    for call in range(2):
+        meshes = [Mesh(f"m{call}{i}") for i in range(3)]
+        outs = compiled(*(ConstantMeshTensor(torch.ones(2), m) for m in meshes))
+        assert [o._mesh for o in outs] == meshes and all(o._mesh is m for o, m in zip(outs, meshes, strict=True))
+        assert torch.equal(outs[0]._data, torch.full((2,), 2.0))
+    assert counter.frame_count == 1, f"compilations: {counter.frame_count}"
+    calls = python_flatten_calls_per_input(fn.__code__)
+    assert calls == 0, f"Python flatten calls in the guards per input: {calls}"
+
+
+FLATTEN_GUARDED_PER_INPUT_FAILURE = StockFailure(AssertionError, r"^Python flatten calls in the guards per input: 1$")
 
 
 def mesh_read_below_dynamo_keeps_its_guard() -> None:

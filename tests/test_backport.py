@@ -22,6 +22,7 @@ from scenarios import (
     DELETED_LEAF_FAILURE,
     DTENSOR_MESH_CONSTANT_FAILURE,
     ENTRY_GUARD_UNREAD_FAILURE,
+    FLATTEN_GUARDED_PER_INPUT_FAILURE,
     LIBRARY_ERROR_WRAPPED_FAILURE,
     LOAD_CONSTANT_FAILURE,
     MALFORMED_NAMES_FAILURE,
@@ -37,6 +38,7 @@ from scenarios import (
     collectives_on_group_attribute_compile_per_group,
     compile_raises_the_librarys_error,
     compile_takes_an_opaque_answering_every_name,
+    constant_flatten_guarded_once_per_class,
     direct_save_of_subclass_parameter_is_refused,
     dtensor_handlers_take_registered_mesh,
     dtensor_outputs_on_runtime_mesh,
@@ -794,6 +796,16 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         # the opaque leaf's AttributeError hidden by the property: the property is reported missing
         parametrization_names_a_deleted_opaque_leaf,
         DELETED_LEAF_FAILURE,
+    ),
+    "torch._dynamo.guards.GuardBuilder.TENSOR_SUBCLASS_METADATA_MATCH": (
+        # torch's context check, a Python call of __tensor_flatten__ per input and call
+        constant_flatten_guarded_once_per_class,
+        FLATTEN_GUARDED_PER_INPUT_FAILURE,
+    ),
+    "torch._dynamo.guards.GuardBuilder.EQUALS_MATCH": (
+        # torch's attribute-list check, a Python call of __tensor_flatten__ per input and call
+        constant_flatten_guarded_once_per_class,
+        FLATTEN_GUARDED_PER_INPUT_FAILURE,
     ),
     "torch._dynamo.guards.GuardBuilder.OPAQUE_OBJ_GUARD_FN_MATCH": (
         # torch's guard on the whole rank map: one compilation per mesh of one shape

@@ -244,6 +244,7 @@ def test_distinct_opaques_have_no_sharing_finding():
         ("1/0: L['x']._mesh is not L['y']._mesh", "inputs `x._mesh` and `y._mesh` now share one object"),
         ("0/0: ___check_obj_id(L['m'], 140234)", "`m` is not the object the graph was compiled with"),
         ("0/0: ___check_metadata_1402_c0/0   # x", "a subclass input's flatten context differs (by ==)"),
+        ("1/0: ___check_constant_flatten_1402   # x", "a subclass class's __tensor_flatten__ is no longer the one"),
         ("0/0: tensor 'x' size mismatch at index 0", "tensor 'x' size mismatch at index 0"),
         # member values read at compile time (#26 item 4): the same text whichever way torch writes them
         ("2/0: L['t']._group.size() == 4", "`t._group.size()` is no longer 4: the graph was compiled with that value"),

@@ -16,6 +16,7 @@ from scenarios import (
     DELETED_LEAF_FAILURE,
     DTENSOR_CACHED_MESH_FAILURE,
     ENTRY_GUARD_UNREAD_FAILURE,
+    FLATTEN_GUARDED_PER_INPUT_FAILURE,
     LIBRARY_ERROR_WRAPPED_FAILURE,
     LOAD_CONSTANT_FAILURE,
     MALFORMED_NAMES_FAILURE,
@@ -33,6 +34,7 @@ from scenarios import (
     backward_refuses_a_tangent_listing_other_attributes,
     compile_raises_the_librarys_error,
     compile_takes_an_opaque_answering_every_name,
+    constant_flatten_guarded_once_per_class,
     dtensor_programs_keep_runtime_meshes,
     export_names_a_wrong_unflatten,
     export_names_malformed_flatten_names,
@@ -219,6 +221,16 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[in
         # the opaque leaf's AttributeError hidden by the property: the property is reported missing
         parametrization_names_a_deleted_opaque_leaf,
         DELETED_LEAF_FAILURE,
+    ),
+    "torch._dynamo.guards.GuardBuilder.TENSOR_SUBCLASS_METADATA_MATCH": (  # also 2.11's patch
+        # torch's context check, a Python call of __tensor_flatten__ per input and call
+        constant_flatten_guarded_once_per_class,
+        FLATTEN_GUARDED_PER_INPUT_FAILURE,
+    ),
+    "torch._dynamo.guards.GuardBuilder.EQUALS_MATCH": (  # also 2.11's patch
+        # torch's attribute-list check, a Python call of __tensor_flatten__ per input and call
+        constant_flatten_guarded_once_per_class,
+        FLATTEN_GUARDED_PER_INPUT_FAILURE,
     ),
     "torch._dynamo.guards.GuardBuilder.OPAQUE_OBJ_GUARD_FN_MATCH": (  # also 2.11's patch
         # torch's guard on the whole rank map: one compilation per mesh of one shape

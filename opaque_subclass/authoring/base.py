@@ -376,6 +376,17 @@ class OpaqueSubclass(torch.Tensor):
         return [*cls.tensor_attrs, *cls.opaque_attrs], tuple(getattr(self, n) for n in cls.meta_attrs)
 
     @classmethod
+    def _opaque_constant_flatten(cls) -> tuple[list[str], tuple[()]] | None:
+        """What :meth:`__tensor_flatten__` returns for every instance, when that is
+        one value: the class keeps this base's method and has no ``meta_attrs``.
+        ``None`` otherwise. Read by the guard fix
+        :mod:`opaque_subclass.fixes.subclass_guards` (compiled code then checks
+        the class once per call, not each input's flatten)."""
+        if cls.meta_attrs or cls.__tensor_flatten__ is not OpaqueSubclass.__tensor_flatten__:
+            return None
+        return [*cls.tensor_attrs, *cls.opaque_attrs], ()
+
+    @classmethod
     def __tensor_unflatten__(
         cls, inner: dict[str, Any], ctx: tuple[Any, ...], outer_size: Any, outer_stride: Any
     ) -> Any:

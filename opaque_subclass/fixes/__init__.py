@@ -24,6 +24,10 @@ say what fails without them and what changes with them.
 * :mod:`.callable_values` (torch 2.12 - 2.14): pytorch/pytorch#188796, a
   callable value opaque read off a subclass tensor made in the compiled
   region (a graph break; fixed in 2.15).
+* :mod:`.subclass_guards` (every release, also installed by the 2.11
+  backport): a subclass input whose class flattens every instance alike is
+  guarded once per class and call instead of by two Python calls of its
+  ``__tensor_flatten__`` (issue #39, per-call cost).
 
 Which torch function each replaces on which release, with the fingerprint of
 the original, is a row of ``opaque_subclass/releases/v2_NN.py``.

@@ -338,6 +338,30 @@ FIXES: tuple[Fix, ...] = (
             (2, 15): "59226a39f4519094",
         },
     ),
+    # a subclass whose flatten is the same for every instance: its two per-input Python guards
+    # replaced by one check of the class per call (fixes/subclass_guards.py)
+    Fix(
+        "opaque_subclass.fixes.subclass_guards:make_metadata_guard",
+        "torch._dynamo.guards.GuardBuilder.TENSOR_SUBCLASS_METADATA_MATCH",
+        {
+            (2, 11): "2f5a1f14a19ffeeb",
+            (2, 12): "08c09d28ed1aec06",
+            (2, 13): "08c09d28ed1aec06",
+            (2, 14): "feb489c5004f7eb9",
+            (2, 15): "feb489c5004f7eb9",
+        },
+    ),
+    Fix(
+        "opaque_subclass.fixes.subclass_guards:make_attr_list_guard",
+        "torch._dynamo.guards.GuardBuilder.EQUALS_MATCH",
+        {
+            (2, 11): "3bc7b7dddaf9e1b9",
+            (2, 12): "f082768b6d057ad1",
+            (2, 13): "eac44986999eacf5",
+            (2, 14): "f5ff7ef645acac99",
+            (2, 15): "d495a9e93d956fc0",
+        },
+    ),
     # a DeviceMesh guarded on its rank map only when the program read it: one compilation per
     # mesh shape (fixes/mesh_guards.py)
     Fix(
