@@ -47,6 +47,7 @@ __all__ = [
     "DTENSOR_MESH_CONSTANT_FAILURE",
     "ENTRY_GUARD_UNREAD_FAILURE",
     "FLATTEN_GUARDED_PER_INPUT_FAILURE",
+    "GENERIC_GRADIENT_WALK_FAILURE",
     "LIBRARY_ERROR_WRAPPED_FAILURE",
     "LOAD_CONSTANT_FAILURE",
     "MALFORMED_NAMES_FAILURE",
@@ -72,6 +73,7 @@ __all__ = [
     "export_names_a_wrong_unflatten",
     "export_names_malformed_flatten_names",
     "fsdp1_module_state_sync_keeps_opaques",
+    "gradients_rebuilt_by_generated_code",
     "member_method_result_is_guarded",
     "no_rank_loads_another_groups_entry",
     "parametrization_names_a_deleted_opaque_leaf",
@@ -717,6 +719,38 @@ def constant_flatten_guarded_once_per_class() -> None:
 
 
 FLATTEN_GUARDED_PER_INPUT_FAILURE = StockFailure(AssertionError, r"^Python flatten calls in the guards per input: 1$")
+
+
+def gradients_rebuilt_by_generated_code() -> None:
+    """A compiled forward and backward on two ``MeshTensor`` inputs: no gradient is
+    rebuilt by torch's generic ``SubclassCreationMeta.creation_fn`` walk (torch 2.11
+    runs it per subclass on every backward; 2.12+ generate the backward wrapper), and
+    each gradient holds its input's mesh (issue #39, per call on every release)."""
+    import sys
+
+    compiled = torch.compile(lambda a, b: (a * 2, b + 1), backend="aot_eager", fullgraph=True)
+    walks = 0
+
+    def profiler(frame: Any, event: str, arg: Any) -> None:
+        nonlocal walks
+        if event == "call" and frame.f_code.co_name == "creation_fn":
+            walks += 1
+
+    for call in range(2):
+        xs = [MeshTensor(torch.randn(3), Mesh(f"x{call}")).requires_grad_() for _ in range(2)]
+        outs = compiled(*xs)
+        tangents = [MeshTensor(torch.ones(3), Mesh("t")) for _ in range(2)]
+        sys.setprofile(profiler)
+        try:
+            grads = torch.autograd.grad(outs, xs, tangents)
+        finally:
+            sys.setprofile(None)
+        assert all(type(g) is MeshTensor and g._mesh is x._mesh for g, x in zip(grads, xs, strict=True))
+        assert torch.equal(grads[0]._data, torch.full((3,), 2.0)) and torch.equal(grads[1]._data, torch.ones(3))
+    assert walks == 0, f"gradients rebuilt by creation_fn: {walks}"
+
+
+GENERIC_GRADIENT_WALK_FAILURE = StockFailure(AssertionError, r"^gradients rebuilt by creation_fn: 4$")
 
 
 def mesh_read_below_dynamo_keeps_its_guard() -> None:

@@ -126,3 +126,92 @@ def test_compiled_backward_leaves_a_tangent_to_coerce_to_torch():
     assert calls >= 1
     (grad,) = grads
     assert torch.equal(grad._data, inner * 2) and grad._mesh is x._mesh
+
+
+def _frames_named(step, *names):
+    """How many Python frames of each of ``names`` start during ``step()``."""
+    import sys
+
+    seen = dict.fromkeys(names, 0)
+
+    def profiler(frame, event, arg):
+        if event == "call" and frame.f_code.co_name in seen:
+            seen[frame.f_code.co_name] += 1
+
+    sys.setprofile(profiler)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_ready_tangent_is_read_by_code_generated_for_its_output(depth):
+    # Per backward call, a ready tangent is read by straight-line code generated once per
+    # output (its names, context, slot kinds and layouts bound in), not by the general walk.
+    def make(data, tag):
+        t = data
+        for level in range(depth):
+            t = MeshTensor(t, Mesh(f"{tag}{level}"))
+        return t
+
+    fn = torch.compile(lambda a, b: (a * 2, b + 1), backend="aot_eager", fullgraph=True)
+    for call in range(3):
+        xs = [make(torch.randn(4), f"x{call}").requires_grad_(), make(torch.randn(4), f"y{call}").requires_grad_()]
+        outs = fn(*xs)
+        tangents = [make(torch.full((4,), 3.0), f"t{call}"), make(torch.full((4,), 5.0), f"u{call}")]
+        grads = []
+        seen = _frames_named(
+            lambda g=grads, o=outs, i=xs, t=tangents: g.extend(torch.autograd.grad(o, i, t)), "read_tangent", "read"
+        )
+        if call > 0:  # the first call generates the readers
+            assert seen == {"read_tangent": 2, "read": 0}
+        inner = list(grads)
+        for _ in range(depth):
+            inner = [g._data for g in inner]
+        assert torch.equal(inner[0], torch.full((4,), 6.0)) and torch.equal(inner[1], torch.full((4,), 5.0))
+        for g, x in zip(grads, xs, strict=True):
+            assert type(g) is MeshTensor and g._mesh is x._mesh
+
+
+def test_a_tangent_the_generated_read_cannot_take_goes_the_general_way():
+    # An inner tensor laid out otherwise than the output's: the generated read declines, the
+    # general one hands the tangent to torch (which coerces it), and the gradient is eager's.
+    fn = torch.compile(lambda a: a * 2, backend="aot_eager", fullgraph=True)
+    for tag in ("a", "b"):
+        x = MeshTensor(torch.randn(3, 4), Mesh(tag)).requires_grad_()
+        out = fn(x)
+        inner = torch.arange(12.0).reshape(4, 3).t()  # non-contiguous, same shape
+        grads = []
+        tangent = MeshTensor(inner, Mesh("t"))
+        seen = _frames_named(
+            lambda g=grads, o=out, i=x, t=tangent: g.extend(torch.autograd.grad(o, i, t)),
+            "read_tangent",
+            "read",
+        )
+        assert seen == {"read_tangent": 1, "read": 1}
+        (grad,) = grads
+        assert torch.equal(grad._data, inner * 2) and grad._mesh is x._mesh
+
+
+def test_generated_tangent_readers_outlive_disable_and_enable():
+    # The readers are kept per output meta, not per installation of the fix: switching the
+    # library off and on (as a benchmark or a test does) does not generate them again.
+    import opaque_subclass as osc
+
+    fn = torch.compile(lambda a: a * 2, backend="aot_eager", fullgraph=True)
+    x = MeshTensor(torch.randn(3), Mesh("x")).requires_grad_()
+    out = fn(x)
+    torch.autograd.grad(out, x, MeshTensor(torch.ones(3), Mesh("t")))  # generates the reader
+    osc.disable()
+    osc.enable()
+    x = MeshTensor(torch.randn(3), Mesh("y")).requires_grad_()
+    out = fn(x)
+    grads = []
+    tangent = MeshTensor(torch.ones(3), Mesh("u"))
+    seen = _frames_named(
+        lambda: grads.extend(torch.autograd.grad(out, x, tangent)), "read_tangent", "reader_for", "read"
+    )
+    assert seen == {"read_tangent": 1, "reader_for": 0, "read": 0}
+    assert torch.equal(grads[0]._data, torch.full((3,), 2.0)) and grads[0]._mesh is x._mesh

@@ -17,7 +17,7 @@ from opaque_subclass.backport import messages
 from opaque_subclass.core.codegen import ArgumentsPlan
 from opaque_subclass.core.spec import Layout, OpaqueSlot, SubclassLayout, TensorSlot
 
-__all__ = ["make_subclass_wrapper_post_compile", "plan_for", "translate"]
+__all__ = ["make_subclass_wrapper_post_compile", "make_wrap_tensor_subclasses", "plan_for", "translate"]
 
 
 def translate(torch_meta: Any, start: int | None = None, attr: str | None = None) -> SubclassLayout:
@@ -134,3 +134,72 @@ def make_subclass_wrapper_post_compile(original: Callable[..., Any]) -> Callable
         return inner_fn
 
     return post_compile
+
+
+def make_wrap_tensor_subclasses(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``subclass_utils.wrap_tensor_subclasses`` (torch 2.11), which
+    rebuilds subclasses from flat leaves; at run time torch 2.11 calls it on
+    every backward for the gradients (``_backward_epilogue_functional``).
+
+    Without it, each backward of a graph whose inputs hold opaques rebuilds
+    every gradient with torch 2.11's generic walk (a ``creation_fn`` per
+    subclass, its outer size and stride recomputed, an import per call). With
+    it, such gradients are built by one straight-line function generated once
+    per list of metas (:class:`opaque_subclass.core.codegen.ArgumentsPlan`,
+    opaque slots as in pytorch/pytorch#176457), as torch 2.12+ generates its
+    backward wrapper, with identical results. Calls while tracing, with saved
+    activations, with a ``make_subclass_override``, or on metas without
+    opaques keep torch's function.
+    """
+    import weakref
+
+    import torch
+
+    compiling = torch.compiler.is_dynamo_compiling
+    # id(metas) -> (weak reference to its first subclass meta, the generated wrap and width, or None)
+    plans: dict[int, tuple[Any, tuple[Callable[[Any], tuple[Any, ...]], int] | None]] = {}
+
+    def plan_of(
+        metas: list[Any], included_subclass_symints: bool
+    ) -> tuple[Callable[[Any], tuple[Any, ...]], int] | None:
+        from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
+
+        first = next((m for m in metas if type(m) is TorchSCM), None)
+        if first is None:
+            return None
+        entry = plans.get(id(metas))
+        if entry is not None and entry[0]() is first:
+            return entry[1]
+        built = None
+        if _has_opaque_slot(metas) and all(
+            m.included_subclass_symints == included_subclass_symints for m in metas if type(m) is TorchSCM
+        ):
+            plan = plan_for(metas)
+            built = (plan.wrap_function(), plan.width)
+        key = id(metas)
+        plans[key] = (weakref.ref(first, lambda _: plans.pop(key, None)), built)
+        return built
+
+    def wrap_tensor_subclasses(
+        unwrapped_args: Any,
+        *,
+        subclass_metas: Any,
+        num_fw_outs_saved_for_bw: Any = None,
+        included_subclass_symints: bool = False,
+        is_runtime: bool = False,
+        make_subclass_override: Any = None,
+    ) -> Any:
+        if is_runtime and num_fw_outs_saved_for_bw is None and make_subclass_override is None and not compiling():
+            built = plan_of(subclass_metas, included_subclass_symints)
+            if built is not None and len(unwrapped_args) == built[1]:
+                return built[0](unwrapped_args)
+        return original(
+            unwrapped_args,
+            subclass_metas=subclass_metas,
+            num_fw_outs_saved_for_bw=num_fw_outs_saved_for_bw,
+            included_subclass_symints=included_subclass_symints,
+            is_runtime=is_runtime,
+            make_subclass_override=make_subclass_override,
+        )
+
+    return wrap_tensor_subclasses

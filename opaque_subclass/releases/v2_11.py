@@ -149,6 +149,11 @@ RELEASE = ReleaseSupport(
             "cf6a953d4963e9cc",
             "opaque_subclass.backport.runtime:make_subclass_wrapper_post_compile",
         ),
+        Patch(
+            "torch._functorch._aot_autograd.subclass_utils.wrap_tensor_subclasses",
+            "a34a0b2d6a810e7b",
+            "opaque_subclass.backport.runtime:make_wrap_tensor_subclasses",
+        ),
         # torch.export (backport/export.py) and its archive (backport/archive.py)
         Patch(
             "torch._export.non_strict_utils._create_symbolic_context_for_tensor",
