@@ -88,20 +88,22 @@ def test_non_opaque_in_opaque_slot_of_tangent():
         osc.unwrap_tangent(bad, meta)
 
 
+def _nested(depth, data, tag):
+    """``data`` in ``depth`` levels of ``MeshTensor``, each on a mesh of its own."""
+    t = data
+    for level in range(depth):
+        t = MeshTensor(t, Mesh(f"{tag}{level}"))
+    return t
+
+
 @pytest.mark.parametrize("depth", [1, 2])
 def test_compiled_backward_takes_a_ready_tangents_leaves_without_torchs_processing(depth):
     # A tangent of the output's type, context, names and layout needs nothing from torch's
     # per-tangent function (about 6 us a tangent): the fix reads its leaves in one pass.
-    def make(data, tag):
-        t = data
-        for level in range(depth):
-            t = MeshTensor(t, Mesh(f"{tag}{level}"))
-        return t
-
     fn = torch.compile(lambda a, b: (a * 2, b + 1), backend="aot_eager", fullgraph=True)
-    xs = [make(torch.randn(4), "x").requires_grad_(), make(torch.randn(4), "y").requires_grad_()]
+    xs = [_nested(depth, torch.randn(4), "x").requires_grad_(), _nested(depth, torch.randn(4), "y").requires_grad_()]
     outs = fn(*xs)
-    tangents = [make(torch.full((4,), 3.0), "t"), make(torch.full((4,), 5.0), "u")]
+    tangents = [_nested(depth, torch.full((4,), 3.0), "t"), _nested(depth, torch.full((4,), 5.0), "u")]
     grads = []
     calls = runs_of_torchs_tangent_function(lambda: grads.extend(torch.autograd.grad(outs, xs, tangents)))
     assert calls == 0
@@ -150,17 +152,17 @@ def _frames_named(step, *names):
 def test_a_ready_tangent_is_read_by_code_generated_for_its_output(depth):
     # Per backward call, a ready tangent is read by straight-line code generated once per
     # output (its names, context, slot kinds and layouts bound in), not by the general walk.
-    def make(data, tag):
-        t = data
-        for level in range(depth):
-            t = MeshTensor(t, Mesh(f"{tag}{level}"))
-        return t
-
     fn = torch.compile(lambda a, b: (a * 2, b + 1), backend="aot_eager", fullgraph=True)
     for call in range(3):
-        xs = [make(torch.randn(4), f"x{call}").requires_grad_(), make(torch.randn(4), f"y{call}").requires_grad_()]
+        xs = [
+            _nested(depth, torch.randn(4), f"x{call}").requires_grad_(),
+            _nested(depth, torch.randn(4), f"y{call}").requires_grad_(),
+        ]
         outs = fn(*xs)
-        tangents = [make(torch.full((4,), 3.0), f"t{call}"), make(torch.full((4,), 5.0), f"u{call}")]
+        tangents = [
+            _nested(depth, torch.full((4,), 3.0), f"t{call}"),
+            _nested(depth, torch.full((4,), 5.0), f"u{call}"),
+        ]
         grads = []
         seen = _frames_named(
             lambda g=grads, o=outs, i=xs, t=tangents: g.extend(torch.autograd.grad(o, i, t)), "read_tangent", "read"
