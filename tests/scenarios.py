@@ -72,6 +72,7 @@ __all__ = [
     "dtensor_outputs_on_runtime_mesh",
     "export_names_a_wrong_unflatten",
     "export_names_malformed_flatten_names",
+    "frames_started",
     "fsdp1_module_state_sync_keeps_opaques",
     "gradients_rebuilt_by_generated_code",
     "member_method_result_is_guarded",
@@ -681,6 +682,24 @@ def meshes_of_one_shape_compile_once() -> None:
 MESH_RECOMPILED_FAILURE = StockFailure(AssertionError, r"^compilations: 4$")
 
 
+def frames_started(step: Callable[[], object], *names: str) -> dict[str, int]:
+    """How many Python frames of each function named in ``names`` start during ``step()``."""
+    import sys
+
+    seen = dict.fromkeys(names, 0)
+
+    def profiler(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name in seen:
+            seen[frame.f_code.co_name] += 1
+
+    sys.setprofile(profiler)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
 def python_flatten_calls_per_input(compiled_code: Any) -> int:
     """How many Python guards calling ``__tensor_flatten__`` each subclass input of the
     compiled function got: torch's context check (``___check_metadata_...``) and
@@ -726,25 +745,16 @@ def gradients_rebuilt_by_generated_code() -> None:
     rebuilt by torch's generic ``SubclassCreationMeta.creation_fn`` walk (torch 2.11
     runs it per subclass on every backward; 2.12+ generate the backward wrapper), and
     each gradient holds its input's mesh (issue #39, per call on every release)."""
-    import sys
-
     compiled = torch.compile(lambda a, b: (a * 2, b + 1), backend="aot_eager", fullgraph=True)
     walks = 0
-
-    def profiler(frame: Any, event: str, arg: Any) -> None:
-        nonlocal walks
-        if event == "call" and frame.f_code.co_name == "creation_fn":
-            walks += 1
-
     for call in range(2):
         xs = [MeshTensor(torch.randn(3), Mesh(f"x{call}")).requires_grad_() for _ in range(2)]
         outs = compiled(*xs)
         tangents = [MeshTensor(torch.ones(3), Mesh("t")) for _ in range(2)]
-        sys.setprofile(profiler)
-        try:
-            grads = torch.autograd.grad(outs, xs, tangents)
-        finally:
-            sys.setprofile(None)
+        grads: list[Any] = []
+        walks += frames_started(
+            lambda g=grads, o=outs, i=xs, t=tangents: g.extend(torch.autograd.grad(o, i, t)), "creation_fn"
+        )["creation_fn"]
         assert all(type(g) is MeshTensor and g._mesh is x._mesh for g, x in zip(grads, xs, strict=True))
         assert torch.equal(grads[0]._data, torch.full((3,), 2.0)) and torch.equal(grads[1]._data, torch.ones(3))
     assert walks == 0, f"gradients rebuilt by creation_fn: {walks}"

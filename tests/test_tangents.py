@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from scenarios import runs_of_torchs_tangent_function
+from scenarios import frames_started, runs_of_torchs_tangent_function
 from subclasses import Mesh, MeshTensor, MultiOpaque, PlainPair, Stream
 
 import opaque_subclass as osc
@@ -130,24 +130,6 @@ def test_compiled_backward_leaves_a_tangent_to_coerce_to_torch():
     assert torch.equal(grad._data, inner * 2) and grad._mesh is x._mesh
 
 
-def _frames_named(step, *names):
-    """How many Python frames of each of ``names`` start during ``step()``."""
-    import sys
-
-    seen = dict.fromkeys(names, 0)
-
-    def profiler(frame, event, arg):
-        if event == "call" and frame.f_code.co_name in seen:
-            seen[frame.f_code.co_name] += 1
-
-    sys.setprofile(profiler)
-    try:
-        step()
-    finally:
-        sys.setprofile(None)
-    return seen
-
-
 @pytest.mark.parametrize("depth", [1, 2])
 def test_a_ready_tangent_is_read_by_code_generated_for_its_output(depth):
     # Per backward call, a ready tangent is read by straight-line code generated once per
@@ -164,7 +146,7 @@ def test_a_ready_tangent_is_read_by_code_generated_for_its_output(depth):
             _nested(depth, torch.full((4,), 5.0), f"u{call}"),
         ]
         grads = []
-        seen = _frames_named(
+        seen = frames_started(
             lambda g=grads, o=outs, i=xs, t=tangents: g.extend(torch.autograd.grad(o, i, t)), "read_tangent", "read"
         )
         if call > 0:  # the first call generates the readers
@@ -187,7 +169,7 @@ def test_a_tangent_the_generated_read_cannot_take_goes_the_general_way():
         inner = torch.arange(12.0).reshape(4, 3).t()  # non-contiguous, same shape
         grads = []
         tangent = MeshTensor(inner, Mesh("t"))
-        seen = _frames_named(
+        seen = frames_started(
             lambda g=grads, o=out, i=x, t=tangent: g.extend(torch.autograd.grad(o, i, t)),
             "read_tangent",
             "read",
@@ -212,7 +194,7 @@ def test_generated_tangent_readers_outlive_disable_and_enable():
     out = fn(x)
     grads = []
     tangent = MeshTensor(torch.ones(3), Mesh("u"))
-    seen = _frames_named(
+    seen = frames_started(
         lambda: grads.extend(torch.autograd.grad(out, x, tangent)), "read_tangent", "reader_for", "read"
     )
     assert seen == {"read_tangent": 1, "reader_for": 0, "read": 0}

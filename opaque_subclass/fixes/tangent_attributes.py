@@ -211,25 +211,24 @@ def make_process_runtime_tangent(original: Callable[..., Any]) -> Callable[..., 
                 out.append(value)
         return True
 
-    def reader_for(meta: Any) -> Callable[[Any], list[Any] | None] | None:
-        """The one-pass read of a tangent of ``meta`` as straight-line code, generated once per
-        meta (``None`` when no tangent of it is ever read in one pass): the leaves, or ``None``
-        where the general read decides (another context, names, slot kind, format)."""
-        entry = readers.get(id(meta))
-        if entry is not None and entry[0]() is meta:
-            return entry[1]
+    def reader_for(meta: Any) -> tuple[Any, Callable[[Any], list[Any] | None] | None, type | None]:
+        """``meta``'s entry of the readers: the one-pass read of its tangents as straight-line
+        code, generated on first use, and the tangent type it reads (``None``, ``None`` when no
+        tangent of it is ever read in one pass). The read returns the leaves, or ``None`` where
+        the general read decides (another context, names, slot kind, format)."""
         namespace: dict[str, Any] = {"reference_types": reference_types, "tensor": tensor}
         lines: list[str] = ["def read_tangent(x):"]
         out: list[str] = []
-        fast = None
+        fast = owner = None
         if emit_level(meta, "x", lines, namespace, out):
             lines.append(f"    return [{', '.join(out)}]")
             exec(compile("\n".join(lines), f"<opaque_subclass tangent reader {id(meta):x}>", "exec"), namespace)
             fast = namespace["read_tangent"]
+            owner = meta.original_subclass_type or type(meta.original_subclass)
         key = id(meta)
-        owner = (meta.original_subclass_type or type(meta.original_subclass)) if fast is not None else None
-        readers[key] = (weakref.ref(meta, lambda _: readers.pop(key, None)), fast, owner)
-        return fast
+        entry = (weakref.ref(meta, lambda _: readers.pop(key, None)), fast, owner)
+        readers[key] = entry
+        return entry
 
     def top_path(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         idx = args[0] if args else kwargs.get("tangent_idx")
@@ -241,26 +240,20 @@ def make_process_runtime_tangent(original: Callable[..., Any]) -> Callable[..., 
         # function; the check runs on real tangents only.
         if type(meta) is not SubclassCreationMeta or compiling():
             return original(x, meta, *args, **kwargs)
-        entry = readers.get(id(meta))
-        if over_torchs and entry is not None and type(x) is entry[2] and entry[0]() is meta and not paths.by_id:
-            # the generated one-pass read of this meta's tangents (built below on first use)
-            try:
-                leaves = entry[1](x)  # type: ignore[misc]  # not None where entry[2] is a type
-            except AttributeError:  # a name the tangent lacks: the general read names it
-                leaves = None
-            if leaves is not None:
-                return x, leaves
+        if over_torchs and not paths.by_id:
+            # the generated one-pass read of this meta's tangents (generated on its first tangent)
+            entry = readers.get(id(meta))
+            if entry is None or entry[0]() is not meta:
+                entry = reader_for(meta)
+            if type(x) is entry[2]:
+                try:
+                    leaves = entry[1](x)  # type: ignore[misc]  # not None where entry[2] is a type
+                except AttributeError:  # a name the tangent lacks: the general read names it
+                    leaves = None
+                if leaves is not None:
+                    return x, leaves
         if type(x) is (meta.original_subclass_type or type(meta.original_subclass)):
             path = paths.by_id.pop(id(x), None) if paths.by_id else None
-            if over_torchs and (entry is None or entry[0]() is not meta):  # first tangent of this meta
-                fast = reader_for(meta)
-                if fast is not None:
-                    try:
-                        leaves = fast(x)
-                    except AttributeError:  # a name the tangent lacks: the general read names it
-                        leaves = None
-                    if leaves is not None:
-                        return x, leaves
             same, ready = read(x, meta, over_torchs)
             if ready is not None:
                 return x, ready
