@@ -52,6 +52,7 @@ __all__ = [
     "LOAD_CONSTANT_FAILURE",
     "MALFORMED_NAMES_FAILURE",
     "MEMBER_UNGUARDED_FAILURE",
+    "SAVED_OPAQUE_CHECK_FAILURE",
     "SAVE_CONSTANT_FAILURE",
     "SHARED_CHUNK_FAILURE",
     "SHARED_NEW_SHARD_DIM_FAILURE",
@@ -81,6 +82,7 @@ __all__ = [
     "program_on_groups_compiles_once",
     "python_flatten_calls_per_input",
     "save_and_load_opaque_constant",
+    "saved_opaques_checked_once_per_class",
     "share_compiles_refuses_the_chunk_of_an_output",
     "share_compiles_refuses_the_new_shard_dim_of_an_output",
     "storage_accounting_skips_opaques",
@@ -761,6 +763,28 @@ def gradients_rebuilt_by_generated_code() -> None:
 
 
 GENERIC_GRADIENT_WALK_FAILURE = StockFailure(AssertionError, r"^gradients rebuilt by creation_fn: 4$")
+
+
+def saved_opaques_checked_once_per_class() -> None:
+    """A compiled forward and backward on three ``MeshTensor`` inputs saves their meshes for
+    the backward: after the first call, no forward asks torch's registry whether a saved
+    mesh's class is registered (torch's ``is_opaque_type``, 2.14+ ``is_custom_class``, per
+    saved opaque on every call), and every gradient holds its input's mesh (issue #39)."""
+    compiled = torch.compile(lambda *xs: [x * 2 for x in xs], backend="aot_eager", fullgraph=True)
+    asked = 0
+    for call in range(3):
+        xs = [MeshTensor(torch.randn(3), Mesh(f"s{call}{i}")).requires_grad_() for i in range(3)]
+        outs: list[Any] = []
+        seen = frames_started(lambda o=outs, i=xs: o.extend(compiled(*i)), "is_opaque_type", "is_custom_class")
+        if call:
+            asked += sum(seen.values())
+        grads = torch.autograd.grad(outs, xs, [MeshTensor(torch.ones(3), x._mesh) for x in xs])
+        assert all(type(g) is MeshTensor and g._mesh is x._mesh for g, x in zip(grads, xs, strict=True))
+        assert all(torch.equal(g._data, torch.full((3,), 2.0)) for g in grads)
+    assert asked == 0, f"registry checks of saved opaques in two forwards: {asked}"
+
+
+SAVED_OPAQUE_CHECK_FAILURE = StockFailure(AssertionError, r"^registry checks of saved opaques in two forwards: 6$")
 
 
 def mesh_read_below_dynamo_keeps_its_guard() -> None:

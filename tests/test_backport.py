@@ -30,6 +30,7 @@ from scenarios import (
     MEMBER_UNGUARDED_FAILURE,
     MESH_RECOMPILED_FAILURE,
     SAVE_CONSTANT_FAILURE,
+    SAVED_OPAQUE_CHECK_FAILURE,
     TANGENT_LIST_FAILURE,
     UNDECLARED_MEMBER_FAILURE,
     WRONG_UNFLATTEN_EXPORTED,
@@ -55,6 +56,7 @@ from scenarios import (
     parametrization_names_a_deleted_opaque_leaf,
     program_on_groups_compiles_once,
     save_and_load_opaque_constant,
+    saved_opaques_checked_once_per_class,
     storage_accounting_skips_opaques,
     torch_subclass_parametrization_keeps_opaques,
     undeclared_member_is_named,
@@ -377,6 +379,9 @@ def test_no_torch_module_keeps_an_unpatched_alias():
         owner, attr, _ = _resolve(record.patch.target)
         if isinstance(owner, type):
             assert owner.__dict__[attr] is record.replacement
+            continue
+        if record.patch.scope == "here":  # only this module's name (torch's public function stays)
+            assert owner.__dict__[attr] is record.replacement, record.patch.target
             continue
         for name, module in list(sys.modules.items()):
             if module is not None and name.startswith("torch"):
@@ -803,6 +808,11 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         # torch 2.11's generic walk rebuilding each gradient on every backward
         gradients_rebuilt_by_generated_code,
         GENERIC_GRADIENT_WALK_FAILURE,
+    ),
+    "torch._functorch._aot_autograd.runtime_wrappers.is_opaque_type": (
+        # torch's registry asked per saved opaque on every forward
+        saved_opaques_checked_once_per_class,
+        SAVED_OPAQUE_CHECK_FAILURE,
     ),
     "torch._dynamo.guards.GuardBuilder.TENSOR_SUBCLASS_METADATA_MATCH": (
         # torch's context check, a Python call of __tensor_flatten__ per input and call

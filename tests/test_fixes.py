@@ -24,6 +24,7 @@ from scenarios import (
     MESH_READ_UNSEEN_FAILURE,
     MESH_RECOMPILED_FAILURE,
     SAVE_CONSTANT_FAILURE,
+    SAVED_OPAQUE_CHECK_FAILURE,
     SHARED_CHUNK_FAILURE,
     SHARED_NEW_SHARD_DIM_FAILURE,
     TANGENT_LIST_FAILURE,
@@ -45,6 +46,7 @@ from scenarios import (
     no_rank_loads_another_groups_entry,
     parametrization_names_a_deleted_opaque_leaf,
     save_and_load_opaque_constant,
+    saved_opaques_checked_once_per_class,
     share_compiles_refuses_the_chunk_of_an_output,
     share_compiles_refuses_the_new_shard_dim_of_an_output,
     undeclared_member_is_named,
@@ -221,6 +223,15 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure | Mapping[tuple[in
         # the opaque leaf's AttributeError hidden by the property: the property is reported missing
         parametrization_names_a_deleted_opaque_leaf,
         DELETED_LEAF_FAILURE,
+    ),
+    "torch._functorch._aot_autograd.runtime_wrappers.is_opaque_type": (  # also 2.11's patch
+        # torch's registry asked per saved opaque on every forward
+        saved_opaques_checked_once_per_class,
+        SAVED_OPAQUE_CHECK_FAILURE,
+    ),
+    "torch._functorch._aot_autograd.runtime_wrappers.is_custom_class": (  # 2.14, 2.15
+        saved_opaques_checked_once_per_class,
+        SAVED_OPAQUE_CHECK_FAILURE,
     ),
     "torch._dynamo.guards.GuardBuilder.TENSOR_SUBCLASS_METADATA_MATCH": (  # also 2.11's patch
         # torch's context check, a Python call of __tensor_flatten__ per input and call

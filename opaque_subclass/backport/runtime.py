@@ -154,22 +154,25 @@ def make_wrap_tensor_subclasses(original: Callable[..., Any]) -> Callable[..., A
     import weakref
 
     import torch
+    from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
 
     compiling = torch.compiler.is_dynamo_compiling
-    # id(metas) -> (weak reference to its first subclass meta, the generated wrap and width, or None)
-    plans: dict[int, tuple[Any, tuple[Callable[[Any], tuple[Any, ...]], int] | None]] = {}
+    # id(metas) -> (weak reference to its first subclass meta, that meta's index, the generated
+    # wrap and width, or None)
+    plans: dict[int, tuple[Any, int, tuple[Callable[[Any], tuple[Any, ...]], int] | None]] = {}
 
     def plan_of(
         metas: list[Any], included_subclass_symints: bool
     ) -> tuple[Callable[[Any], tuple[Any, ...]], int] | None:
-        from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
-
-        first = next((m for m in metas if type(m) is TorchSCM), None)
-        if first is None:
-            return None
         entry = plans.get(id(metas))
-        if entry is not None and entry[0]() is first:
-            return entry[1]
+        if entry is not None:
+            first_ref, index, built = entry
+            if index < len(metas) and metas[index] is first_ref():
+                return built
+        index = next((i for i, m in enumerate(metas) if type(m) is TorchSCM), -1)
+        if index < 0:
+            return None
+        first = metas[index]
         built = None
         if _has_opaque_slot(metas) and all(
             m.included_subclass_symints == included_subclass_symints for m in metas if type(m) is TorchSCM
@@ -177,7 +180,7 @@ def make_wrap_tensor_subclasses(original: Callable[..., Any]) -> Callable[..., A
             plan = plan_for(metas)
             built = (plan.wrap_function(), plan.width)
         key = id(metas)
-        plans[key] = (weakref.ref(first, lambda _: plans.pop(key, None)), built)
+        plans[key] = (weakref.ref(first, lambda _: plans.pop(key, None)), index, built)
         return built
 
     def wrap_tensor_subclasses(

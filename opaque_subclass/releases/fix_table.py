@@ -312,6 +312,24 @@ FIXES: tuple[Fix, ...] = (
             (2, 15): "6a2d0fab7e268275",
         },
     ),
+    # the opaques a compiled forward saves for its backward: each class's registration asked of
+    # torch once per registry entry, not on every call (fixes/saved_opaques.py)
+    Fix(
+        "opaque_subclass.fixes.saved_opaques:make_saved_opaque_check",
+        "torch._functorch._aot_autograd.runtime_wrappers.is_opaque_type",
+        {
+            (2, 11): "f1cd423de47c0745",
+            (2, 12): "17232ee3d9b0830d",
+            (2, 13): "17232ee3d9b0830d",
+            (2, 14): "0dffe3f087969f3f",
+            (2, 15): "0dffe3f087969f3f",
+        },
+        targets={
+            (2, 14): "torch._functorch._aot_autograd.runtime_wrappers.is_custom_class",
+            (2, 15): "torch._functorch._aot_autograd.runtime_wrappers.is_custom_class",
+        },
+        scope="here",
+    ),
     # an opaque whose __getattr__ answers every name is not a TorchScript object
     # (fixes/opaque_protocols.py)
     Fix(
