@@ -45,6 +45,15 @@ Usage::
     python benchmarks/bench_per_call.py                 # every configuration
     python benchmarks/bench_per_call.py --ks 1,8,64 --backends aot_eager --passes fw
     python benchmarks/bench_per_call.py --json out.json --check
+    python benchmarks/bench_per_call.py --instructions 20 --ks 8,64   # machine instructions (valgrind)
+
+``--instructions N`` counts, instead of timing, the machine instructions of N
+calls of every cell under valgrind's callgrind (the script runs itself under
+``valgrind --tool=callgrind --instr-atstart=no`` and switches counting on around
+each cell's loop with ``callgrind_control``; an empty loop of N calls, counted
+the same way, is subtracted). The counts are the same from run to run, where
+times on a shared machine move by several percent; they leave out what
+instructions do not show (cache misses, the GPU).
 
 See benchmarks/README.md ("Per call against the floor") for the columns and
 the measured figures.
@@ -58,7 +67,9 @@ import gc
 import json
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -436,17 +447,104 @@ def measure(rows: list[Row], rounds: int, target_s: float, warmup: int) -> None:
                 opaque_subclass.enable()
 
 
+# --instructions: the script under callgrind (the parent re-runs itself there; the child counts)
+_CALLGRIND_DIR = "OSC_BENCH_CALLGRIND_DIR"
+
+
+def _under_callgrind(argv: Sequence[str]) -> int:
+    """Run this script with ``argv`` under callgrind, counting nothing until a cell's loop."""
+    missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
+    if missing:
+        print(f"--instructions needs valgrind's callgrind: {', '.join(missing)} not found", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="bench_per_call_cg_") as out:
+        command = [
+            "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}/cg.%p.out",
+            sys.executable, os.path.abspath(__file__), *argv,
+        ]  # fmt: skip
+        env = dict(os.environ, **{_CALLGRIND_DIR: out})
+        return subprocess.run(command, env=env, check=False).returncode
+
+
+class _Counter:
+    """Machine instructions of a loop, read from the dump callgrind writes when asked."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.pid = str(os.getpid())
+        self.dumps = 0
+        self._control("--instr=on")
+
+    def _control(self, *args: str) -> None:
+        done = subprocess.run(["callgrind_control", *args, self.pid], capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise RuntimeError(f"callgrind_control {' '.join(args)} failed: {done.stdout}{done.stderr}")
+
+    def count(self, run: Callable[[], Any], n: int) -> int:
+        self._control("--zero")
+        gc_was = gc.isenabled()
+        gc.disable()
+        try:
+            for _ in range(n):
+                run()
+        finally:
+            if gc_was:
+                gc.enable()
+        self._control("--dump")
+        self.dumps += 1
+        path = os.path.join(self.directory, f"cg.{self.pid}.out.{self.dumps}")
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith("summary:") or line.startswith("totals:"):
+                    return int(line.split()[1])
+        raise RuntimeError(f"no instruction total in {path}")
+
+
+def measure_instructions(rows: list[Row], n: int, rounds: int, warmup: int) -> None:
+    """Per call, the instructions of each cell's loop of ``n`` calls less an empty loop's, per
+    round; each count follows ``warmup`` uncounted calls of its cell (the library switched off
+    and on between cells clears torch's caches the first calls refill)."""
+    counter = _Counter(os.environ[_CALLGRIND_DIR])
+
+    def per_call(cell: Cell) -> float:
+        for _ in range(warmup):
+            cell.run()
+        cell.n = n
+        empty = counter.count(_nothing, n)
+        return (counter.count(cell.run, n) - empty) / n
+
+    for _ in range(rounds):
+        for row in rows:
+            for cell in (row.floor_a, row.ours):
+                cell.times.append(per_call(cell))
+            if row.stock is not None and row.floor_b is not None:
+                opaque_subclass.disable()
+                try:
+                    for cell in (row.floor_b, row.stock):
+                        cell.times.append(per_call(cell))
+                finally:
+                    opaque_subclass.enable()
+
+
+def _nothing() -> None:
+    return None
+
+
 def _fmt(q: tuple[float, float, float]) -> str:
     return f"{q[1]:.3f} [{q[0]:.3f}-{q[2]:.3f}]"
 
 
-def report(rows: list[Row]) -> str:
+def report(rows: list[Row], instructions: bool = False) -> str:
+    unit = "ki" if instructions else "us"  # thousands of instructions, or microseconds, per call
+    scale = 1e-3 if instructions else 1e6
     lines = [
         f"torch {torch.__version__}, library mode {opaque_subclass.support().mode}, "
         f"python {platform.python_version()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads",
-        "ratios: median [first quartile - third quartile] of the per-round paired ratios",
+        "machine instructions per call (callgrind), in thousands (ki)"
+        if instructions
+        else "ratios: median [first quartile - third quartile] of the per-round paired ratios",
         "",
-        f"| {'variant':6s} | {'k':>4s} | {'backend':9s} | pass | floor us | ours us | ours/floor | stock/floor | ours/stock |",
+        f"| {'variant':6s} | {'k':>4s} | {'backend':9s} | pass | floor {unit} | ours {unit} | ours/floor | stock/floor | ours/stock |",
         "| --- | ---: | --- | --- | ---: | ---: | --- | --- | --- |",
     ]
     for row in rows:
@@ -454,8 +552,8 @@ def report(rows: list[Row]) -> str:
         if row.error:
             lines.append(f"| {c.variant} | {c.k} | {c.backend} | {c.passname} | failed: {row.error} |")
             continue
-        floor_us = statistics.median(row.floor_a.times) * 1e6
-        ours_us = statistics.median(row.ours.times) * 1e6
+        floor_us = statistics.median(row.floor_a.times) * scale
+        ours_us = statistics.median(row.ours.times) * scale
         of = _fmt(_quartiles(row.ratios("ours/floor")))
         if row.stock is not None:
             sf = _fmt(_quartiles(row.ratios("stock/floor")))
@@ -520,7 +618,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", help="write every round's times and the ratios here")
     parser.add_argument("--check", action="store_true", help="exit 1 when a median breaks the issue's bounds")
     parser.add_argument("--slack", type=float, default=0.0, help="added to every bound by --check")
+    parser.add_argument(
+        "--instructions",
+        type=int,
+        metavar="N",
+        help="count machine instructions of N calls per cell under valgrind's callgrind instead of timing",
+    )
     opts = parser.parse_args(argv)
+    if opts.instructions is not None and _CALLGRIND_DIR not in os.environ:
+        return _under_callgrind(sys.argv[1:] if argv is None else list(argv))
     started = time.perf_counter()
     stock = _has_stock() and not opts.no_stock
     configs = [
@@ -541,8 +647,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             empty = Cell("floor", lambda: None)
             rows.append(Row(config, empty, empty, None, None, {}, error=str(exc)))
         print(f"compiled {config.label}: {rows[-1].compile_s or rows[-1].error}", file=sys.stderr, flush=True)
-    measure([r for r in rows if r.error is None], opts.rounds, opts.target_ms / 1000, opts.warmup)
-    print(report(rows))
+    measured = [r for r in rows if r.error is None]
+    if opts.instructions is not None:
+        opts.rounds = min(opts.rounds, 2)  # deterministic counts: a second round shows they repeat
+        measure_instructions(measured, opts.instructions, opts.rounds, opts.warmup)
+    else:
+        measure(measured, opts.rounds, opts.target_ms / 1000, opts.warmup)
+    print(report(rows, instructions=opts.instructions is not None))
     elapsed = time.perf_counter() - started
     print(f"\n{len(rows)} configurations, {opts.rounds} rounds, {elapsed:.0f} s")
     failures = bounds_failures(rows, opts.slack)
@@ -557,6 +668,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "threads": torch.get_num_threads(),
                     "rounds": opts.rounds,
                     "target_ms": opts.target_ms,
+                    "unit": "instructions" if opts.instructions is not None else "seconds",
+                    "calls_per_count": opts.instructions,
                     "rows": [_record(r) for r in rows],
                     "bounds_failures": failures,
                     "seconds": elapsed,

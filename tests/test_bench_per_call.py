@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -79,3 +81,33 @@ def test_the_bounds_are_the_issues(bench):
     assert bench.bounds_failures([row], 0.02) == []
     small = bench.Row(bench.Config("own", 8, "aot_eager", "fw"), floor, cell, None, None, {})
     assert bench.bounds_failures([small], 0.0) == [f"{small.config.label}: ours/floor 1.060 > 1.02"]
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("callgrind_control") is None, reason="no valgrind")
+@pytest.mark.skipif(
+    not torch.__version__.startswith(("2.11.", "2.15.")),
+    reason="about 80 s under valgrind: run on the backport leg (no stock cells) and the newest (stock cells)",
+)
+def test_instructions_are_counted_under_callgrind_and_repeat(tmp_path):
+    """``--instructions``: the script runs itself under callgrind and reports per-call machine
+    instructions of every cell, less an empty loop's; the counts of two rounds agree."""
+    out = tmp_path / "instructions.json"
+    argv = ["--ks", "8", "--variants", "own", "--backends", "aot_eager", "--passes", "fw"]
+    done = subprocess.run(
+        [sys.executable, str(BENCH), *argv, "--instructions", "5", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "machine instructions per call (callgrind)" in done.stdout
+    report = json.loads(out.read_text())
+    assert report["unit"] == "instructions" and report["calls_per_count"] == 5 and report["rounds"] == 2
+    (row,) = report["rows"]
+    cells = ["floor", "ours"] + (["stock"] if report["mode"] != "backport" else [])
+    for name in cells:
+        counts = row[f"{name}_s"]
+        assert len(counts) == 2 and all(200_000 < c < 10_000_000 for c in counts), (name, counts)
+        assert abs(counts[0] - counts[1]) < 0.05 * counts[0], (name, counts)  # repeats, bar the allocator's state
+    assert 0.8 < row["ours/floor"]["median"] < 1.5
