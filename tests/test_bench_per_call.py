@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -98,6 +99,7 @@ def test_instructions_are_counted_under_callgrind_and_repeat(tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
+        env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")),  # its own, never the worker's
         check=False,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
