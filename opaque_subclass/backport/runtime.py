@@ -16,6 +16,7 @@ from typing import Any
 from opaque_subclass.backport import messages
 from opaque_subclass.core.codegen import ArgumentsPlan
 from opaque_subclass.core.spec import Layout, OpaqueSlot, SubclassLayout, TensorSlot
+from opaque_subclass.core.weak import remember
 
 __all__ = ["make_subclass_wrapper_post_compile", "make_wrap_tensor_subclasses", "plan_for", "translate"]
 
@@ -151,7 +152,6 @@ def make_wrap_tensor_subclasses(original: Callable[..., Any]) -> Callable[..., A
     activations, with a ``make_subclass_override``, or on metas without
     opaques keep torch's function.
     """
-    import weakref
 
     import torch
     from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
@@ -179,8 +179,7 @@ def make_wrap_tensor_subclasses(original: Callable[..., Any]) -> Callable[..., A
         ):
             plan = plan_for(metas)
             built = (plan.wrap_function(), plan.width)
-        key = id(metas)
-        plans[key] = (weakref.ref(first, lambda _: plans.pop(key, None)), index, built)
+        remember(plans, id(metas), first, index, built)
         return built
 
     def wrap_tensor_subclasses(

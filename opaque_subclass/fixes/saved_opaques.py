@@ -16,6 +16,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from opaque_subclass.core.weak import remember
+
 __all__ = ["make_saved_opaque_check"]
 
 
@@ -51,19 +53,15 @@ def make_saved_opaque_check(original: Callable[..., Any]) -> Callable[..., Any]:
     answers: dict[int, tuple[Any, Any, bool]] = {}
     known_answer = answers.get
 
-    def forget(key: int) -> Callable[[Any], object]:
-        return lambda _: answers.pop(key, None)
-
     def ask_torch(cls: Any) -> bool:
         try:
-            entry = entry_of(weakref.ref(cls))
+            weak = weakref.ref(cls)
         except TypeError:  # a class name, or an object that takes no weak reference
             return original(cls)  # type: ignore[no-any-return]
+        entry = entry_of(weak)
         answer = original(cls)
-        if entry is not None:  # a class of its own registry entry
-            key = weakref.ref(cls, forget(id(cls)))
-            if entry_of(key) is entry:  # not registered again meanwhile
-                answers[id(cls)] = (key, entry, answer)
+        if entry is not None and entry_of(weak) is entry:  # a class of its own entry, not registered again meanwhile
+            remember(answers, id(cls), cls, entry, answer)
         return answer  # type: ignore[no-any-return]
 
     def saved_opaque_class_is_registered(cls: Any) -> bool:

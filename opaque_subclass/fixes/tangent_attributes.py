@@ -22,6 +22,7 @@ from typing import Any, cast
 from opaque_subclass.core.checks import check_tangent_structure
 from opaque_subclass.core.registry import opaque_kind
 from opaque_subclass.core.walk import read_level
+from opaque_subclass.core.weak import remember
 from opaque_subclass.patching import composes
 
 __all__ = ["make_process_runtime_tangent", "opaque_slot_types"]
@@ -225,10 +226,8 @@ def make_process_runtime_tangent(original: Callable[..., Any]) -> Callable[..., 
             exec(compile("\n".join(lines), f"<opaque_subclass tangent reader {id(meta):x}>", "exec"), namespace)
             fast = namespace["read_tangent"]
             owner = meta.original_subclass_type or type(meta.original_subclass)
-        key = id(meta)
-        entry = (weakref.ref(meta, lambda _: readers.pop(key, None)), fast, owner)
-        readers[key] = entry
-        return entry
+        remember(readers, id(meta), meta, fast, owner)
+        return readers[id(meta)]
 
     def top_path(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         idx = args[0] if args else kwargs.get("tangent_idx")
