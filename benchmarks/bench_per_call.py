@@ -463,6 +463,9 @@ def _under_callgrind(argv: Sequence[str]) -> int:
             sys.executable, os.path.abspath(__file__), *argv,
         ]  # fmt: skip
         env = dict(os.environ, **{_CALLGRIND_DIR: out})
+        # valgrind executes no AVX-512 instruction: inductor's kernels for AVX2 (torch 2.13+ read
+        # the architecture from this variable; the vector width is set in the child)
+        env.setdefault("TORCHINDUCTOR_CPP_MARCH", "x86-64-v3")
         return subprocess.run(command, env=env, check=False).returncode
 
 
@@ -628,6 +631,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.instructions is not None and _CALLGRIND_DIR not in os.environ:
         return _under_callgrind(sys.argv[1:] if argv is None else list(argv))
     started = time.perf_counter()
+    if opts.instructions is not None and "inductor" in opts.backends.split(","):
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.simdlen = 256  # AVX2 kernels (see _under_callgrind)
     stock = _has_stock() and not opts.no_stock
     configs = [
         Config(v, int(k), b, p)

@@ -53,6 +53,7 @@ __all__ = [
     "MALFORMED_NAMES_FAILURE",
     "MEMBER_UNGUARDED_FAILURE",
     "SAVED_OPAQUE_CHECK_FAILURE",
+    "SAVED_VALUES_WALK_FAILURE",
     "SAVE_CONSTANT_FAILURE",
     "SHARED_CHUNK_FAILURE",
     "SHARED_NEW_SHARD_DIM_FAILURE",
@@ -83,6 +84,7 @@ __all__ = [
     "python_flatten_calls_per_input",
     "save_and_load_opaque_constant",
     "saved_opaques_checked_once_per_class",
+    "saved_values_passed_without_a_walk",
     "share_compiles_refuses_the_chunk_of_an_output",
     "share_compiles_refuses_the_new_shard_dim_of_an_output",
     "storage_accounting_skips_opaques",
@@ -785,6 +787,44 @@ def saved_opaques_checked_once_per_class() -> None:
 
 
 SAVED_OPAQUE_CHECK_FAILURE = StockFailure(AssertionError, r"^registry checks of saved opaques in two forwards: 6$")
+
+
+def saved_values_passed_without_a_walk() -> None:
+    """A compiled forward and backward on three ``MeshTensor`` inputs: no backward walks the
+    values its forward saved (tensors and the meshes) with torch 2.11's
+    ``subclass_utils.runtime_unwrap_tensor_subclasses``, one ``is_traceable_wrapper_subclass``
+    call per value (torch 2.12+ generate ``list(args)`` for this step), and every gradient holds
+    its input's mesh (issue #39)."""
+    import sys
+
+    compiled = torch.compile(lambda *xs: [x * x for x in xs], backend="aot_eager", fullgraph=True)
+    walks = 0
+
+    def profiler(frame: Any, event: str, arg: Any) -> None:
+        nonlocal walks
+        code = frame.f_code
+        if (
+            event == "call"
+            and code.co_name == "runtime_unwrap_tensor_subclasses"
+            and code.co_filename.replace("\\", "/").endswith("_aot_autograd/subclass_utils.py")
+        ):
+            walks += 1
+
+    for call in range(2):
+        xs = [MeshTensor(torch.full((3,), float(i + 1)), Mesh(f"w{call}{i}")).requires_grad_() for i in range(3)]
+        outs = compiled(*xs)
+        tangents = [MeshTensor(torch.ones(3), x._mesh) for x in xs]
+        sys.setprofile(profiler)
+        try:
+            grads = torch.autograd.grad(outs, xs, tangents)
+        finally:
+            sys.setprofile(None)
+        assert all(type(g) is MeshTensor and g._mesh is x._mesh for g, x in zip(grads, xs, strict=True))
+        assert all(torch.equal(g._data, torch.full((3,), 2.0 * (i + 1))) for i, g in enumerate(grads))
+    assert walks == 0, f"walks of saved values in two backwards: {walks}"
+
+
+SAVED_VALUES_WALK_FAILURE = StockFailure(AssertionError, r"^walks of saved values in two backwards: 4$")
 
 
 def mesh_read_below_dynamo_keeps_its_guard() -> None:

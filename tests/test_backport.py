@@ -31,6 +31,7 @@ from scenarios import (
     MESH_RECOMPILED_FAILURE,
     SAVE_CONSTANT_FAILURE,
     SAVED_OPAQUE_CHECK_FAILURE,
+    SAVED_VALUES_WALK_FAILURE,
     TANGENT_LIST_FAILURE,
     UNDECLARED_MEMBER_FAILURE,
     WRONG_UNFLATTEN_EXPORTED,
@@ -57,6 +58,7 @@ from scenarios import (
     program_on_groups_compiles_once,
     save_and_load_opaque_constant,
     saved_opaques_checked_once_per_class,
+    saved_values_passed_without_a_walk,
     storage_accounting_skips_opaques,
     torch_subclass_parametrization_keeps_opaques,
     undeclared_member_is_named,
@@ -814,6 +816,11 @@ NEEDED_BY: dict[str, tuple[Callable[[], object], StockFailure]] = {
         saved_opaques_checked_once_per_class,
         SAVED_OPAQUE_CHECK_FAILURE,
     ),
+    "torch._functorch._aot_autograd.runtime_wrappers.runtime_unwrap_tensor_subclasses": (
+        # torch 2.11's walk of the saved values on every backward
+        saved_values_passed_without_a_walk,
+        SAVED_VALUES_WALK_FAILURE,
+    ),
     "torch._dynamo.guards.GuardBuilder.TENSOR_SUBCLASS_METADATA_MATCH": (
         # torch's context check, a Python call of __tensor_flatten__ per input and call
         constant_flatten_guarded_once_per_class,
@@ -1299,3 +1306,37 @@ def test_members_of_an_opaque_of_a_subclass_made_in_the_graph(member):
         assert f"(x._gauge.{member}, " in msg, msg
     finally:
         torch._dynamo.reset()
+
+
+@needs_backport
+def test_saved_values_step_returns_what_torchs_walk_returns():
+    """The run-time module's ``runtime_unwrap_tensor_subclasses`` (the backport's): for saved
+    values of classes that cannot be subclasses, a new list of the same objects; for anything
+    else (a traceable subclass, a tensor subclass, an object claiming another class, symbolic
+    sizes to append) torch's walk, so the same result in every case."""
+    from torch._functorch._aot_autograd import runtime_wrappers, subclass_utils
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    ours = runtime_wrappers.runtime_unwrap_tensor_subclasses
+    torchs = subclass_utils.runtime_unwrap_tensor_subclasses
+    assert ours is not torchs and ours.__module__ == "opaque_subclass.backport.runtime"
+
+    class ClaimsTensor:
+        @property  # type: ignore[misc]
+        def __class__(self) -> type:
+            return torch.Tensor
+
+    t = torch.ones(2)
+    cases = [
+        [t, 3, 2.5, None, Mesh("saved-a"), Mesh("saved-b")],
+        [t, TwoTensor(t, t * 2), Mesh("saved-c")],
+        [torch.nn.Parameter(t), t],
+        [ClaimsTensor(), t],
+        [],
+    ]
+    for values in cases:
+        got = ours(values, append_symints=False)
+        want = torchs(values, append_symints=False)
+        assert got is not values
+        assert len(got) == len(want) and all(a is b for a, b in zip(got, want, strict=True)), values
+    assert len(ours(cases[1], append_symints=False)) == 4  # the TwoTensor flattened by torch's walk

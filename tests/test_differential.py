@@ -86,6 +86,43 @@ def test_inductor_freezing_of_subclass_parameters_runs():
     assert torch.allclose(got.a, expected.a) and torch.allclose(got.b, expected.b)
 
 
+class _FrozenBesideMesh(torch.nn.Module):
+    """A TwoTensor parameter (frozen by inductor's freezing) beside a MeshTensor input (an opaque
+    slot, so the graph runs the library's generated unwrap on torch 2.11)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        w = torch.arange(12.0).reshape(3, 4) / 10
+        self.weight = torch.nn.Parameter(TwoTensor(w, w + 1), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.nn.functional.linear(torch.ones(2, 4), self.weight), x * 2
+
+
+def test_inductor_freezing_beside_an_opaque_input_runs():
+    """A frozen subclass parameter reaches the per-call wrapper as None next to an input holding
+    an opaque: the generated unwrap refuses None at a subclass slot, and the call goes to torch's
+    function (it used to be looked for before every call)."""
+    from subclasses import Mesh, MeshTensor
+
+    module = _FrozenBesideMesh().eval()
+    mesh = Mesh("frozen-beside")
+    x = MeshTensor(torch.ones(2, 4), mesh)
+    with torch.no_grad():
+        expected = module(x)
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(freezing=True):
+            compiled = torch.compile(module, backend="inductor")
+            got = compiled(x)
+            other = Mesh("frozen-beside-2")
+            again = compiled(MeshTensor(torch.ones(2, 4) * 3, other))
+    torch._dynamo.reset()
+    assert type(got[0]) is TwoTensor and torch.allclose(got[0].a, expected[0].a)
+    assert torch.allclose(got[0].b, expected[0].b)
+    assert type(got[1]) is MeshTensor and got[1]._mesh is mesh and torch.equal(got[1]._data, expected[1]._data)
+    assert again[1]._mesh is other and torch.equal(again[1]._data, torch.full((2, 4), 6.0))
+
+
 class _NoneFirst(torch.nn.Module):
     def forward(self, a, b):
         return b

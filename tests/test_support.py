@@ -29,7 +29,7 @@ def test_mode_matches_running_torch():
     "version, mode, api, patches, fixes",
     [
         ("2.10.1", "unsupported", None, 0, 0),
-        ("2.11.0+cu130", "backport", OPAQUE_OBJECT_API, 62, 0),
+        ("2.11.0+cu130", "backport", OPAQUE_OBJECT_API, 63, 0),
         ("2.12.0", "native", OPAQUE_OBJECT_API, 0, 30),
         ("2.13.0+cpu", "native", OPAQUE_OBJECT_API, 0, 26),
         ("2.14.1+cu130", "native", CUSTOM_CLASS_API, 0, 27),

@@ -15,10 +15,17 @@ from typing import Any
 
 from opaque_subclass.backport import messages
 from opaque_subclass.core.codegen import ArgumentsPlan
+from opaque_subclass.core.errors import OpaqueTypeError
 from opaque_subclass.core.spec import Layout, OpaqueSlot, SubclassLayout, TensorSlot
 from opaque_subclass.core.weak import remember
 
-__all__ = ["make_subclass_wrapper_post_compile", "make_wrap_tensor_subclasses", "plan_for", "translate"]
+__all__ = [
+    "make_saved_values_unwrap",
+    "make_subclass_wrapper_post_compile",
+    "make_wrap_tensor_subclasses",
+    "plan_for",
+    "translate",
+]
 
 
 def translate(torch_meta: Any, start: int | None = None, attr: str | None = None) -> SubclassLayout:
@@ -116,11 +123,16 @@ def make_subclass_wrapper_post_compile(original: Callable[..., Any]) -> Callable
 
         @functools.wraps(compiled_fn)
         def inner_fn(args: list[Any]) -> Any:
-            if any(a is None for a in args):
-                # Inductor's freezing passes frozen parameters as None: torch's function skips them
-                return generic(args)
             unwrap, wrap, width = built[0] if built else build()
-            flat = unwrap(args)
+            try:
+                flat = unwrap(args)
+            except OpaqueTypeError:
+                if any(a is None for a in args):
+                    # Inductor's freezing passes frozen parameters as None, which the generated
+                    # unwrap refuses at a subclass slot: torch's function skips them. Looked for
+                    # only here, so a call without them pays no scan of its arguments.
+                    return generic(args)
+                raise
             args.clear()
             outs = compiled_fn(flat)
             extra = saved or 0
@@ -205,3 +217,63 @@ def make_wrap_tensor_subclasses(original: Callable[..., Any]) -> Callable[..., A
         )
 
     return wrap_tensor_subclasses
+
+
+def _never_a_wrapper_subclass(cls: type) -> bool:
+    """Whether no instance of ``cls`` can pass torch's ``is_traceable_wrapper_subclass``: ``cls`` is
+    ``Tensor`` itself or a builtin number, or no tensor class whose instances report their own
+    class (nothing in its MRO but ``object`` defines ``__class__`` or ``__getattribute__``, so
+    ``isinstance(x, Tensor)`` is False). Any other class (a tensor subclass, a class with its own
+    attribute lookup) is left to torch's function."""
+    import torch
+
+    if cls is torch.Tensor or cls in (int, float, bool, type(None)):
+        return True
+    if issubclass(cls, torch.Tensor):
+        return False
+    return not any("__class__" in vars(k) or "__getattribute__" in vars(k) for k in cls.__mro__[:-1])
+
+
+def make_saved_values_unwrap(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replaces ``torch._functorch._aot_autograd.runtime_wrappers.runtime_unwrap_tensor_subclasses``
+    (torch 2.11): the run-time module's own import of
+    ``subclass_utils.runtime_unwrap_tensor_subclasses``, and only that import (torch's function is
+    unchanged). Its per-call use there: every backward of a graph with subclass tangents passes
+    the values its forward saved (tensors, symbolic sizes, opaques) through it, twice, before and
+    after the tangents.
+
+    Without it, each backward walks the saved values in Python, one
+    ``is_traceable_wrapper_subclass`` call per value (an ``isinstance`` and two ``hasattr``): a
+    saved mesh per subclass input with an opaque, so the walk grows with the number of inputs
+    (about 1,100 bytecode instructions per backward with 64 such inputs). The values saved by a
+    graph traced on plain tensors are plain (the opaques among them are the slots of
+    pytorch/pytorch#176457), and torch 2.12+ generates ``list(args)`` for this step. With it, the classes of the values are collected by C code (``set(map(type, args))``)
+    and, when none of them can be a traceable wrapper subclass (``Tensor`` itself, or a class
+    that is no tensor and reports its own class; each class judged once), the result is
+    ``list(args)``, what torch's walk returns for such values. Calls with symbolic sizes to
+    append, with subclass metas, or with a value of any other class are torch's function.
+    """
+    # id(class) -> (weak reference to it, whether it can never be a traceable wrapper subclass)
+    verdicts: dict[int, tuple[Any, bool]] = {}
+    verdict_of = verdicts.get
+
+    def runtime_unwrap_tensor_subclasses(
+        wrapped_args: Any, *, append_symints: bool, subclass_metas: Any = None
+    ) -> list[Any]:
+        if not append_symints and subclass_metas is None:
+            for cls in set(map(type, wrapped_args)):
+                known = verdict_of(id(cls))
+                plain = (
+                    known[1]
+                    if known is not None
+                    else remember(verdicts, id(cls), cls, _never_a_wrapper_subclass(cls))[1]
+                )
+                if not plain:
+                    break
+            else:
+                return list(wrapped_args)
+        return original(  # type: ignore[no-any-return]
+            wrapped_args, append_symints=append_symints, subclass_metas=subclass_metas
+        )
+
+    return runtime_unwrap_tensor_subclasses

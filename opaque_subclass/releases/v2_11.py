@@ -154,6 +154,12 @@ RELEASE = ReleaseSupport(
             "a34a0b2d6a810e7b",
             "opaque_subclass.backport.runtime:make_wrap_tensor_subclasses",
         ),
+        Patch(
+            "torch._functorch._aot_autograd.runtime_wrappers.runtime_unwrap_tensor_subclasses",
+            "6c67b34e3c9d3bbc",
+            "opaque_subclass.backport.runtime:make_saved_values_unwrap",
+            scope="here",
+        ),
         # torch.export (backport/export.py) and its archive (backport/archive.py)
         Patch(
             "torch._export.non_strict_utils._create_symbolic_context_for_tensor",
