@@ -247,31 +247,36 @@ def make_saved_values_unwrap(original: Callable[..., Any]) -> Callable[..., Any]
     saved mesh per subclass input with an opaque, so the walk grows with the number of inputs
     (about 1,100 bytecode instructions per backward with 64 such inputs). The values saved by a
     graph traced on plain tensors are plain (the opaques among them are the slots of
-    pytorch/pytorch#176457), and torch 2.12+ generates ``list(args)`` for this step. With it, the classes of the values are collected by C code (``set(map(type, args))``)
-    and, when none of them can be a traceable wrapper subclass (``Tensor`` itself, or a class
-    that is no tensor and reports its own class; each class judged once), the result is
-    ``list(args)``, what torch's walk returns for such values. Calls with symbolic sizes to
-    append, with subclass metas, or with a value of any other class are torch's function.
+    pytorch/pytorch#176457), and torch 2.12+ generates ``list(args)`` for this step.
+
+    With it, each value's class is looked up by C code (``all(map(...))``) in a table of the
+    classes judged plain (``Tensor``, the builtin numbers, ``None``, and classes that are no
+    tensor and report their own class; each judged on first sight), and when all are there the
+    result is ``list(args)``, what torch's walk returns for such values. Calls with symbolic
+    sizes to append, with subclass metas, or with a value of any other class are torch's
+    function.
     """
-    # id(class) -> (weak reference to it, whether it can never be a traceable wrapper subclass)
-    verdicts: dict[int, tuple[Any, bool]] = {}
-    verdict_of = verdicts.get
+    # id(class) -> (weak reference to it,) for each class judged plain; the entry leaves with the class
+    plain: dict[int, tuple[Any, ...]] = {}
+    is_plain = plain.__contains__
+
+    def judged_plain(values: Any) -> bool:
+        for cls in set(map(type, values)):
+            if id(cls) not in plain:
+                if not _never_a_wrapper_subclass(cls):
+                    return False  # not kept: such a value goes to torch's walk on every call
+                remember(plain, id(cls), cls)
+        return True
 
     def runtime_unwrap_tensor_subclasses(
         wrapped_args: Any, *, append_symints: bool, subclass_metas: Any = None
     ) -> list[Any]:
-        if not append_symints and subclass_metas is None:
-            for cls in set(map(type, wrapped_args)):
-                known = verdict_of(id(cls))
-                plain = (
-                    known[1]
-                    if known is not None
-                    else remember(verdicts, id(cls), cls, _never_a_wrapper_subclass(cls))[1]
-                )
-                if not plain:
-                    break
-            else:
-                return list(wrapped_args)
+        if (
+            not append_symints
+            and subclass_metas is None
+            and (all(map(is_plain, map(id, map(type, wrapped_args)))) or judged_plain(wrapped_args))
+        ):
+            return list(wrapped_args)
         return original(  # type: ignore[no-any-return]
             wrapped_args, append_symints=append_symints, subclass_metas=subclass_metas
         )
