@@ -53,7 +53,9 @@ calls of every cell under valgrind's callgrind (the script runs itself under
 each cell's loop with ``callgrind_control``; an empty loop of N calls, counted
 the same way, is subtracted). The counts are the same from run to run, where
 times on a shared machine move by several percent; they leave out what
-instructions do not show (cache misses, the GPU).
+instructions do not show (cache misses, the GPU). valgrind executes no AVX-512
+instruction, so inductor's kernels are built for AVX2 there
+(``cpp.simdlen = 256``, ``TORCHINDUCTOR_CPP_MARCH=x86-64-v3``).
 
 See benchmarks/README.md ("Per call against the floor") for the columns and
 the measured figures.
