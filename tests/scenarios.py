@@ -795,30 +795,18 @@ def saved_values_passed_without_a_walk() -> None:
     ``subclass_utils.runtime_unwrap_tensor_subclasses``, one ``is_traceable_wrapper_subclass``
     call per value (torch 2.12+ generate ``list(args)`` for this step), and every gradient holds
     its input's mesh (issue #39)."""
-    import sys
-
     compiled = torch.compile(lambda *xs: [x * x for x in xs], backend="aot_eager", fullgraph=True)
     walks = 0
-
-    def profiler(frame: Any, event: str, arg: Any) -> None:
-        nonlocal walks
-        code = frame.f_code
-        if (
-            event == "call"
-            and code.co_name == "runtime_unwrap_tensor_subclasses"
-            and code.co_filename.replace("\\", "/").endswith("_aot_autograd/subclass_utils.py")
-        ):
-            walks += 1
-
     for call in range(2):
         xs = [MeshTensor(torch.full((3,), float(i + 1)), Mesh(f"w{call}{i}")).requires_grad_() for i in range(3)]
         outs = compiled(*xs)
         tangents = [MeshTensor(torch.ones(3), x._mesh) for x in xs]
-        sys.setprofile(profiler)
-        try:
-            grads = torch.autograd.grad(outs, xs, tangents)
-        finally:
-            sys.setprofile(None)
+        grads: list[Any] = []
+        walks += runs_of_torch_function(
+            lambda g=grads, o=outs, i=xs, t=tangents: g.extend(torch.autograd.grad(o, i, t)),
+            "runtime_unwrap_tensor_subclasses",
+            "_aot_autograd/subclass_utils.py",
+        )
         assert all(type(g) is MeshTensor and g._mesh is x._mesh for g, x in zip(grads, xs, strict=True))
         assert all(torch.equal(g._data, torch.full((3,), 2.0 * (i + 1))) for i, g in enumerate(grads))
     assert walks == 0, f"walks of saved values in two backwards: {walks}"
@@ -845,9 +833,10 @@ def mesh_read_below_dynamo_keeps_its_guard() -> None:
 MESH_READ_UNSEEN_FAILURE = StockFailure(AssertionError, r"^coordinates compiled in: \[0\.0, 0\.0, 0\.0, 0\.0\]$")
 
 
-def runs_of_torchs_tangent_function(step: Callable[[], object]) -> int:
-    """How often torch's own ``AOTDispatchAutograd.process_runtime_tangent`` body runs during
-    ``step()`` (the library's fix reads a tangent that needs nothing from torch without it)."""
+def runs_of_torch_function(step: Callable[[], object], name: str, module_file: str) -> int:
+    """How often the body of torch's function ``name``, defined in the torch file ending with
+    ``module_file`` (``"_aot_autograd/runtime_wrappers.py"``), runs during ``step()``: torch's
+    own, not a replacement of the same name defined elsewhere."""
     import sys
 
     count = 0
@@ -855,11 +844,7 @@ def runs_of_torchs_tangent_function(step: Callable[[], object]) -> int:
     def profiler(frame: Any, event: str, arg: Any) -> None:
         nonlocal count
         code = frame.f_code
-        if (
-            event == "call"
-            and code.co_name == "process_runtime_tangent"
-            and code.co_filename.replace("\\", "/").endswith("_aot_autograd/runtime_wrappers.py")
-        ):
+        if event == "call" and code.co_name == name and code.co_filename.replace("\\", "/").endswith(module_file):
             count += 1
 
     sys.setprofile(profiler)
@@ -868,6 +853,12 @@ def runs_of_torchs_tangent_function(step: Callable[[], object]) -> int:
     finally:
         sys.setprofile(None)
     return count
+
+
+def runs_of_torchs_tangent_function(step: Callable[[], object]) -> int:
+    """How often torch's own ``AOTDispatchAutograd.process_runtime_tangent`` body runs during
+    ``step()`` (the library's fix reads a tangent that needs nothing from torch without it)."""
+    return runs_of_torch_function(step, "process_runtime_tangent", "_aot_autograd/runtime_wrappers.py")
 
 
 @contextlib.contextmanager
