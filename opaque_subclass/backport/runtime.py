@@ -164,7 +164,6 @@ def make_wrap_tensor_subclasses(original: Callable[..., Any]) -> Callable[..., A
     activations, with a ``make_subclass_override``, or on metas without
     opaques keep torch's function.
     """
-
     import torch
     from torch._functorch._aot_autograd.schemas import SubclassCreationMeta as TorchSCM
 

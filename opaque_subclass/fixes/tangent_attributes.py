@@ -226,8 +226,7 @@ def make_process_runtime_tangent(original: Callable[..., Any]) -> Callable[..., 
             exec(compile("\n".join(lines), f"<opaque_subclass tangent reader {id(meta):x}>", "exec"), namespace)
             fast = namespace["read_tangent"]
             owner = meta.original_subclass_type or type(meta.original_subclass)
-        remember(readers, id(meta), meta, fast, owner)
-        return readers[id(meta)]
+        return remember(readers, id(meta), meta, fast, owner)
 
     def top_path(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         idx = args[0] if args else kwargs.get("tangent_idx")
